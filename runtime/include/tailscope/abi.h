@@ -1,0 +1,185 @@
+/* tailscope shared-memory ABI — the one contract between the halves.
+ *
+ * Three parties read and write what is declared here:
+ *   - libtailscope (C, inside the traced service),
+ *   - the eBPF programs in bpf/ (kernel side, CO-RE),
+ *   - tailscope-agent (Rust, root; crates/abi mirrors these structs and its
+ *     layout tests compile this header to pin offsets and sizes).
+ *
+ * There are two shared regions.
+ *
+ * 1. The kernel-counter array ("kcounters"). A BPF_F_MMAPABLE array map
+ *    created by the agent and pinned at TS_KC_PIN_PATH. Entry 0 is a
+ *    struct ts_kc_header; entries 1..TS_KC_ENTRIES-1 are struct
+ *    ts_kcounters, one per traced thread, found by hashing the tid:
+ *        idx(tid, i) = (tid + i) & (TS_KC_ENTRIES - 1),  i = 0..TS_KC_PROBE-1,
+ *        skipping idx 0.
+ *    An entry is claimed by compare-and-swap of its tid from 0 to the tid
+ *    (by BPF on the thread's first event, or by the runtime on its first
+ *    sampled request, whichever comes first). BPF accumulates the thread's
+ *    counters there for as long as the thread lives, under a seqlock
+ *    (seq odd while BPF writes). The runtime snapshots an entry at request
+ *    begin and end, and records the difference. No syscalls on that path.
+ *
+ * 2. The per-process region, a file TS_REGION_PATH_FMT (e.g.
+ *    /dev/shm/tailscope.1234) created by the runtime and mapped by the
+ *    agent. A struct ts_region_header, then max_slots struct ts_thread_slot,
+ *    one per thread, each with a single-producer ring of finished
+ *    struct ts_request_record. The thread produces (advances ring_head);
+ *    the agent consumes (advances ring_tail).
+ *
+ * Everything the agent reads here is written by a process it does not
+ * trust: it bounds-checks every index and count, never follows a pointer,
+ * and treats a nonsensical value as corruption to be counted, not a crash.
+ *
+ * Change anything below: bump TS_ABI_VERSION, and update crates/abi and the
+ * layout tests (tests/test_abi_layout.py, crates/abi/tests).
+ */
+#ifndef TAILSCOPE_ABI_H
+#define TAILSCOPE_ABI_H
+
+#ifndef __VMLINUX_H__
+#include <linux/types.h>
+#endif
+
+#define TS_ABI_MAGIC 0x3130504f43535354ULL /* "TSSCOP01" little-endian */
+#define TS_ABI_VERSION 1
+
+/* ---- 1. kernel-counter array (BPF map, pinned) ------------------------ */
+
+#define TS_KC_PIN_DIR "/sys/fs/bpf/tailscope"
+#define TS_KC_PIN_PATH "/sys/fs/bpf/tailscope/kcounters"
+#define TS_KC_ENTRIES 65536 /* power of two; entry 0 is the header */
+#define TS_KC_PROBE 4       /* linear-probe length for tid hashing */
+#define TS_KC_ENTRY_SIZE 128
+
+/* wait_state: what an off-CPU thread is waiting for */
+#define TS_WAIT_NONE 0     /* on CPU, or never seen off CPU */
+#define TS_WAIT_RUNNABLE 1 /* preempted, or woken and waiting for a CPU */
+#define TS_WAIT_BLOCKED 2  /* sleeping / waiting for I/O, not yet woken */
+
+struct ts_kc_header {
+	__u64 magic;         /* TS_ABI_MAGIC */
+	__u32 abi_version;   /* TS_ABI_VERSION */
+	__u32 entry_size;    /* TS_KC_ENTRY_SIZE */
+	__u32 entries;       /* TS_KC_ENTRIES */
+	__u32 agent_pid;     /* agent that owns the map */
+	__u32 live;          /* 1 while the agent records; 0 once it exits */
+	__u32 _pad0;
+	__u64 collisions;    /* claims that found no free entry in TS_KC_PROBE */
+	__u8 _reserved[88];
+};
+
+/* Per-thread cumulative counters, written only by BPF (but claimed by CAS
+ * from either side). Lengths in ns of CLOCK_MONOTONIC (bpf_ktime_get_ns). */
+struct ts_kcounters {
+	__u32 tid;           /* owner; 0 = free */
+	__u32 seq;           /* seqlock; odd while BPF updates the entry */
+	__u64 oncpu_ns;      /* closed on-CPU intervals (includes irq time) */
+	__u64 switch_in_ns;  /* start of the open on-CPU interval; 0 if off CPU */
+	__u64 wait_since_ns; /* start of the open wait, when wait_state != NONE */
+	__u32 wait_state;    /* TS_WAIT_* */
+	__u32 _pad0;
+	__u64 runnable_ns;   /* preempted or woken, waiting for a CPU */
+	__u64 blocked_ns;    /* switched out voluntarily until woken */
+	__u64 irq_ns;        /* hard irq + irq_vectors time while this thread was current */
+	__u64 softirq_ns;    /* softirq time while this thread was current */
+	__u32 runnable_count;
+	__u32 blocked_count;
+	__u32 irq_count;
+	__u32 softirq_count;
+	__u32 fault_user_count;
+	__u32 fault_kernel_count;
+	__u32 migrations;
+	__u32 vol_switches;
+	__u32 invol_switches;
+	__u32 tgid;          /* process of the owner (set at claim by BPF; 0 if claimed by runtime first) */
+	__u8 _reserved[16];
+};
+
+/* ---- 2. per-process region (/dev/shm) ---------------------------------- */
+
+#define TS_REGION_PATH_FMT "/dev/shm/tailscope.%d"
+#define TS_MAX_SLOTS 256          /* threads per process that can record */
+#define TS_RING_CAPACITY 512      /* records per thread ring; power of two */
+#define TS_MAX_KINDS 64           /* distinct request kinds per process */
+#define TS_KIND_NAME_LEN 24       /* including the NUL */
+#define TS_PPM 1000000u           /* sampling rates are parts per million */
+#define TS_DEFAULT_SAMPLE_PPM 10000u /* 1% */
+
+/* struct ts_request_record.flags */
+#define TS_REC_SAMPLED 0x1  /* chosen by sampling (always set today) */
+#define TS_REC_INFERRED 0x2 /* zero-instrumentation: inferred from socket syscalls */
+#define TS_REC_COUNTERS 0x4 /* kernel counters valid (kcounters entry found) */
+#define TS_REC_TORN 0x8     /* a counter snapshot kept changing; counters best-effort */
+
+/* One finished request. Written by the runtime into its ring, or by BPF
+ * into the zero-instrumentation ringbuf; the same layout either way. */
+struct ts_request_record {
+	__u64 request_id;
+	__u64 start_ns;   /* CLOCK_MONOTONIC */
+	__u64 latency_ns;
+	__u32 tid;
+	__u16 kind;       /* index into ts_region_header.kinds; 0 = unnamed */
+	__u16 flags;      /* TS_REC_* */
+	__u64 oncpu_ns;
+	__u64 runnable_ns;
+	__u64 blocked_ns;
+	__u64 irq_ns;
+	__u64 softirq_ns;
+	__u32 runnable_count;
+	__u32 blocked_count;
+	__u32 irq_count;
+	__u32 softirq_count;
+	__u32 fault_user_count;
+	__u32 fault_kernel_count;
+	__u32 migrations;
+	__u32 vol_switches;
+	__u32 invol_switches;
+	__u32 cpu;        /* CPU the request ended on */
+};
+
+/* slot state */
+#define TS_SLOT_FREE 0
+#define TS_SLOT_LIVE 1
+#define TS_SLOT_EXITED 2 /* thread gone; agent drains the ring, then may reuse */
+
+struct ts_thread_slot {
+	/* written by the owning thread */
+	__u32 tid;
+	__u32 state;            /* TS_SLOT_* */
+	__u64 gen;              /* seqlock over cur_*; odd while changing */
+	__u64 cur_request_id;   /* request in progress (sampled only) */
+	__u64 cur_start_ns;
+	__u32 cur_kind;
+	__u32 cur_active;       /* 1 while a sampled request is in progress */
+	__u64 ring_head;        /* records produced (monotonic); release-stored */
+	__u64 dropped_ring_full;/* records lost because the ring was full */
+	__u64 _pad_producer[1];
+	/* written by the agent; own cache line */
+	__u64 ring_tail;        /* records consumed (monotonic) */
+	__u64 _pad_consumer[7];
+	struct ts_request_record ring[TS_RING_CAPACITY];
+};
+
+struct ts_region_header {
+	__u64 magic;            /* TS_ABI_MAGIC */
+	__u32 abi_version;      /* TS_ABI_VERSION */
+	__u32 header_size;      /* sizeof(struct ts_region_header) */
+	__u32 slot_size;        /* sizeof(struct ts_thread_slot) */
+	__u32 max_slots;        /* TS_MAX_SLOTS */
+	__u32 ring_capacity;    /* TS_RING_CAPACITY */
+	__u32 record_size;      /* sizeof(struct ts_request_record) */
+	__u32 pid;
+	__u32 slots_used;       /* high-water mark of claimed slots */
+	__u32 sample_ppm_runtime; /* the runtime's own rate (env or default) */
+	__u32 sample_ppm_agent;   /* agent override; 0 = none */
+	__u32 agent_pid;        /* non-zero while an agent is attached */
+	__u32 kinds_count;      /* names registered in kinds[] */
+	__u64 created_ns;       /* CLOCK_MONOTONIC at creation */
+	__u64 slots_exhausted;  /* threads that found no free slot */
+	char kinds[TS_MAX_KINDS][TS_KIND_NAME_LEN];
+	__u8 _reserved[440];
+};
+
+#endif /* TAILSCOPE_ABI_H */
