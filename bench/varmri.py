@@ -1,0 +1,294 @@
+#!/usr/bin/env python3
+"""`make bench`, part `varmri`: what recording costs, against the tools a user
+would otherwise reach for, measured in one run.
+
+Workloads: redis GET (Debian redis-server) and memcached GET (Debian
+memcached, and memcached built from its Debian source with the request-marker
+patch in bench/memcached/). The server is pinned to CPU 0, the load generator
+to CPU 1; tracers run unpinned, as they would in production.
+
+For each setup we measure, interleaving setups within each repetition so drift
+hits all of them alike, and take the median of --runs repetitions:
+  - max throughput: closed-loop saturation (tailscope-loadgen --rate max);
+  - p99 at 80% of the untraced max: open-loop Poisson, timed from intended send;
+  - trace volume: bytes the tracer wrote per second and per recorded request.
+
+Setups: none; tailscope zero-instrumentation at 1% and 100%; tailscope marker
+mode at 1% and 100% (memcached-marked); bpftrace printing every syscall of the
+target; `perf record -F 4000 -g`; ftrace (trace-cmd) of sched + irq events.
+
+Writes bench/results/varmri.json and bench/results/varmri.md (with the command
+that reproduces them) and prints the table as ratios to no tracing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+AGENT = ROOT / "target" / "release" / "tailscope-agent"
+LOADGEN = ROOT / "target" / "release" / "tailscope-loadgen"
+MEMCACHED_MARKED = ROOT / "build" / "memcached-marked"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.3).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"server on port {port} did not come up")
+
+
+def dir_bytes(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+
+
+class Server:
+    """A server process pinned to CPU 0."""
+
+    def __init__(self, kind: str, port: int, env: dict | None = None):
+        self.kind, self.port = kind, port
+        if kind == "redis":
+            cmd = [shutil.which("redis-server"), "--port", str(port), "--save", "",
+                   "--appendonly", "no", "--logfile", "/dev/null"]
+        elif kind == "memcached":
+            cmd = [shutil.which("memcached"), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
+        elif kind == "memcached-marked":
+            cmd = [str(MEMCACHED_MARKED), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
+        else:
+            raise ValueError(kind)
+        self.proc = subprocess.Popen(["taskset", "-c", "0", *cmd], env={**os.environ, **(env or {})},
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_port(port)
+        time.sleep(0.2)
+
+    @property
+    def protocol(self) -> str:
+        return "redis" if self.kind == "redis" else "memcached"
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def loadgen(server: Server, rate: str, seconds: float, out: Path, preload: bool = False) -> dict:
+    cmd = [str(LOADGEN), "--protocol", server.protocol, "--target", f"127.0.0.1:{server.port}",
+           "--rate", rate, "--duration", str(seconds), "--warmup", "0.5", "--cpu", "1",
+           "--connections", "16", "--json", str(out), "--quiet"]
+    if preload:
+        cmd.append("--preload")
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+class Tracer:
+    """One tracing setup attached to a running server; returns bytes written."""
+
+    def __init__(self, setup: str, pid: int, workdir: Path):
+        self.setup, self.pid, self.dir = setup, pid, workdir
+        self.proc = None
+        self.out = workdir / "trace"
+        if setup == "none" or setup == "none-marked":
+            return
+        if setup.startswith("tailscope"):
+            rate = "1%" if setup.endswith("1%") else "100%"
+            mode = "marker" if "marker" in setup else "infer"
+            cmd = [str(AGENT), "record", "-o", str(self.out), "--force", "-p", str(pid),
+                   "--sample", rate, "--mode", mode, "--quiet"]
+        elif setup == "bpftrace":
+            prog = ('tracepoint:raw_syscalls:sys_enter /pid == %d/ '
+                    '{ printf("%%d %%d %%ld\\n", tid, args->id, nsecs); }' % pid)
+            cmd = ["bpftrace", "-o", str(self.out), "-e", prog]
+        elif setup == "perf":
+            cmd = ["perf", "record", "-F", "4000", "-g", "-p", str(pid), "-o", str(self.out), "-q"]
+        elif setup == "ftrace":
+            cmd = ["trace-cmd", "record", "-e", "sched", "-e", "irq", "-e", "irq_vectors",
+                   "-o", str(self.out), "-q"]
+        else:
+            raise ValueError(setup)
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(2.0 if setup in ("bpftrace", "ftrace") else 1.0)
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"{setup} failed to start: {self.proc.stderr.read().decode()[-300:]}")
+
+    def stop(self) -> dict:
+        info = {"bytes": 0, "requests": None}
+        if self.proc is None:
+            return info
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if self.out.exists():
+            info["bytes"] = dir_bytes(self.out)
+            meta = self.out / "meta.json"
+            if meta.exists():
+                m = json.loads(meta.read_text())
+                info["requests"] = m.get("requests_recorded")
+                info["bytes"] = dir_bytes(self.out / "requests") if (self.out / "requests").exists() else info["bytes"]
+        return info
+
+
+SETUPS = {
+    "redis": ["none", "tailscope-infer-1%", "tailscope-infer-100%", "bpftrace", "perf", "ftrace"],
+    "memcached": ["none", "none-marked", "tailscope-infer-1%", "tailscope-infer-100%",
+                  "tailscope-marker-1%", "tailscope-marker-100%", "bpftrace", "perf", "ftrace"],
+}
+
+
+def server_kind(workload: str, setup: str) -> str:
+    if workload == "memcached" and ("marker" in setup or setup == "none-marked"):
+        return "memcached-marked"
+    return workload
+
+
+def measure(workload: str, setup: str, port: int, seconds: float, rate80: float | None,
+            tmp: Path) -> dict:
+    env = {"TAILSCOPE_SAMPLE": "1%"} if "marker" in setup else {}
+    srv = Server(server_kind(workload, setup), port, env)
+    try:
+        loadgen(srv, "2000", 0.5, tmp / "preload.json", preload=True)
+        tr = Tracer(setup, srv.proc.pid, tmp)
+        t0 = time.time()
+        try:
+            mx = loadgen(srv, "max", seconds, tmp / "max.json")
+            p = loadgen(srv, str(int(rate80)), seconds, tmp / "p99.json") if rate80 else None
+        finally:
+            elapsed = time.time() - t0
+            info = tr.stop()
+    finally:
+        srv.stop()
+    res = {"max_rps": mx["achieved_rps"], "bytes": info["bytes"], "elapsed_s": elapsed,
+           "recorded": info["requests"]}
+    if p:
+        res["p99_us"] = p["latency_us"]["p99"]
+        res["rate80_achieved"] = p["achieved_rps"]
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--workloads", default="redis,memcached")
+    args = ap.parse_args()
+    for exe in (AGENT, LOADGEN):
+        if not exe.exists():
+            sys.exit(f"bench: {exe} not built; run `make build`")
+    have_marked = MEMCACHED_MARKED.exists()
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    table: dict = {}
+    port = 17000
+    with tempfile.TemporaryDirectory(prefix="ts-bench-") as td:
+        tmp = Path(td)
+        for workload in args.workloads.split(","):
+            setups = [s for s in SETUPS[workload]
+                      if have_marked or not ("marker" in s or s == "none-marked")]
+            if not have_marked and workload == "memcached":
+                log("bench: build/memcached-marked missing (bench/memcached/build.sh); marker rows skipped")
+            # Untraced max throughput first: it sets the 80% open-loop rate.
+            base = []
+            for _ in range(3):
+                port += 1
+                base.append(measure(workload, "none", port, args.seconds, None, tmp)["max_rps"])
+            rate80 = 0.8 * statistics.median(base)
+            log(f"bench: {workload}: untraced max {statistics.median(base):.0f} req/s; open-loop rate {rate80:.0f}")
+            runs: dict = {s: [] for s in setups}
+            for r in range(args.runs):
+                for s in setups:
+                    port += 1
+                    if s.startswith("tailscope"):
+                        shutil.rmtree(tmp / "trace", ignore_errors=True)
+                    try:
+                        runs[s].append(measure(workload, s, port, args.seconds, rate80, tmp))
+                    except Exception as e:  # noqa: BLE001 - a failed setup is reported, not fatal
+                        log(f"bench: {workload}/{s} run {r}: {e}")
+                    log(f"bench: {workload} run {r + 1}/{args.runs} {s}: "
+                        f"{runs[s][-1]['max_rps'] if runs[s] else 'failed'}")
+            table[workload] = {"rate80": rate80, "runs": runs}
+    summary = summarise(table)
+    out = {"command": " ".join(["python", "bench/varmri.py", *sys.argv[1:]]) or "make bench",
+           "host": os.uname().nodename, "kernel": os.uname().release, "runs": args.runs,
+           "seconds": args.seconds, "summary": summary, "raw": table}
+    (RESULTS / "varmri.json").write_text(json.dumps(out, indent=2))
+    md = render(summary, out["command"])
+    (RESULTS / "varmri.md").write_text(md)
+    print(md)
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def summarise(table: dict) -> list[dict]:
+    rows = []
+    for workload, t in table.items():
+        runs = t["runs"]
+        base_max = med([r["max_rps"] for r in runs["none"]])
+        base_p99 = med([r.get("p99_us") for r in runs["none"]])
+        for s, rs in runs.items():
+            if not rs:
+                rows.append({"workload": workload, "setup": s, "failed": True})
+                continue
+            mx, p99 = med([r["max_rps"] for r in rs]), med([r.get("p99_us") for r in rs])
+            mbps = med([r["bytes"] / r["elapsed_s"] / 1e6 for r in rs])
+            per_req = med([r["bytes"] / r["recorded"] for r in rs if r.get("recorded")])
+            rows.append({
+                "workload": workload, "setup": s, "max_rps": mx, "p99_us": p99,
+                "throughput_ratio": mx / base_max if base_max else None,
+                "throughput_loss_pct": 100 * (1 - mx / base_max) if base_max else None,
+                "p99_ratio": p99 / base_p99 if base_p99 and p99 else None,
+                "trace_MB_per_s": mbps, "bytes_per_recorded_request": per_req,
+            })
+    return rows
+
+
+def fmt(x, spec):
+    return "—" if x is None else format(x, spec)
+
+
+def render(rows: list[dict], command: str) -> str:
+    lines = ["# varmri: cost of recording (medians; ratios to no tracing)", "",
+             f"Reproduce: `{command}` (part of `make bench`)", "",
+             "| workload | setup | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio | trace MB/s | B/recorded req |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("failed"):
+            lines.append(f"| {r['workload']} | {r['setup']} | failed | | | | | | |")
+            continue
+        lines.append(
+            f"| {r['workload']} | {r['setup']} | {fmt(r['max_rps'], '.0f')} | {fmt(r['throughput_ratio'], '.3f')} | "
+            f"{fmt(r['throughput_loss_pct'], '.1f')} | {fmt(r['p99_us'], '.0f')} | {fmt(r['p99_ratio'], '.2f')} | "
+            f"{fmt(r['trace_MB_per_s'], '.3f')} | {fmt(r['bytes_per_recorded_request'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
