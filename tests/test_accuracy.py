@@ -1,0 +1,48 @@
+"""The accuracy suite (bench/accuracy.py) as a test: each injected cause ranks
+first in >= 4 of 5 seeds, the null run blames nothing for > 10% of p99, and
+on-CPU + runnable + blocked accounts for latency within 5% (median).
+
+Needs root, eBPF and the built binaries; skips with the reason otherwise.
+Writes the table to bench/results/accuracy.{json,md}.
+"""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+
+import accuracy  # noqa: E402
+
+SEEDS = int(os.environ.get("TAILSCOPE_ACCURACY_SEEDS", "5"))
+
+
+@pytest.fixture(scope="module")
+def suite():
+    if os.geteuid() != 0:
+        pytest.skip("accuracy suite needs root for eBPF")
+    for exe in (accuracy.AGENT, accuracy.LOADGEN, accuracy.SERVER):
+        if not exe.exists():
+            pytest.skip(f"{exe} not built (run make build)")
+    res = accuracy.run_suite(list(accuracy.EXPECTED), SEEDS, 5.0)
+    accuracy.write_results(res, f"python bench/accuracy.py --seeds {SEEDS}")
+    print(accuracy.render(res, "make test"))
+    return res
+
+
+@pytest.mark.parametrize("cause", ["hog", "lock", "faults", "ipi"])
+def test_injected_cause_ranks_first(suite, cause):
+    c = suite["causes"][cause]
+    assert c["passed"], f"{cause}: {c['score']}; runs: {[r['ranking'] for r in c['runs']]}"
+
+
+def test_null_run_blames_nothing(suite):
+    c = suite["causes"]["none"]
+    assert c["passed"], f"null run: {c['score']}; runs: {[r['ranking'] for r in c['runs']]}"
+
+
+def test_accounting_identity(suite):
+    assert suite["accounting_passed"], f"median accounting error {suite['accounting_error_median']}"
