@@ -1,0 +1,154 @@
+/* request.c — the request API: begin/end on the service's hot path.
+ *
+ * Unsampled requests touch one thread-local counter (begin) and one
+ * thread-local flag (end) and return. Everything else is out of line:
+ *
+ *   begin, countdown expired (request_begin_slow):
+ *     first call on the thread -> claim a slot, seed the sampler;
+ *     draw the next countdown (reads the agent's rate override);
+ *     no agent attached -> record nothing (nobody would drain the ring);
+ *     else: clock, kcounters snapshot, publish cur_* in the slot.
+ *   end of the sampled request (request_end_slow):
+ *     clock, kcounters snapshot, write the difference as a
+ *     ts_request_record into the thread's ring, release-store ring_head.
+ *
+ * No locks, no allocation, no syscalls on either path (clock_gettime and
+ * sched_getcpu are vDSO/rseq reads), except a bpf()+mmap at most every
+ * 100 ms while an attached agent's kcounters map cannot be opened.
+ */
+#define _GNU_SOURCE
+#include <sched.h>
+
+#include "internal.h"
+#include "tailscope/tailscope.h"
+
+/* Seqlock-publish the slot's cur_* for observers (gen odd while writing). */
+static void slot_publish(struct ts_thread_slot *s, const struct ts_thread *t,
+			 uint32_t active) {
+	uint64_t g = s->gen;
+	__atomic_store_n(&s->gen, g + 1, __ATOMIC_RELAXED);
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	s->cur_request_id = t->cur_id;
+	s->cur_start_ns = t->start_ns;
+	s->cur_kind = t->kind;
+	s->cur_active = active;
+	__atomic_store_n(&s->gen, g + 2, __ATOMIC_RELEASE);
+}
+
+static __attribute__((noinline)) void request_begin_sampled(struct ts_thread *t,
+							    uint64_t id, int kind) {
+	uint64_t now = ts_now_ns();
+	t->snap_state = ts_kc_begin(t, now) ? ts_kc_snapshot(t, now, &t->snap)
+					    : TS_SNAP_NONE;
+	t->cur_id = id;
+	t->start_ns = now;
+	t->kind = (kind > 0 && kind < TS_MAX_KINDS) ? (uint16_t)kind : 0;
+	slot_publish(t->slot, t, 1);
+	t->active = 1;
+}
+
+static __attribute__((noinline)) void request_begin_slow(uint64_t id, int kind) {
+	struct ts_thread *t = &ts_self;
+	if (TS_UNLIKELY(t->state != TS_THREAD_READY)) {
+		if (!ts_thread_init(t)) return;
+		if (--t->countdown > 0) return;
+	}
+	int sample = t->sample_at_zero;
+	ts_sample_redraw(t);
+	if (!sample) return;
+	if (!__atomic_load_n(&ts_proc.hdr->agent_pid, __ATOMIC_RELAXED)) return;
+	request_begin_sampled(t, id, kind);
+}
+
+/* Fill r's counters with end - begin. Returns 0 if the entry went
+ * backwards (reclaimed or reset under us): then the counters are junk. */
+static int record_counters(struct ts_request_record *r,
+			   const struct ts_kc_snap *b, const struct ts_kc_snap *e) {
+	if (e->oncpu_ns < b->oncpu_ns || e->runnable_ns < b->runnable_ns ||
+	    e->blocked_ns < b->blocked_ns || e->irq_ns < b->irq_ns ||
+	    e->softirq_ns < b->softirq_ns)
+		return 0;
+	r->oncpu_ns = e->oncpu_ns - b->oncpu_ns;
+	r->runnable_ns = e->runnable_ns - b->runnable_ns;
+	r->blocked_ns = e->blocked_ns - b->blocked_ns;
+	r->irq_ns = e->irq_ns - b->irq_ns;
+	r->softirq_ns = e->softirq_ns - b->softirq_ns;
+	r->runnable_count = e->counts[0] - b->counts[0];
+	r->blocked_count = e->counts[1] - b->counts[1];
+	r->irq_count = e->counts[2] - b->counts[2];
+	r->softirq_count = e->counts[3] - b->counts[3];
+	r->fault_user_count = e->counts[4] - b->counts[4];
+	r->fault_kernel_count = e->counts[5] - b->counts[5];
+	r->migrations = e->counts[6] - b->counts[6];
+	r->vol_switches = e->counts[7] - b->counts[7];
+	r->invol_switches = e->counts[8] - b->counts[8];
+	return 1;
+}
+
+static void record_clear_counters(struct ts_request_record *r) {
+	r->oncpu_ns = r->runnable_ns = r->blocked_ns = r->irq_ns = r->softirq_ns = 0;
+	r->runnable_count = r->blocked_count = r->irq_count = r->softirq_count = 0;
+	r->fault_user_count = r->fault_kernel_count = r->migrations = 0;
+	r->vol_switches = r->invol_switches = 0;
+}
+
+static __attribute__((noinline)) void request_end_slow(uint64_t id) {
+	struct ts_thread *t = &ts_self;
+	if (id != t->cur_id) return; /* not the open sampled request: ignore */
+	t->active = 0;
+	uint64_t now = ts_now_ns();
+	struct ts_kc_snap end;
+	int end_state = t->snap_state == TS_SNAP_NONE ? TS_SNAP_NONE
+						      : ts_kc_snapshot(t, now, &end);
+	struct ts_thread_slot *s = t->slot;
+	slot_publish(s, t, 0);
+
+	uint64_t head = s->ring_head;
+	uint64_t tail = __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE);
+	if (head - tail >= TS_RING_CAPACITY) {
+		__atomic_store_n(&s->dropped_ring_full, s->dropped_ring_full + 1,
+				 __ATOMIC_RELAXED);
+		return;
+	}
+	struct ts_request_record *r = &s->ring[head & (TS_RING_CAPACITY - 1)];
+	uint16_t flags = TS_REC_SAMPLED;
+	if (end_state != TS_SNAP_NONE && record_counters(r, &t->snap, &end)) {
+		flags |= TS_REC_COUNTERS;
+		if (end_state == TS_SNAP_TORN || t->snap_state == TS_SNAP_TORN)
+			flags |= TS_REC_TORN;
+	} else {
+		record_clear_counters(r);
+	}
+	r->request_id = id;
+	r->start_ns = t->start_ns;
+	r->latency_ns = now - t->start_ns;
+	r->tid = t->tid;
+	r->kind = t->kind;
+	r->flags = flags;
+	r->cpu = (uint32_t)sched_getcpu();
+	__atomic_store_n(&s->ring_head, head + 1, __ATOMIC_RELEASE);
+}
+
+/* Hot path, unsampled: 4 instructions on x86-64 -O2 (load the TLS offset,
+ * decrement the countdown in place, branch, return). */
+void tailscope_request_begin_kind(uint64_t id, int kind) {
+	if (TS_LIKELY(--ts_self.countdown > 0)) return;
+	request_begin_slow(id, kind);
+}
+
+/* Same as begin_kind(id, 0), without the extra call. */
+void tailscope_request_begin(uint64_t id) {
+	if (TS_LIKELY(--ts_self.countdown > 0)) return;
+	request_begin_slow(id, 0);
+}
+
+/* Hot path, no sampled request open: 4 instructions (TLS offset, test the
+ * flag, branch, return). */
+void tailscope_request_end(uint64_t id) {
+	if (TS_LIKELY(!ts_self.active)) return;
+	request_end_slow(id);
+}
+
+uint32_t tailscope_sample_ppm(void) {
+	return ts_process_ready() ? ts_current_ppm() : 0;
+}
