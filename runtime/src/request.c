@@ -129,8 +129,8 @@ static __attribute__((noinline)) void request_end_slow(uint64_t id) {
 	__atomic_store_n(&s->ring_head, head + 1, __ATOMIC_RELEASE);
 }
 
-/* Hot path, unsampled: 4 instructions on x86-64 -O2 (load the TLS offset,
- * decrement the countdown in place, branch, return). */
+/* Hot path, unsampled: 7 instructions on x86-64 gcc -O2 (TLS offset, load,
+ * sub, store, test, jle, ret). */
 void tailscope_request_begin_kind(uint64_t id, int kind) {
 	if (TS_LIKELY(--ts_self.countdown > 0)) return;
 	request_begin_slow(id, kind);
@@ -142,8 +142,8 @@ void tailscope_request_begin(uint64_t id) {
 	request_begin_slow(id, 0);
 }
 
-/* Hot path, no sampled request open: 4 instructions (TLS offset, test the
- * flag, branch, return). */
+/* Hot path, no sampled request open: 5 instructions (TLS offset, load,
+ * test, jne, ret). */
 void tailscope_request_end(uint64_t id) {
 	if (TS_LIKELY(!ts_self.active)) return;
 	request_end_slow(id);
