@@ -8,6 +8,9 @@
 
 #![allow(non_camel_case_types)]
 
+pub mod region;
+pub mod synth;
+
 pub const TS_ABI_MAGIC: u64 = 0x3130_504f_4353_5354;
 pub const TS_ABI_VERSION: u32 = 1;
 
