@@ -1,0 +1,224 @@
+//! Command-line flags and their translation into a [`Config`].
+//!
+//! Validation lives here so the engine can assume sane values, and so a bad
+//! flag is a one-line error before any connection is opened.
+
+use crate::arrivals::Step;
+use crate::config::{Config, Load, ProtocolKind};
+use clap::Parser;
+
+#[derive(Debug, Parser)]
+#[command(name = "tailscope-loadgen", version, about = "Open-loop load generator: Poisson arrivals, latency from intended send time")]
+pub struct Args {
+    /// Server address, host:port.
+    #[arg(long)]
+    pub target: String,
+    #[arg(long, value_enum, default_value = "redis")]
+    pub protocol: ProtocolKind,
+    /// Requests per second (Poisson), or `max` for closed-loop capacity search.
+    #[arg(long, default_value = "1000")]
+    pub rate: String,
+    /// Measured seconds (after warm-up). Ignored with --steps.
+    #[arg(long, default_value = "10")]
+    pub duration: f64,
+    /// Seconds run before measuring, at the first rate; excluded from stats.
+    #[arg(long, default_value = "1")]
+    pub warmup: f64,
+    /// Load steps `RATE:SECS,...`; RATE may be absolute or `0.5x` of --rate.
+    #[arg(long)]
+    pub steps: Option<String>,
+    #[arg(long, default_value = "16")]
+    pub connections: usize,
+    /// Cap on pipelined requests per connection; arrivals beyond it wait
+    /// (their latency still counts from the intended time). With --rate max,
+    /// the closed-loop depth (default 1).
+    #[arg(long)]
+    pub max_outstanding_per_conn: Option<usize>,
+    #[arg(long, default_value = "1")]
+    pub seed: u64,
+    /// Fraction of SETs (redis, memcached).
+    #[arg(long, default_value = "0.1")]
+    pub set_ratio: f64,
+    /// Key space size: keys are key:0 .. key:<N-1>, chosen uniformly.
+    #[arg(long, default_value = "10000")]
+    pub keys: u64,
+    #[arg(long, default_value = "32")]
+    pub value_size: usize,
+    /// SET every key once before the run (redis, memcached).
+    #[arg(long)]
+    pub preload: bool,
+    /// HTTP request path.
+    #[arg(long, default_value = "/")]
+    pub path: String,
+    /// Time-series bin width in milliseconds.
+    #[arg(long, default_value = "20")]
+    pub bin_ms: u64,
+    /// How long to wait for replies after the last send before counting
+    /// the rest as timeouts.
+    #[arg(long, default_value = "1000")]
+    pub timeout_ms: u64,
+    /// Pin the generator (a single thread) to this CPU.
+    #[arg(long)]
+    pub cpu: Option<usize>,
+    /// Write the JSON report here (`-` for stdout).
+    #[arg(long)]
+    pub json: Option<String>,
+    /// Write the time series as CSV here (`-` for stdout).
+    #[arg(long)]
+    pub csv: Option<String>,
+}
+
+impl Args {
+    pub fn to_config(&self) -> Result<Config, String> {
+        let load = if self.rate == "max" {
+            if self.steps.is_some() {
+                return Err("--steps cannot be combined with --rate max".into());
+            }
+            positive("--duration", self.duration)?;
+            Load::Closed {
+                depth: self.max_outstanding_per_conn.unwrap_or(1),
+                duration_s: self.duration,
+            }
+        } else {
+            let rate = parse_rate(&self.rate, None)?;
+            let steps = match &self.steps {
+                Some(spec) => parse_steps(spec, rate)?,
+                None => {
+                    positive("--duration", self.duration)?;
+                    vec![Step {
+                        rate,
+                        duration_s: self.duration,
+                    }]
+                }
+            };
+            Load::Open { steps }
+        };
+        if !(self.warmup >= 0.0 && self.warmup.is_finite()) {
+            return Err(format!("--warmup must be >= 0 seconds, got {}", self.warmup));
+        }
+        if self.connections == 0 {
+            return Err("--connections must be at least 1".into());
+        }
+        if self.max_outstanding_per_conn == Some(0) {
+            return Err("--max-outstanding-per-conn must be at least 1".into());
+        }
+        if !(0.0..=1.0).contains(&self.set_ratio) {
+            return Err(format!("--set-ratio must be in [0, 1], got {}", self.set_ratio));
+        }
+        if self.keys == 0 {
+            return Err("--keys must be at least 1".into());
+        }
+        if self.bin_ms == 0 {
+            return Err("--bin-ms must be at least 1".into());
+        }
+        if !self.path.starts_with('/') {
+            return Err(format!("--path must start with '/', got {:?}", self.path));
+        }
+        if self.preload && !matches!(self.protocol, ProtocolKind::Redis | ProtocolKind::Memcached) {
+            return Err("--preload only applies to --protocol redis or memcached".into());
+        }
+        Ok(Config {
+            target: self.target.clone(),
+            protocol: self.protocol,
+            load,
+            warmup_s: self.warmup,
+            connections: self.connections,
+            max_outstanding_per_conn: self.max_outstanding_per_conn,
+            seed: self.seed,
+            set_ratio: self.set_ratio,
+            keys: self.keys,
+            value_size: self.value_size,
+            preload: self.preload,
+            path: self.path.clone(),
+            bin_ms: self.bin_ms,
+            timeout_ms: self.timeout_ms,
+            cpu: self.cpu,
+        })
+    }
+}
+
+fn positive(flag: &str, v: f64) -> Result<f64, String> {
+    if v > 0.0 && v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("{flag} must be a positive number, got {v}"))
+    }
+}
+
+/// `20000` or, relative to `base`, `0.5x`.
+fn parse_rate(s: &str, base: Option<f64>) -> Result<f64, String> {
+    let bad = || format!("bad rate {s:?}: expected requests/s like 20000 or a multiple like 0.5x");
+    let rate = match (s.strip_suffix('x'), base) {
+        (Some(mult), Some(base)) => mult.parse::<f64>().map_err(|_| bad())? * base,
+        (Some(_), None) => return Err(bad()),
+        (None, _) => s.parse::<f64>().map_err(|_| bad())?,
+    };
+    positive("rate", rate)
+}
+
+/// `RATE:SECS,RATE:SECS,...`
+pub fn parse_steps(spec: &str, base_rate: f64) -> Result<Vec<Step>, String> {
+    spec.split(',')
+        .map(|part| {
+            let (rate, secs) = part
+                .trim()
+                .split_once(':')
+                .ok_or_else(|| format!("bad step {part:?}: expected RATE:SECS"))?;
+            let duration_s = secs
+                .parse::<f64>()
+                .map_err(|_| format!("bad step {part:?}: SECS is not a number"))?;
+            Ok(Step {
+                rate: parse_rate(rate, Some(base_rate))?,
+                duration_s: positive("step duration", duration_s)?,
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(extra: &[&str]) -> Result<Config, String> {
+        let mut argv = vec!["tailscope-loadgen", "--target", "127.0.0.1:1"];
+        argv.extend_from_slice(extra);
+        Args::try_parse_from(argv).map_err(|e| e.to_string())?.to_config()
+    }
+
+    #[test]
+    fn steps_absolute_and_relative() {
+        let steps = parse_steps("20000:5, 0.5x:2.5", 1000.0).unwrap();
+        assert_eq!(
+            steps,
+            [
+                Step { rate: 20000.0, duration_s: 5.0 },
+                Step { rate: 500.0, duration_s: 2.5 }
+            ]
+        );
+        assert!(parse_steps("20000", 1.0).is_err());
+        assert!(parse_steps("abc:1", 1.0).is_err());
+        assert!(parse_steps("100:0", 1.0).is_err());
+    }
+
+    #[test]
+    fn rate_max_is_closed_loop() {
+        let c = args(&["--rate", "max", "--max-outstanding-per-conn", "4", "--duration", "2"]).unwrap();
+        assert_eq!(c.load, Load::Closed { depth: 4, duration_s: 2.0 });
+        assert!(args(&["--rate", "max", "--steps", "1:1"]).is_err());
+    }
+
+    #[test]
+    fn bad_values_are_one_line_errors() {
+        for bad in [
+            &["--rate", "fast"][..],
+            &["--rate=-5"],
+            &["--connections", "0"],
+            &["--set-ratio", "2"],
+            &["--duration", "0"],
+            &["--protocol", "line", "--preload"],
+        ] {
+            let err = args(bad).unwrap_err();
+            assert!(!err.trim().contains('\n'), "{bad:?}: {err}");
+        }
+    }
+}

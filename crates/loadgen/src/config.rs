@@ -1,0 +1,84 @@
+//! A validated run configuration: what the engine consumes and what the
+//! JSON report echoes back, so every result file says how it was made.
+
+use crate::arrivals::Step;
+use serde::Serialize;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ProtocolKind {
+    Redis,
+    Memcached,
+    Line,
+    Http,
+}
+
+/// How requests are paced.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(tag = "mode", rename_all = "snake_case")]
+pub enum Load {
+    /// Poisson arrivals at each step's rate; the measured window is the sum
+    /// of the steps (warm-up runs before it at the first step's rate).
+    Open { steps: Vec<Step> },
+    /// `--rate max`: keep `depth` requests outstanding on every connection
+    /// and report what the server sustains. Not open loop: use it to find
+    /// capacity, never to measure latency under load.
+    Closed { depth: usize, duration_s: f64 },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Config {
+    pub target: String,
+    pub protocol: ProtocolKind,
+    pub load: Load,
+    pub warmup_s: f64,
+    pub connections: usize,
+    pub max_outstanding_per_conn: Option<usize>,
+    pub seed: u64,
+    pub set_ratio: f64,
+    pub keys: u64,
+    pub value_size: usize,
+    pub preload: bool,
+    pub path: String,
+    pub bin_ms: u64,
+    pub timeout_ms: u64,
+    pub cpu: Option<usize>,
+}
+
+impl Config {
+    /// Defaults matching the CLI's, for tests and library callers.
+    pub fn new(target: &str, protocol: ProtocolKind, load: Load) -> Self {
+        Config {
+            target: target.to_string(),
+            protocol,
+            load,
+            warmup_s: 0.0,
+            connections: 16,
+            max_outstanding_per_conn: None,
+            seed: 1,
+            set_ratio: 0.1,
+            keys: 10_000,
+            value_size: 32,
+            preload: false,
+            path: "/".to_string(),
+            bin_ms: 20,
+            timeout_ms: 1000,
+            cpu: None,
+        }
+    }
+
+    /// The steps of the measured window, warm-up excluded.
+    pub fn measured_steps(&self) -> Vec<Step> {
+        match &self.load {
+            Load::Open { steps } => steps.clone(),
+            Load::Closed { duration_s, .. } => vec![Step {
+                rate: f64::INFINITY,
+                duration_s: *duration_s,
+            }],
+        }
+    }
+
+    pub fn measured_duration_s(&self) -> f64 {
+        self.measured_steps().iter().map(|s| s.duration_s).sum()
+    }
+}

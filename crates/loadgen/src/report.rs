@@ -1,0 +1,85 @@
+//! Rendering a [`Summary`]: a human summary, the JSON report, the CSV time
+//! series. Nothing here computes a statistic.
+
+use crate::stats::Summary;
+use std::fmt::Write as _;
+use std::io::Write;
+
+/// The human summary printed on stderr.
+pub fn human(s: &Summary) -> String {
+    let c = &s.counts;
+    let l = &s.latency_us;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "target {} ({:?}), {} connections, {:.1} s measured",
+        s.config.target, s.config.protocol, s.config.connections, s.duration_s
+    );
+    let _ = writeln!(
+        out,
+        "requests: {} scheduled, {} sent, {} completed, {} errors, {} timeouts; achieved {:.0} req/s",
+        c.scheduled, c.sent, c.completed, c.errors, c.timeouts, c.achieved_rps
+    );
+    let _ = writeln!(
+        out,
+        "latency (us, from intended send): p50 {:.1}  p90 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}  mean {:.1}",
+        l.p50, l.p90, l.p99, l.p999, l.max, l.mean
+    );
+    let _ = writeln!(out, "max send lag: {:.1} us", s.max_send_lag_us);
+    if s.steps.len() > 1 {
+        for step in &s.steps {
+            let _ = writeln!(
+                out,
+                "  step {:>10} req/s x {:.1} s: achieved {:.0} req/s, p50 {:.1} us, p99 {:.1} us, errors {}, timeouts {}",
+                step.rate.map_or("max".to_string(), |r| format!("{r:.0}")),
+                step.duration_s,
+                step.counts.achieved_rps,
+                step.latency_us.p50,
+                step.latency_us.p99,
+                step.counts.errors,
+                step.counts.timeouts
+            );
+        }
+    }
+    if s.max_send_lag_us > 1000.0 {
+        let _ = writeln!(
+            out,
+            "warning: sends fell up to {:.1} ms behind schedule; the generator or the outstanding cap was a bottleneck",
+            s.max_send_lag_us / 1000.0
+        );
+    }
+    out
+}
+
+pub fn json(s: &Summary) -> String {
+    serde_json::to_string_pretty(s).expect("summary is always serialisable") + "\n"
+}
+
+/// `t_ms,sent,completed,errors,p50_us,p99_us`, empty cells for empty bins.
+pub fn csv(s: &Summary) -> String {
+    let mut out = String::from("t_ms,sent,completed,errors,p50_us,p99_us\n");
+    let cell = |v: Option<u32>| v.map_or(String::new(), |v| v.to_string());
+    for b in &s.timeseries {
+        let _ = writeln!(
+            out,
+            "{},{},{},{},{},{}",
+            b.t_ms,
+            b.sent,
+            b.completed,
+            b.errors,
+            cell(b.p50_us),
+            cell(b.p99_us)
+        );
+    }
+    out
+}
+
+/// Write `text` to `path`, or to stdout for `-`.
+pub fn write_to(path: &str, text: &str) -> Result<(), String> {
+    let result = if path == "-" {
+        std::io::stdout().lock().write_all(text.as_bytes())
+    } else {
+        std::fs::write(path, text)
+    };
+    result.map_err(|e| format!("cannot write {path}: {e}"))
+}

@@ -1,0 +1,329 @@
+//! What a run measured, and the summary computed from it.
+//!
+//! Every request is attributed to the moment it was *scheduled*: its
+//! latency is `reply time - intended time`, it falls in the time-series bin
+//! and load step of its intended time, and it is excluded if that time is in
+//! the warm-up. Requests that go unanswered past `--timeout-ms` after the
+//! last send are timeouts. Error replies are counted but kept out of the
+//! latency histograms, so latency describes successful work.
+//!
+//! Per-bin percentiles come from the raw per-request latencies (4 bytes per
+//! request, microseconds) rather than from one histogram per bin, which
+//! would cost far more for short bins at low rates.
+
+use crate::arrivals::Step;
+use crate::config::Config;
+use crate::protocol::Outcome;
+use hdrhistogram::Histogram;
+use serde::Serialize;
+
+/// Longest latency the histograms resolve; longer values are clamped.
+const MAX_LATENCY_NS: u64 = 3_600 * 1_000_000_000;
+
+fn new_histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, MAX_LATENCY_NS, 3).expect("static bounds are valid")
+}
+
+#[derive(Default)]
+struct Counts {
+    scheduled: u64,
+    sent: u64,
+    completed: u64,
+    errors: u64,
+    timeouts: u64,
+}
+
+struct StepStats {
+    end_ns: u64,
+    counts: Counts,
+    histogram: Histogram<u64>,
+}
+
+#[derive(Default)]
+struct Bin {
+    sent: u64,
+    completed: u64,
+    errors: u64,
+    latencies_us: Vec<u32>,
+}
+
+pub struct Recorder {
+    measure_start_ns: u64,
+    measure_end_ns: u64,
+    bin_ns: u64,
+    totals: Counts,
+    overall: Histogram<u64>,
+    steps: Vec<StepStats>,
+    bins: Vec<Bin>,
+    max_send_lag_ns: u64,
+}
+
+impl Recorder {
+    /// `measure_start_ns` is the warm-up length; `steps` the measured steps.
+    pub fn new(measure_start_ns: u64, steps: &[Step], bin_ms: u64) -> Self {
+        let mut end = measure_start_ns as f64;
+        let steps: Vec<StepStats> = steps
+            .iter()
+            .map(|s| {
+                end += s.duration_s * 1e9;
+                StepStats {
+                    end_ns: end as u64,
+                    counts: Counts::default(),
+                    histogram: new_histogram(),
+                }
+            })
+            .collect();
+        let measure_end_ns = steps.last().map_or(measure_start_ns, |s| s.end_ns);
+        let bin_ns = bin_ms * 1_000_000;
+        let n_bins = (measure_end_ns - measure_start_ns).div_ceil(bin_ns) as usize;
+        Recorder {
+            measure_start_ns,
+            measure_end_ns,
+            bin_ns,
+            totals: Counts::default(),
+            overall: new_histogram(),
+            steps,
+            bins: (0..n_bins).map(|_| Bin::default()).collect(),
+            max_send_lag_ns: 0,
+        }
+    }
+
+    /// Step and bin of a measured intended time; `None` outside the window.
+    fn locate(&self, intended_ns: u64) -> Option<(usize, usize)> {
+        if intended_ns < self.measure_start_ns || intended_ns >= self.measure_end_ns {
+            return None;
+        }
+        let step = self.steps.iter().position(|s| intended_ns < s.end_ns)?;
+        let bin = ((intended_ns - self.measure_start_ns) / self.bin_ns) as usize;
+        Some((step, bin))
+    }
+
+    pub fn on_scheduled(&mut self, intended_ns: u64) {
+        if let Some((step, _)) = self.locate(intended_ns) {
+            self.totals.scheduled += 1;
+            self.steps[step].counts.scheduled += 1;
+        }
+    }
+
+    pub fn on_send(&mut self, intended_ns: u64, now_ns: u64) {
+        if let Some((step, bin)) = self.locate(intended_ns) {
+            self.totals.sent += 1;
+            self.steps[step].counts.sent += 1;
+            self.bins[bin].sent += 1;
+            self.max_send_lag_ns = self.max_send_lag_ns.max(now_ns.saturating_sub(intended_ns));
+        }
+    }
+
+    pub fn on_reply(&mut self, intended_ns: u64, now_ns: u64, outcome: Outcome) {
+        let Some((step, bin)) = self.locate(intended_ns) else {
+            return;
+        };
+        self.totals.completed += 1;
+        self.steps[step].counts.completed += 1;
+        self.bins[bin].completed += 1;
+        if outcome == Outcome::Error {
+            self.totals.errors += 1;
+            self.steps[step].counts.errors += 1;
+            self.bins[bin].errors += 1;
+            return;
+        }
+        let latency_ns = now_ns.saturating_sub(intended_ns).clamp(1, MAX_LATENCY_NS);
+        self.overall.saturating_record(latency_ns);
+        self.steps[step].histogram.saturating_record(latency_ns);
+        let us = (latency_ns / 1000).min(u64::from(u32::MAX)) as u32;
+        self.bins[bin].latencies_us.push(us);
+    }
+
+    /// A request (sent or still waiting to be sent) that never got a reply.
+    pub fn on_timeout(&mut self, intended_ns: u64) {
+        if let Some((step, _)) = self.locate(intended_ns) {
+            self.totals.timeouts += 1;
+            self.steps[step].counts.timeouts += 1;
+        }
+    }
+
+    pub fn finish(self, config: &Config) -> Summary {
+        let duration_s = config.measured_duration_s();
+        let steps = config
+            .measured_steps()
+            .iter()
+            .zip(&self.steps)
+            .map(|(step, stats)| StepSummary {
+                rate: step.rate.is_finite().then_some(step.rate),
+                duration_s: step.duration_s,
+                counts: CountSummary::new(&stats.counts, step.duration_s),
+                latency_us: LatencySummary::from_histogram(&stats.histogram),
+            })
+            .collect();
+        let bin_ms = self.bin_ns as f64 / 1e6;
+        let timeseries = self
+            .bins
+            .into_iter()
+            .enumerate()
+            .map(|(i, mut bin)| {
+                bin.latencies_us.sort_unstable();
+                BinSummary {
+                    t_ms: i as f64 * bin_ms,
+                    sent: bin.sent,
+                    completed: bin.completed,
+                    errors: bin.errors,
+                    p50_us: quantile_sorted(&bin.latencies_us, 0.5),
+                    p99_us: quantile_sorted(&bin.latencies_us, 0.99),
+                }
+            })
+            .collect();
+        Summary {
+            config: config.clone(),
+            duration_s,
+            counts: CountSummary::new(&self.totals, duration_s),
+            latency_us: LatencySummary::from_histogram(&self.overall),
+            max_send_lag_us: self.max_send_lag_ns as f64 / 1e3,
+            steps,
+            timeseries,
+        }
+    }
+}
+
+/// Nearest-rank quantile of sorted values: the smallest value with at least
+/// `q * n` values at or below it. `None` for an empty bin.
+pub fn quantile_sorted(sorted: &[u32], q: f64) -> Option<u32> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Summary {
+    pub config: Config,
+    pub duration_s: f64,
+    #[serde(flatten)]
+    pub counts: CountSummary,
+    pub latency_us: LatencySummary,
+    /// Worst gap between a request's intended and actual send time. If this
+    /// is large the generator (or `--max-outstanding-per-conn`) was the
+    /// bottleneck, and latency includes that wait.
+    pub max_send_lag_us: f64,
+    pub steps: Vec<StepSummary>,
+    pub timeseries: Vec<BinSummary>,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CountSummary {
+    pub scheduled: u64,
+    pub sent: u64,
+    /// Replies received, error replies included.
+    pub completed: u64,
+    pub errors: u64,
+    pub timeouts: u64,
+    /// `completed / duration`.
+    pub achieved_rps: f64,
+}
+
+impl CountSummary {
+    fn new(c: &Counts, duration_s: f64) -> Self {
+        CountSummary {
+            scheduled: c.scheduled,
+            sent: c.sent,
+            completed: c.completed,
+            errors: c.errors,
+            timeouts: c.timeouts,
+            achieved_rps: if duration_s > 0.0 { c.completed as f64 / duration_s } else { 0.0 },
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StepSummary {
+    /// Target rate; `null` for closed loop.
+    pub rate: Option<f64>,
+    pub duration_s: f64,
+    #[serde(flatten)]
+    pub counts: CountSummary,
+    pub latency_us: LatencySummary,
+}
+
+/// Latency of successful replies, microseconds, from an HdrHistogram with 3
+/// significant digits. All zero when nothing succeeded.
+#[derive(Debug, Clone, Serialize)]
+pub struct LatencySummary {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+    pub mean: f64,
+}
+
+impl LatencySummary {
+    fn from_histogram(h: &Histogram<u64>) -> Self {
+        let us = |ns: u64| ns as f64 / 1e3;
+        if h.is_empty() {
+            return LatencySummary { p50: 0.0, p90: 0.0, p99: 0.0, p999: 0.0, max: 0.0, mean: 0.0 };
+        }
+        LatencySummary {
+            p50: us(h.value_at_quantile(0.5)),
+            p90: us(h.value_at_quantile(0.9)),
+            p99: us(h.value_at_quantile(0.99)),
+            p999: us(h.value_at_quantile(0.999)),
+            max: us(h.max()),
+            mean: h.mean() / 1e3,
+        }
+    }
+}
+
+/// One `--bin-ms` slice of the measured window, by intended send time.
+#[derive(Debug, Clone, Serialize)]
+pub struct BinSummary {
+    /// Bin start, milliseconds after the warm-up ended.
+    pub t_ms: f64,
+    pub sent: u64,
+    pub completed: u64,
+    pub errors: u64,
+    pub p50_us: Option<u32>,
+    pub p99_us: Option<u32>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Load, ProtocolKind};
+
+    #[test]
+    fn nearest_rank_quantiles() {
+        assert_eq!(quantile_sorted(&[], 0.5), None);
+        assert_eq!(quantile_sorted(&[7], 0.99), Some(7));
+        let v: Vec<u32> = (1..=100).collect();
+        assert_eq!(quantile_sorted(&v, 0.5), Some(50));
+        assert_eq!(quantile_sorted(&v, 0.99), Some(99));
+    }
+
+    #[test]
+    fn attributes_by_intended_time_and_skips_warmup() {
+        let steps = [Step { rate: 100.0, duration_s: 0.1 }, Step { rate: 200.0, duration_s: 0.1 }];
+        let config = Config::new("x:1", ProtocolKind::Line, Load::Open { steps: steps.to_vec() });
+        let warmup = 50_000_000;
+        let mut r = Recorder::new(warmup, &steps, 20);
+        // Warm-up request: ignored.
+        r.on_send(10_000_000, 10_000_000);
+        r.on_reply(10_000_000, 11_000_000, Outcome::Ok);
+        // Scheduled in the first bin, sent 5 ms late, answered 30 ms after
+        // its intended time: counts 30 ms, in bin 0 and step 0.
+        r.on_send(60_000_000, 65_000_000);
+        r.on_reply(60_000_000, 90_000_000, Outcome::Ok);
+        // An error in step 1.
+        r.on_send(200_000_000, 200_000_000);
+        r.on_reply(200_000_000, 201_000_000, Outcome::Error);
+        r.on_timeout(240_000_000);
+        let s = r.finish(&config);
+        assert_eq!((s.counts.sent, s.counts.completed, s.counts.errors, s.counts.timeouts), (2, 2, 1, 1));
+        assert_eq!(s.max_send_lag_us, 5000.0);
+        assert!((s.latency_us.p50 - 30_000.0).abs() < 30.0);
+        assert_eq!(s.timeseries.len(), 10);
+        assert_eq!(s.timeseries[0].p50_us, Some(30_000));
+        assert_eq!(s.timeseries[7].errors, 1);
+        assert_eq!(s.steps[0].counts.completed, 1);
+        assert_eq!(s.steps[1].counts.errors, 1);
+    }
+}
