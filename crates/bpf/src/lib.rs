@@ -1,1 +1,750 @@
-//! placeholder; owned by the BPF work
+//! tailscope's eBPF programs and their loader.
+//!
+//! Two BPF objects are embedded (compiled from `bpf/` by build.rs):
+//! - `kcounters` — per-thread cumulative kernel-event counters (on-CPU,
+//!   runnable, blocked, irq, softirq, faults, switches, migrations) in the
+//!   mmap-able array pinned at [`TS_KC_PIN_PATH`], which the runtime maps
+//!   and snapshots at request begin/end. Always loaded.
+//! - `infer` — zero-instrumentation requests inferred from socket syscalls,
+//!   emitted as [`ts_request_record`]s on a ringbuf. Loaded and attached
+//!   only with [`TracerOptions::infer`], since syscall tracepoints cost
+//!   something on every syscall of every process.
+//!
+//! Invariants the rest of tailscope relies on:
+//! - While a [`Tracer`] lives, the kcounters header says `live = 1` and the
+//!   pin exists; on drop `live = 0` and the pin is gone.
+//! - Only threads of processes passed to [`Tracer::add_target`] (and their
+//!   forked children) get entries; everyone else costs one hash lookup per
+//!   event.
+
+use std::ffi::{c_int, c_void, CString};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use libbpf_rs::{Link, MapCore, Object, ObjectBuilder, OpenObject, PrintLevel};
+use tailscope_abi::{
+    ts_kc_header, ts_kcounters, ts_request_record, RECORD_SIZE, TS_ABI_MAGIC, TS_ABI_VERSION,
+    TS_DEFAULT_SAMPLE_PPM, TS_KC_ENTRIES, TS_KC_ENTRY_SIZE, TS_KC_PIN_DIR, TS_KC_PIN_PATH,
+    TS_KC_PROBE, TS_PPM,
+};
+
+#[repr(C, align(8))]
+struct Aligned<T: ?Sized>(T);
+
+static KCOUNTERS_OBJ: &Aligned<[u8]> =
+    &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/kcounters.bpf.o")));
+static INFER_OBJ: &Aligned<[u8]> =
+    &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/infer.bpf.o")));
+
+const TRACEFS: &str = "/sys/kernel/tracing";
+const BPFFS: &str = "/sys/fs/bpf";
+const BPF_FS_MAGIC: i64 = 0xcafe4a11;
+const TRACEFS_MAGIC: i64 = 0x74726163;
+
+/// Tracepoints that only some machines have (irq_vectors are x86 and
+/// config-dependent): a missing one is skipped, not an error.
+const OPTIONAL_TP_PREFIXES: &[&str] = &[
+    "local_timer_",
+    "call_function_",
+    "reschedule_",
+    "irq_work_",
+    "x86_platform_ipi_",
+    "error_apic_",
+    "spurious_apic_",
+    "thermal_apic_",
+];
+
+// infer.bpf.c stats[] indexes
+const STAT_SEEN: u32 = 0;
+const STAT_SAMPLED: u32 = 1;
+const STAT_DROPS: u32 = 2;
+
+#[derive(Debug, Clone)]
+pub struct TracerOptions {
+    /// Load and attach the socket-syscall request inference.
+    pub infer: bool,
+    /// Inferred requests sampled, in parts per million (0..=1_000_000).
+    pub infer_sample_ppm: u32,
+    /// Size of the inferred-record ringbuf; rounded up to a power of two >= 4 KiB.
+    pub ringbuf_bytes: usize,
+    /// Written into the kcounters header so runtimes can tell who records.
+    pub agent_pid: u32,
+}
+
+impl Default for TracerOptions {
+    fn default() -> Self {
+        TracerOptions {
+            infer: false,
+            infer_sample_ppm: TS_DEFAULT_SAMPLE_PPM,
+            ringbuf_bytes: 4 << 20,
+            agent_pid: std::process::id(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+pub struct BpfStats {
+    pub ringbuf_drops: u64,
+    pub kc_collisions: u64,
+    pub inferred_requests_seen: u64,
+    pub inferred_requests_sampled: u64,
+}
+
+#[derive(Debug)]
+pub enum TracerError {
+    NotRoot(String),
+    MissingCapability(String),
+    LoadFailed { program: String, reason: String, hint: String },
+    Attach(String),
+    Io(String),
+}
+
+impl std::fmt::Display for TracerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            TracerError::NotRoot(s) => write!(f, "not root: {s}"),
+            TracerError::MissingCapability(s) => write!(f, "missing capability: {s}"),
+            TracerError::LoadFailed { program, reason, hint } => write!(
+                f,
+                "BPF program {program} rejected by the kernel: {reason}; hint: {hint}"
+            ),
+            TracerError::Attach(s) => write!(f, "attach failed: {s}"),
+            TracerError::Io(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+impl std::error::Error for TracerError {}
+
+/// Loaded programs, their links, and the mapped kcounters array.
+pub struct Tracer {
+    kc_mem: *mut u8,
+    kc_len: usize,
+    kc_fd: OwnedFd,
+    targets_fd: OwnedFd,
+    stats_fd: Option<OwnedFd>,
+    rb: *mut libbpf_sys::ring_buffer,
+    rb_pending: Box<Vec<ts_request_record>>,
+    skipped: Vec<String>,
+    // Dropped after the Drop impl ran, links before objects.
+    links: Vec<Link>,
+    _infer_obj: Option<Object>,
+    _kc_obj: Object,
+}
+
+// SAFETY: the raw pointers are an mmap owned by this Tracer and a libbpf
+// ring_buffer used only through &mut self; nothing is shared with another
+// thread behind our back.
+unsafe impl Send for Tracer {}
+
+// ---- libbpf log capture ----------------------------------------------------
+
+static LIBBPF_LOG: Mutex<String> = Mutex::new(String::new());
+
+fn capture_print(_level: PrintLevel, msg: String) {
+    let mut log = LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner());
+    if log.len() > 1 << 20 {
+        let cut = log.len() - (1 << 19);
+        let cut = (cut..log.len()).find(|&i| log.is_char_boundary(i)).unwrap_or(0);
+        log.drain(..cut);
+    }
+    log.push_str(&msg);
+}
+
+/// The libbpf output (verifier logs included) captured during the last
+/// [`Tracer::load`]; for `--verbose` diagnostics.
+pub fn last_libbpf_log() -> String {
+    LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// The program named in the last failure, and the verifier's reason: the
+/// last meaningful line of the last "PROG LOAD LOG".
+fn explain_load_failure(log: &str) -> (Option<String>, Option<String>) {
+    let program = log
+        .lines()
+        .rev()
+        .filter(|l| l.contains("failed") || l.contains("LOAD LOG"))
+        .find_map(|l| {
+            let s = l.find("prog '")? + 6;
+            let e = l[s..].find('\'')? + s;
+            Some(l[s..e].to_string())
+        });
+    let reason = log.rfind("-- BEGIN PROG LOAD LOG --").and_then(|b| {
+        let body = &log[b..];
+        let body = &body[..body.find("-- END PROG LOAD LOG --").unwrap_or(body.len())];
+        body.lines()
+            .skip(1)
+            .map(str::trim)
+            .filter(|l| {
+                !l.is_empty()
+                    && !l.starts_with("processed ")
+                    && !l.starts_with("verification time")
+                    && !l.starts_with("stack depth")
+                    && !l.starts_with("libbpf:")
+            })
+            .last()
+            .map(String::from)
+    });
+    let reason = reason.or_else(|| {
+        log.lines().rev().find(|l| l.contains("failed")).map(|l| l.trim().to_string())
+    });
+    (program, reason)
+}
+
+fn load_error(what: &str, err: libbpf_rs::Error) -> TracerError {
+    let log = last_libbpf_log();
+    let (program, reason) = explain_load_failure(&log);
+    let reason = reason.unwrap_or_else(|| err.to_string());
+    let hint = if reason.contains("EPERM") || reason.contains("Operation not permitted") {
+        "run as root, or grant CAP_BPF+CAP_PERFMON (and raise RLIMIT_MEMLOCK on kernels < 5.11)"
+    } else if reason.contains("attach_btf_id") || reason.contains("btf_trace") || reason.contains("BTF") {
+        "this kernel lacks a tracepoint or BTF the program needs (need CONFIG_DEBUG_INFO_BTF, kernel >= 5.8)"
+    } else {
+        "the verifier of this kernel rejects the program; see tailscope_bpf::last_libbpf_log() for the full log"
+    };
+    TracerError::LoadFailed {
+        program: program.unwrap_or_else(|| what.to_string()),
+        reason,
+        hint: hint.to_string(),
+    }
+}
+
+// ---- privileges and filesystems --------------------------------------------
+
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_PERFMON: u32 = 38;
+const CAP_BPF: u32 = 39;
+
+fn effective_caps() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("CapEff:"))
+                .and_then(|l| u64::from_str_radix(l[7..].trim(), 16).ok())
+        })
+        .unwrap_or(0)
+}
+
+fn check_privileges() -> Result<(), TracerError> {
+    let caps = effective_caps();
+    let has = |c: u32| caps & (1u64 << c) != 0;
+    if has(CAP_SYS_ADMIN) || (has(CAP_BPF) && has(CAP_PERFMON)) {
+        return Ok(());
+    }
+    let euid = unsafe { libc::geteuid() };
+    if euid != 0 {
+        return Err(TracerError::NotRoot(format!(
+            "euid {euid} cannot load BPF programs; run as root or grant CAP_BPF+CAP_PERFMON"
+        )));
+    }
+    Err(TracerError::MissingCapability(format!(
+        "root without CAP_BPF+CAP_PERFMON or CAP_SYS_ADMIN (CapEff={caps:#x}); run outside a restricted container"
+    )))
+}
+
+fn fs_magic(path: &str) -> Option<i64> {
+    let c = CString::new(path).ok()?;
+    let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+    if unsafe { libc::statfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(st.f_type as i64)
+}
+
+fn ensure_mounted(path: &str, fstype: &str, magic: i64) -> Result<(), TracerError> {
+    if fs_magic(path) == Some(magic) {
+        return Ok(());
+    }
+    std::fs::create_dir_all(path).map_err(|e| TracerError::Io(format!("mkdir {path}: {e}")))?;
+    let src = CString::new(fstype).unwrap();
+    let dst = CString::new(path).unwrap();
+    let rc = unsafe {
+        libc::mount(src.as_ptr(), dst.as_ptr(), src.as_ptr(), 0, std::ptr::null())
+    };
+    if rc != 0 {
+        let e = std::io::Error::last_os_error();
+        return Err(TracerError::Io(format!("mount -t {fstype} {fstype} {path}: {e}")));
+    }
+    Ok(())
+}
+
+/// Names of the tracepoints this kernel has (tracefs events/*/*).
+fn available_tracepoints() -> Option<std::collections::HashSet<String>> {
+    let mut set = std::collections::HashSet::new();
+    for sys in std::fs::read_dir(format!("{TRACEFS}/events")).ok()?.flatten() {
+        if let Ok(evs) = std::fs::read_dir(sys.path()) {
+            for ev in evs.flatten() {
+                set.insert(ev.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    Some(set)
+}
+
+/// The tracepoint a program attaches to, from its section name
+/// ("tp_btf/sched_switch", "tracepoint/syscalls/sys_enter_read").
+fn tp_of_section(section: &str) -> &str {
+    section.rsplit('/').next().unwrap_or(section)
+}
+
+// ---- loading ----------------------------------------------------------------
+
+fn open(bytes: &'static [u8], name: &str) -> Result<OpenObject, TracerError> {
+    let mut b = ObjectBuilder::default();
+    b.open_memory(bytes).map_err(|e| load_error(name, e))
+}
+
+/// Skips programs whose tracepoint this kernel lacks (tp_btf programs would
+/// otherwise fail the whole object at load), when it is optional.
+fn disable_missing(open: &mut OpenObject, skipped: &mut Vec<String>) -> Result<(), TracerError> {
+    let Some(avail) = available_tracepoints() else { return Ok(()) };
+    for mut p in open.progs_mut() {
+        let section = p.section().to_string_lossy().into_owned();
+        let tp = tp_of_section(&section).to_string();
+        if avail.contains(&tp) {
+            continue;
+        }
+        if OPTIONAL_TP_PREFIXES.iter().any(|pre| tp.starts_with(pre)) {
+            p.set_autoload(false);
+            skipped.push(tp);
+        } else {
+            return Err(TracerError::LoadFailed {
+                program: p.name().to_string_lossy().into_owned(),
+                reason: format!("tracepoint {tp} does not exist on this kernel"),
+                hint: "tailscope needs sched, irq, exceptions and syscalls tracepoints".into(),
+            });
+        }
+    }
+    Ok(())
+}
+
+fn map_fd(obj: &Object, name: &str) -> Result<OwnedFd, TracerError> {
+    let m = obj
+        .maps()
+        .find(|m| m.name() == name)
+        .ok_or_else(|| TracerError::Io(format!("BPF object has no map {name}")))?;
+    m.as_fd()
+        .try_clone_to_owned()
+        .map_err(|e| TracerError::Io(format!("dup map fd {name}: {e}")))
+}
+
+/// Attaches every loaded program; exits before entries, so that an entry
+/// never opens an interrupt frame whose exit we cannot see.
+fn attach_all(obj: &Object, links: &mut Vec<Link>, skipped: &mut Vec<String>) -> Result<(), TracerError> {
+    let mut progs: Vec<_> = obj.progs_mut().collect();
+    progs.sort_by_key(|p| !p.name().to_string_lossy().ends_with("_exit"));
+    for p in progs {
+        let name = p.name().to_string_lossy().into_owned();
+        if !p.autoload() {
+            continue;
+        }
+        match p.attach() {
+            Ok(l) => links.push(l),
+            Err(e) if OPTIONAL_TP_PREFIXES.iter().any(|pre| name.starts_with(pre)) => {
+                skipped.push(format!("{name} ({e})"));
+            }
+            Err(e) => return Err(TracerError::Attach(format!("{name}: {e}"))),
+        }
+    }
+    Ok(())
+}
+
+/// If the pinned map belongs to another live agent, refuse; else remove it.
+fn remove_stale_pin() -> Result<(), TracerError> {
+    if !Path::new(TS_KC_PIN_PATH).exists() {
+        return Ok(());
+    }
+    if let Ok(fd) = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH) {
+        let key = 0u32.to_ne_bytes();
+        if let Ok(Some(v)) = fd.lookup(&key, libbpf_rs::MapFlags::ANY) {
+            if v.len() >= std::mem::size_of::<ts_kc_header>() {
+                let h: ts_kc_header = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+                let me = std::process::id();
+                if h.magic == TS_ABI_MAGIC
+                    && h.live == 1
+                    && h.agent_pid != me
+                    && Path::new(&format!("/proc/{}", h.agent_pid)).exists()
+                {
+                    return Err(TracerError::Io(format!(
+                        "another tailscope agent (pid {}) owns {TS_KC_PIN_PATH}",
+                        h.agent_pid
+                    )));
+                }
+            }
+        }
+    }
+    std::fs::remove_file(TS_KC_PIN_PATH)
+        .map_err(|e| TracerError::Io(format!("remove stale {TS_KC_PIN_PATH}: {e}")))
+}
+
+unsafe extern "C" fn on_record(ctx: *mut c_void, data: *mut c_void, size: libbpf_sys::size_t) -> c_int {
+    if (size as usize) >= RECORD_SIZE && !ctx.is_null() {
+        let out = &mut *(ctx as *mut Vec<ts_request_record>);
+        out.push(std::ptr::read_unaligned(data as *const ts_request_record));
+    }
+    0
+}
+
+impl Tracer {
+    /// Mounts tracefs/bpffs if needed, checks privileges, loads and attaches
+    /// the programs, fills the kcounters header and pins the array.
+    pub fn load(opts: &TracerOptions) -> Result<Tracer, TracerError> {
+        check_privileges()?;
+        ensure_mounted(TRACEFS, "tracefs", TRACEFS_MAGIC)?;
+        ensure_mounted(BPFFS, "bpf", BPF_FS_MAGIC)?;
+        LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner()).clear();
+        libbpf_rs::set_print(Some((PrintLevel::Info, capture_print)));
+
+        let mut skipped = Vec::new();
+        let mut open_kc = open(&KCOUNTERS_OBJ.0, "kcounters")?;
+        disable_missing(&mut open_kc, &mut skipped)?;
+        let kc_obj = open_kc.load().map_err(|e| load_error("kcounters", e))?;
+        let kc_fd = map_fd(&kc_obj, "kcounters")?;
+        let targets_fd = map_fd(&kc_obj, "targets")?;
+
+        // Map the array and write the header before anyone can see the pin.
+        let kc_len = TS_KC_ENTRIES as usize * TS_KC_ENTRY_SIZE as usize;
+        let mem = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                kc_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                kc_fd.as_raw_fd(),
+                0,
+            )
+        };
+        if mem == libc::MAP_FAILED {
+            return Err(TracerError::Io(format!(
+                "mmap kcounters: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let mut t = Tracer {
+            kc_mem: mem.cast(),
+            kc_len,
+            kc_fd,
+            targets_fd,
+            stats_fd: None,
+            rb: std::ptr::null_mut(),
+            rb_pending: Box::new(Vec::new()),
+            skipped,
+            links: Vec::new(),
+            _infer_obj: None,
+            _kc_obj: kc_obj,
+        };
+        unsafe {
+            let h = t.kc_mem as *mut ts_kc_header;
+            std::ptr::write_volatile(
+                h,
+                ts_kc_header {
+                    magic: TS_ABI_MAGIC,
+                    abi_version: TS_ABI_VERSION,
+                    entry_size: TS_KC_ENTRY_SIZE,
+                    entries: TS_KC_ENTRIES,
+                    agent_pid: opts.agent_pid,
+                    live: 1,
+                    _pad0: 0,
+                    collisions: 0,
+                    _reserved: [0; 88],
+                },
+            );
+        }
+
+        std::fs::create_dir_all(TS_KC_PIN_DIR)
+            .map_err(|e| TracerError::Io(format!("mkdir {TS_KC_PIN_DIR}: {e}")))?;
+        let _ = std::fs::set_permissions(TS_KC_PIN_DIR, std::fs::Permissions::from_mode(0o755));
+        remove_stale_pin()?;
+        let path = CString::new(TS_KC_PIN_PATH).unwrap();
+        if unsafe { libbpf_sys::bpf_obj_pin(t.kc_fd.as_raw_fd(), path.as_ptr()) } != 0 {
+            return Err(TracerError::Io(format!(
+                "pin {TS_KC_PIN_PATH}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        std::fs::set_permissions(TS_KC_PIN_PATH, std::fs::Permissions::from_mode(0o666))
+            .map_err(|e| TracerError::Io(format!("chmod {TS_KC_PIN_PATH}: {e}")))?;
+
+        let mut links = Vec::new();
+        attach_all(&t._kc_obj, &mut links, &mut t.skipped)?;
+        t.links = links;
+
+        if opts.infer {
+            t.load_infer(opts)?;
+        }
+        Ok(t)
+    }
+
+    fn load_infer(&mut self, opts: &TracerOptions) -> Result<(), TracerError> {
+        let mut open_inf = open(&INFER_OBJ.0, "infer")?;
+        let ppm = opts.infer_sample_ppm.min(TS_PPM);
+        let rb_bytes = opts.ringbuf_bytes.max(4096).next_power_of_two();
+        for mut m in open_inf.maps_mut() {
+            let name = m.name().to_string_lossy().into_owned();
+            let io = |e: libbpf_rs::Error| TracerError::Io(format!("infer map {name}: {e}"));
+            match name.as_str() {
+                "kcounters" => m.reuse_fd(self.kc_fd.as_fd()).map_err(io)?,
+                "targets" => m.reuse_fd(self.targets_fd.as_fd()).map_err(io)?,
+                "records" => m.set_max_entries(rb_bytes as u32).map_err(io)?,
+                n if n.ends_with(".rodata") => {
+                    let v = m
+                        .initial_value_mut()
+                        .ok_or_else(|| TracerError::Io("infer .rodata not mapped".into()))?;
+                    if v.len() != 8 {
+                        return Err(TracerError::Io(format!(
+                            "infer .rodata is {} bytes, expected only infer_cfg (8)",
+                            v.len()
+                        )));
+                    }
+                    v[..4].copy_from_slice(&ppm.to_ne_bytes());
+                }
+                _ => {}
+            }
+        }
+        disable_missing(&mut open_inf, &mut self.skipped)?;
+        let obj = open_inf.load().map_err(|e| load_error("infer", e))?;
+        let rb_fd = map_fd(&obj, "records")?;
+        self.stats_fd = Some(map_fd(&obj, "infer_stats")?);
+        let ctx = &mut *self.rb_pending as *mut Vec<ts_request_record> as *mut c_void;
+        let rb = unsafe {
+            libbpf_sys::ring_buffer__new(rb_fd.as_raw_fd(), Some(on_record), ctx, std::ptr::null())
+        };
+        if rb.is_null() {
+            return Err(TracerError::Io(format!(
+                "ring_buffer__new: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        self.rb = rb;
+        attach_all(&obj, &mut self.links, &mut self.skipped)?;
+        self._infer_obj = Some(obj);
+        Ok(())
+    }
+
+    /// Accounts the threads of process `tgid` (and of the children it forks).
+    pub fn add_target(&mut self, tgid: u32) -> Result<(), TracerError> {
+        let key = tgid;
+        let one: u8 = 1;
+        let rc = unsafe {
+            libbpf_sys::bpf_map_update_elem(
+                self.targets_fd.as_raw_fd(),
+                &key as *const u32 as *const c_void,
+                &one as *const u8 as *const c_void,
+                libbpf_sys::BPF_ANY as u64,
+            )
+        };
+        if rc != 0 {
+            return Err(TracerError::Io(format!(
+                "add target {tgid}: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(())
+    }
+
+    /// Drains inferred request records into `out`, waiting up to `timeout`
+    /// for the first. Returns how many were appended (0 when infer is off).
+    pub fn poll_records(
+        &mut self,
+        timeout: Duration,
+        out: &mut Vec<ts_request_record>,
+    ) -> Result<usize, TracerError> {
+        if self.rb.is_null() {
+            return Ok(0);
+        }
+        let ms = timeout.as_millis().min(i32::MAX as u128) as c_int;
+        let rc = unsafe { libbpf_sys::ring_buffer__poll(self.rb, ms) };
+        if rc < 0 && rc != -libc::EINTR {
+            return Err(TracerError::Io(format!(
+                "ring_buffer__poll: {}",
+                std::io::Error::from_raw_os_error(-rc)
+            )));
+        }
+        let n = self.rb_pending.len();
+        out.append(&mut self.rb_pending);
+        Ok(n)
+    }
+
+    pub fn stats(&self) -> BpfStats {
+        let h = self.kc_mem as *const ts_kc_header;
+        let collisions = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*h).collisions)) };
+        let mut s = BpfStats { kc_collisions: collisions, ..Default::default() };
+        if let Some(fd) = &self.stats_fd {
+            s.inferred_requests_seen = percpu_sum(fd, STAT_SEEN);
+            s.inferred_requests_sampled = percpu_sum(fd, STAT_SAMPLED);
+            s.ringbuf_drops = percpu_sum(fd, STAT_DROPS);
+        }
+        s
+    }
+
+    /// Programs skipped because this kernel lacks their tracepoint.
+    pub fn skipped_programs(&self) -> &[String] {
+        &self.skipped
+    }
+
+    fn entry_ptr(&self, idx: u32) -> *mut ts_kcounters {
+        debug_assert!(idx > 0 && idx < TS_KC_ENTRIES);
+        unsafe { self.kc_mem.add(idx as usize * TS_KC_ENTRY_SIZE as usize) as *mut ts_kcounters }
+    }
+
+    fn find_entry(&self, tid: u32) -> Option<*mut ts_kcounters> {
+        if tid == 0 {
+            return None;
+        }
+        (0..TS_KC_PROBE)
+            .map(|i| tid.wrapping_add(i) & (TS_KC_ENTRIES - 1))
+            .filter(|&idx| idx != 0)
+            .map(|idx| self.entry_ptr(idx))
+            .find(|&e| unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*e).tid)) } == tid)
+    }
+
+    /// Seqlock-consistent copy of `tid`'s entry; None if it has none (or it
+    /// never stopped changing over 1000 tries).
+    pub fn kcounters(&self, tid: u32) -> Option<ts_kcounters> {
+        let e = self.find_entry(tid)?;
+        let seq = |e: *mut ts_kcounters| unsafe {
+            std::sync::atomic::AtomicU32::from_ptr(std::ptr::addr_of_mut!((*e).seq))
+                .load(std::sync::atomic::Ordering::Acquire)
+        };
+        for _ in 0..1000 {
+            let s0 = seq(e);
+            if s0 & 1 == 1 {
+                std::hint::spin_loop();
+                continue;
+            }
+            let copy = unsafe { std::ptr::read_volatile(e) };
+            std::sync::atomic::fence(std::sync::atomic::Ordering::Acquire);
+            if seq(e) == s0 && copy.tid == tid {
+                return Some(copy);
+            }
+        }
+        None
+    }
+
+    /// Frees entries whose thread no longer exists; returns how many.
+    pub fn gc_dead_threads(&mut self) -> usize {
+        let mut freed = 0;
+        for idx in 1..TS_KC_ENTRIES {
+            let e = self.entry_ptr(idx);
+            let (tid, tgid) = unsafe {
+                (
+                    std::ptr::read_volatile(std::ptr::addr_of!((*e).tid)),
+                    std::ptr::read_volatile(std::ptr::addr_of!((*e).tgid)),
+                )
+            };
+            if tid == 0 {
+                continue;
+            }
+            let alive = if tgid != 0 {
+                Path::new(&format!("/proc/{tgid}/task/{tid}")).exists()
+            } else {
+                Path::new(&format!("/proc/{tid}")).exists() // /proc/<tid> resolves any thread
+            };
+            if alive {
+                continue;
+            }
+            unsafe {
+                // Clear everything but tid and seq, then release the slot.
+                let base = e as *mut u8;
+                std::ptr::write_bytes(base.add(8), 0, TS_KC_ENTRY_SIZE as usize - 8);
+                let t = std::sync::atomic::AtomicU32::from_ptr(std::ptr::addr_of_mut!((*e).tid));
+                if t
+                    .compare_exchange(tid, 0, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Relaxed)
+                    .is_ok()
+                {
+                    freed += 1;
+                }
+            }
+        }
+        freed
+    }
+}
+
+fn percpu_sum(fd: &OwnedFd, key: u32) -> u64 {
+    let ncpu = unsafe { libbpf_sys::libbpf_num_possible_cpus() };
+    if ncpu <= 0 {
+        return 0;
+    }
+    let mut vals = vec![0u64; ncpu as usize];
+    let rc = unsafe {
+        libbpf_sys::bpf_map_lookup_elem(
+            fd.as_raw_fd(),
+            &key as *const u32 as *const c_void,
+            vals.as_mut_ptr() as *mut c_void,
+        )
+    };
+    if rc != 0 {
+        return 0;
+    }
+    vals.iter().sum()
+}
+
+impl Drop for Tracer {
+    fn drop(&mut self) {
+        // Detach first, so nothing writes the array after live = 0.
+        self.links.clear();
+        if !self.rb.is_null() {
+            unsafe { libbpf_sys::ring_buffer__free(self.rb) };
+            self.rb = std::ptr::null_mut();
+        }
+        unsafe {
+            let h = self.kc_mem as *mut ts_kc_header;
+            std::ptr::write_volatile(std::ptr::addr_of_mut!((*h).live), 0);
+        }
+        // Unpin only if the pin is still ours (same map id).
+        if pinned_map_is(self.kc_fd.as_raw_fd()) {
+            let _ = std::fs::remove_file(TS_KC_PIN_PATH);
+        }
+        unsafe { libc::munmap(self.kc_mem.cast(), self.kc_len) };
+    }
+}
+
+fn map_id(fd: c_int) -> Option<u32> {
+    let mut info: libbpf_sys::bpf_map_info = unsafe { std::mem::zeroed() };
+    let mut len = std::mem::size_of::<libbpf_sys::bpf_map_info>() as u32;
+    let rc = unsafe {
+        libbpf_sys::bpf_obj_get_info_by_fd(fd, &mut info as *mut _ as *mut c_void, &mut len)
+    };
+    (rc == 0).then_some(info.id)
+}
+
+fn pinned_map_is(fd: c_int) -> bool {
+    let path = CString::new(TS_KC_PIN_PATH).unwrap();
+    let pfd = unsafe { libbpf_sys::bpf_obj_get(path.as_ptr()) };
+    if pfd < 0 {
+        return false;
+    }
+    let same = map_id(pfd).is_some() && map_id(pfd) == map_id(fd);
+    unsafe { libc::close(pfd) };
+    same
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn verifier_reason_is_the_last_meaningful_line() {
+        let log = "libbpf: prog 'sched_switch': BPF program load failed: Permission denied\n\
+                   libbpf: prog 'sched_switch': -- BEGIN PROG LOAD LOG --\n\
+                   0: R1=ctx() R10=fp0\n\
+                   ; e->oncpu_ns += 1\n\
+                   5: (79) r2 = *(u64 *)(r1 +8)\n\
+                   R1 invalid mem access 'scalar'\n\
+                   processed 6 insns (limit 1000000) max_states_per_insn 0\n\
+                   -- END PROG LOAD LOG --\n";
+        let (p, r) = explain_load_failure(log);
+        assert_eq!(p.as_deref(), Some("sched_switch"));
+        assert_eq!(r.as_deref(), Some("R1 invalid mem access 'scalar'"));
+    }
+
+    #[test]
+    fn tracepoint_from_section() {
+        assert_eq!(tp_of_section("tp_btf/sched_switch"), "sched_switch");
+        assert_eq!(tp_of_section("tracepoint/syscalls/sys_enter_read"), "sys_enter_read");
+    }
+}

@@ -1,0 +1,284 @@
+// SPDX-License-Identifier: Apache-2.0
+/* infer.bpf.c — zero-instrumentation request inference from socket syscalls.
+ *
+ * For a binary without libtailscope (stock redis, memcached, nginx), a
+ * request on a target thread is the span
+ *     from  sys_enter of the first read-family call (read, recvfrom,
+ *           recvmsg, readv) on a socket fd that returns > 0,
+ *     to    sys_exit of the next write-family call (write, sendto, sendmsg,
+ *           writev) on a socket fd that returns > 0,
+ * by the same thread. Reads while a request is open do not start another
+ * one (pipelined requests merge; see bpf/README.md for the failure modes).
+ *
+ * The sampling decision is drawn at the read's sys_enter, and a sampled
+ * request snapshots the thread's kcounters entry there (the in-progress
+ * on-CPU interval included, as the runtime does) and again at the write's
+ * sys_exit; the difference goes out as a struct ts_request_record on a
+ * ringbuf. A full ringbuf is counted, never waited on.
+ *
+ * Classic syscall tracepoints: there are no raw tracepoints per syscall,
+ * and a raw sys_enter program would run on every syscall of every process.
+ * The loader attaches these only when inference is enabled.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "kc_entry.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+/* Set by the loader before load; the only .rodata variable (the loader
+ * writes it at offset 0). */
+const volatile struct {
+	__u32 sample_ppm;
+	__u32 _pad;
+} infer_cfg = { .sample_ppm = TS_PPM };
+
+#define barrier() asm volatile("" ::: "memory")
+#define S_IFMT 00170000
+#define S_IFSOCK 0140000
+
+/* stats[] indexes (per-CPU; the loader sums) */
+#define STAT_SEEN 0
+#define STAT_SAMPLED 1
+#define STAT_DROPS 2
+#define STAT_TORN 3
+#define STAT_MAX 4
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, STAT_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} infer_stats SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 4 << 20); /* resized by the loader */
+} records SEC(".maps");
+
+/* A counter snapshot: the cumulative fields of ts_kcounters. */
+struct kc_snap {
+	__u64 oncpu_ns, runnable_ns, blocked_ns, irq_ns, softirq_ns;
+	__u32 runnable_count, blocked_count, irq_count, softirq_count;
+	__u32 fault_user_count, fault_kernel_count, migrations;
+	__u32 vol_switches, invol_switches;
+	__u32 valid; /* 0: no entry; 1: consistent; 2: torn */
+};
+
+struct req_state {
+	__u64 seq;          /* requests begun by this thread */
+	__u64 enter_ns;     /* sys_enter of the pending read */
+	__u64 start_ns;     /* start of the open request */
+	__u8 pending;       /* 1: read in flight, 2: write in flight */
+	__u8 pending_sock;  /* the in-flight call is on a socket */
+	__u8 active;        /* a request is open */
+	__u8 sampled;       /* the pending read / open request is sampled */
+	__u32 _pad;
+	struct kc_snap begin;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, struct req_state);
+} req_states SEC(".maps");
+
+/* The per-thread state is too big for the stack; build new ones here. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct req_state);
+} zero_state SEC(".maps");
+
+static __always_inline void stat_inc(__u32 i)
+{
+	__u64 *v = bpf_map_lookup_elem(&infer_stats, &i);
+
+	if (v)
+		*v += 1;
+}
+
+static __always_inline bool fd_is_socket(struct task_struct *task, long fd)
+{
+	struct files_struct *files;
+	struct fdtable *fdt;
+	struct file **fda, *file = NULL;
+	unsigned int max_fds;
+	umode_t mode;
+
+	if (fd < 0)
+		return false;
+	files = BPF_CORE_READ(task, files);
+	if (!files)
+		return false;
+	fdt = BPF_CORE_READ(files, fdt);
+	if (!fdt)
+		return false;
+	max_fds = BPF_CORE_READ(fdt, max_fds);
+	if ((unsigned long)fd >= max_fds)
+		return false;
+	fda = BPF_CORE_READ(fdt, fd);
+	if (bpf_probe_read_kernel(&file, sizeof(file), &fda[fd]) || !file)
+		return false;
+	mode = BPF_CORE_READ(file, f_inode, i_mode);
+	return (mode & S_IFMT) == S_IFSOCK;
+}
+
+/* Seqlock-consistent copy of the thread's counters, with the open on-CPU
+ * interval closed at `now`. Two tries, then it is marked torn. */
+static __always_inline void snapshot(__u32 tid, __u32 tgid, __u64 now, struct kc_snap *s)
+{
+	struct ts_kcounters *e = kc_entry(tid, tgid, true);
+
+	s->valid = 0;
+	if (!e)
+		return;
+	for (int try = 0; try < 2; try++) {
+		__u32 seq0 = *(volatile __u32 *)&e->seq;
+		barrier();
+		__u64 in = e->switch_in_ns;
+
+		s->oncpu_ns = e->oncpu_ns + (in && now > in ? now - in : 0);
+		s->runnable_ns = e->runnable_ns;
+		s->blocked_ns = e->blocked_ns;
+		s->irq_ns = e->irq_ns;
+		s->softirq_ns = e->softirq_ns;
+		s->runnable_count = e->runnable_count;
+		s->blocked_count = e->blocked_count;
+		s->irq_count = e->irq_count;
+		s->softirq_count = e->softirq_count;
+		s->fault_user_count = e->fault_user_count;
+		s->fault_kernel_count = e->fault_kernel_count;
+		s->migrations = e->migrations;
+		s->vol_switches = e->vol_switches;
+		s->invol_switches = e->invol_switches;
+		barrier(); /* x86 is TSO: a compiler barrier orders the loads */
+		if (!(seq0 & 1) && *(volatile __u32 *)&e->seq == seq0) {
+			s->valid = 1;
+			return;
+		}
+	}
+	s->valid = 2;
+}
+
+static __always_inline void on_enter(long fd, bool is_read)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id, tgid = id >> 32, zero = 0;
+	struct req_state *st;
+
+	if (!is_target_tgid(tgid))
+		return;
+	st = bpf_map_lookup_elem(&req_states, &tid);
+	if (!st) {
+		if (!is_read)
+			return; /* a write outside a request: nothing to end */
+		st = bpf_map_lookup_elem(&zero_state, &zero);
+		if (!st)
+			return;
+		bpf_map_update_elem(&req_states, &tid, st, BPF_NOEXIST);
+		st = bpf_map_lookup_elem(&req_states, &tid);
+		if (!st)
+			return;
+	}
+	st->pending = 0;
+	if (is_read == (bool)st->active)
+		return; /* read inside a request, or write outside one */
+	if (!fd_is_socket(task, fd))
+		return;
+	st->pending = is_read ? 1 : 2;
+	if (is_read) {
+		__u64 now = bpf_ktime_get_ns();
+
+		st->enter_ns = now;
+		st->sampled = bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
+		if (st->sampled)
+			snapshot(tid, tgid, now, &st->begin);
+	}
+}
+
+#define D(f) rec->f = end.f - st->begin.f
+
+static __always_inline void on_exit(long ret, bool is_read)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id, tgid = id >> 32;
+	struct ts_request_record *rec;
+	struct req_state *st;
+	struct kc_snap end;
+	__u64 now;
+
+	if (!is_target_tgid(tgid))
+		return;
+	st = bpf_map_lookup_elem(&req_states, &tid);
+	if (!st || st->pending != (is_read ? 1 : 2))
+		return;
+	st->pending = 0;
+	if (ret <= 0)
+		return;
+
+	if (is_read) { /* data arrived on a socket: a request begins */
+		st->active = 1;
+		st->start_ns = st->enter_ns;
+		st->seq++;
+		stat_inc(STAT_SEEN);
+		if (st->sampled)
+			stat_inc(STAT_SAMPLED);
+		return;
+	}
+
+	/* data went out on a socket: the request ends */
+	st->active = 0;
+	if (!st->sampled)
+		return;
+	now = bpf_ktime_get_ns();
+	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
+	if (!rec) {
+		stat_inc(STAT_DROPS);
+		return;
+	}
+	__builtin_memset(rec, 0, sizeof(*rec));
+	rec->request_id = ((__u64)tid << 32) | (__u32)st->seq;
+	rec->start_ns = st->start_ns;
+	rec->latency_ns = now - st->start_ns;
+	rec->tid = tid;
+	rec->kind = 0;
+	rec->flags = TS_REC_SAMPLED | TS_REC_INFERRED;
+	rec->cpu = bpf_get_smp_processor_id();
+	snapshot(tid, tgid, now, &end);
+	if (end.valid && st->begin.valid) {
+		rec->flags |= TS_REC_COUNTERS;
+		if (end.valid == 2 || st->begin.valid == 2) {
+			rec->flags |= TS_REC_TORN;
+			stat_inc(STAT_TORN);
+		}
+		D(oncpu_ns); D(runnable_ns); D(blocked_ns); D(irq_ns); D(softirq_ns);
+		D(runnable_count); D(blocked_count); D(irq_count); D(softirq_count);
+		D(fault_user_count); D(fault_kernel_count); D(migrations);
+		D(vol_switches); D(invol_switches);
+	}
+	bpf_ringbuf_submit(rec, 0);
+}
+
+#define ENTER(name, is_read)                                        \
+	SEC("tracepoint/syscalls/sys_enter_" #name)                 \
+	int enter_##name(struct trace_event_raw_sys_enter *ctx)     \
+	{ on_enter((long)ctx->args[0], is_read); return 0; }
+#define EXIT(name, is_read)                                         \
+	SEC("tracepoint/syscalls/sys_exit_" #name)                  \
+	int exit_##name(struct trace_event_raw_sys_exit *ctx)       \
+	{ on_exit(ctx->ret, is_read); return 0; }
+
+ENTER(read, true)     EXIT(read, true)
+ENTER(readv, true)    EXIT(readv, true)
+ENTER(recvfrom, true) EXIT(recvfrom, true)
+ENTER(recvmsg, true)  EXIT(recvmsg, true)
+ENTER(write, false)   EXIT(write, false)
+ENTER(writev, false)  EXIT(writev, false)
+ENTER(sendto, false)  EXIT(sendto, false)
+ENTER(sendmsg, false) EXIT(sendmsg, false)

@@ -1,0 +1,114 @@
+/* kc_entry.h — the kernel-counter array as seen from BPF.
+ *
+ * Shared by kcounters.bpf.c (which accumulates into entries) and
+ * infer.bpf.c (which snapshots them). Both objects declare the same two
+ * maps; the loader creates them once (kcounters object) and hands the same
+ * fds to the infer object (bpf_map__reuse_fd), so there is one array and
+ * one target set.
+ *
+ * An entry is found by hashing the tid, as abi.h specifies:
+ *     idx(tid, i) = (tid + i) & (TS_KC_ENTRIES - 1), i < TS_KC_PROBE, idx != 0
+ * and claimed with a compare-and-swap of entry.tid from 0 to tid. The
+ * runtime may claim first; either way entry.tid == tid afterwards.
+ */
+#ifndef TAILSCOPE_KC_ENTRY_H
+#define TAILSCOPE_KC_ENTRY_H
+
+#include <tailscope/abi.h>
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, TS_KC_ENTRIES);
+	__type(key, __u32);
+	__type(value, struct ts_kcounters);
+} kcounters SEC(".maps");
+
+/* tgid -> 1 for processes whose threads are accounted. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} targets SEC(".maps");
+
+static __always_inline bool is_target_tgid(__u32 tgid)
+{
+	return tgid && bpf_map_lookup_elem(&targets, &tgid);
+}
+
+static __always_inline void count_collision(void)
+{
+	__u32 zero = 0;
+	struct ts_kc_header *h = bpf_map_lookup_elem(&kcounters, &zero);
+
+	if (h)
+		__sync_fetch_and_add(&h->collisions, 1);
+}
+
+/* The thread's entry, or NULL. With claim, take a free slot if the thread
+ * has none (and count a collision when all TS_KC_PROBE slots are taken). */
+static __always_inline struct ts_kcounters *kc_entry(__u32 tid, __u32 tgid, bool claim)
+{
+	struct ts_kcounters *free_e = NULL;
+
+	if (!tid)
+		return NULL;
+	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
+		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1);
+		struct ts_kcounters *e;
+
+		if (!idx)
+			continue;
+		e = bpf_map_lookup_elem(&kcounters, &idx);
+		if (!e)
+			return NULL;
+		if (e->tid == tid)
+			return e;
+		if (!e->tid && !free_e)
+			free_e = e;
+	}
+	if (!claim)
+		return NULL;
+	if (free_e) {
+		__u32 old = __sync_val_compare_and_swap(&free_e->tid, 0, tid);
+
+		if (old == 0 || old == tid) {
+			free_e->tgid = tgid;
+			return free_e;
+		}
+	}
+	/* Lost the race for the only free slot, or none was free: probe again
+	 * in case the runtime claimed one for us meanwhile. */
+	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
+		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1);
+		struct ts_kcounters *e;
+
+		if (!idx)
+			continue;
+		e = bpf_map_lookup_elem(&kcounters, &idx);
+		if (!e)
+			return NULL;
+		if (e->tid == tid)
+			return e;
+		if (!e->tid && __sync_val_compare_and_swap(&e->tid, 0, tid) == 0) {
+			e->tgid = tgid;
+			return e;
+		}
+	}
+	count_collision();
+	return NULL;
+}
+
+/* Seqlock around every update: odd while BPF writes. */
+static __always_inline void kc_write_begin(struct ts_kcounters *e)
+{
+	__sync_fetch_and_add(&e->seq, 1);
+}
+
+static __always_inline void kc_write_end(struct ts_kcounters *e)
+{
+	__sync_fetch_and_add(&e->seq, 1);
+}
+
+#endif /* TAILSCOPE_KC_ENTRY_H */
