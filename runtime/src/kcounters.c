@@ -31,6 +31,10 @@
 _Static_assert(sizeof(struct ts_kcounters) == TS_KC_ENTRY_SIZE, "kc entry");
 _Static_assert(sizeof(struct ts_kc_header) == TS_KC_ENTRY_SIZE, "kc header");
 
+/* Where the map is pinned. Tests and benchmarks that link the static
+ * library point it at a map they made themselves (hidden, not an API). */
+const char *ts_kc_pin_path TS_HIDDEN = TS_KC_PIN_PATH;
+
 static struct ts_kc_header *kc_header(struct ts_kcounters *kc) {
 	return (struct ts_kc_header *)kc;
 }
@@ -45,10 +49,10 @@ static int kc_header_ok(struct ts_kc_header *h) {
 static struct ts_kcounters *kc_map_open(void) {
 	union bpf_attr attr;
 	memset(&attr, 0, sizeof(attr));
-	attr.pathname = (uint64_t)(uintptr_t)TS_KC_PIN_PATH;
+	attr.pathname = (uint64_t)(uintptr_t)ts_kc_pin_path;
 	int fd = (int)syscall(__NR_bpf, BPF_OBJ_GET, &attr, sizeof(attr));
 	if (fd < 0) {
-		ts_debug("kcounters: BPF_OBJ_GET %s: %s", TS_KC_PIN_PATH, strerror(errno));
+		ts_debug("kcounters: BPF_OBJ_GET %s: %s", ts_kc_pin_path, strerror(errno));
 		return NULL;
 	}
 	void *p = mmap(NULL, TS_KC_MAP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -62,7 +66,7 @@ static struct ts_kcounters *kc_map_open(void) {
 		munmap(p, TS_KC_MAP_SIZE);
 		return NULL;
 	}
-	ts_debug("kcounters: mapped %s", TS_KC_PIN_PATH);
+	ts_debug("kcounters: mapped %s", ts_kc_pin_path);
 	return p;
 }
 
