@@ -9,6 +9,7 @@
 #![allow(non_camel_case_types)]
 
 pub mod region;
+pub mod fuzzing;
 pub mod synth;
 
 pub const TS_ABI_MAGIC: u64 = 0x3130_504f_4353_5354;

@@ -67,14 +67,14 @@ pub fn push_record(b: &mut [u8], slot: u32, r: &ts_request_record) -> bool {
     let head = read_u64(b, base + slot_offsets::RING_HEAD);
     let tail = read_u64(b, base + slot_offsets::RING_TAIL);
     if head.wrapping_sub(tail) >= TS_RING_CAPACITY as u64 {
-        let d = read_u64(b, base + slot_offsets::DROPPED_RING_FULL) + 1;
+        let d = read_u64(b, base + slot_offsets::DROPPED_RING_FULL).wrapping_add(1);
         put(b, base + slot_offsets::DROPPED_RING_FULL, &d.to_le_bytes());
         return false;
     }
     let idx = (head & (TS_RING_CAPACITY as u64 - 1)) as u32;
     let rec = crate::region::record_to_bytes(r);
     put(b, base + record_offset_in_slot(idx), &rec);
-    put(b, base + slot_offsets::RING_HEAD, &(head + 1).to_le_bytes());
+    put(b, base + slot_offsets::RING_HEAD, &head.wrapping_add(1).to_le_bytes());
     true
 }
 
