@@ -1,0 +1,3 @@
+from tailscope.cli import main
+
+raise SystemExit(main())

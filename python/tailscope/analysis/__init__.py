@@ -1,0 +1,1 @@
+"""Analyses over loaded recordings. `varmri` holds the pure statistics; `pipeline` runs them."""

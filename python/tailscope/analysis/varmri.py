@@ -1,0 +1,451 @@
+"""VarMRI statistics (Huang et al., "Long-term Monitoring of Kernel and Hardware Events to
+Understand Latency Variance", §5), as pure functions over numpy arrays.
+
+Nothing here reads files or knows about columns; `tailscope.analysis.pipeline` feeds these
+functions the arrays of one recording. Every function states its formula and its source.
+
+Conventions
+- Percentiles are nearest-rank: V_q(L) = the ceil(q·n)-th smallest value of L (an observed
+  latency, never an interpolation). Computed with np.partition, O(n).
+- An event E is "recorded" for a request when the request carries E (counters_valid and the
+  source columns not null). Each statistic uses only the requests that recorded the events it
+  involves (VarMRI §5: robustness to missing data).
+- pThreshold (§5.1) is a percentile of E; the threshold *value* is E's value at that
+  percentile; the high set H = {requests with E > threshold value}.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+# -- percentiles ---------------------------------------------------------------------------
+
+
+def nearest_rank_index(n: int, q: float) -> int:
+    """0-based index of the nearest-rank q-percentile in a sorted array of n values:
+    k = ceil(q·n) − 1, clamped to [0, n−1]. (The 1e-9 guards against 0.99·100 = 99.000…01.)"""
+    return min(max(math.ceil(q * n - 1e-9) - 1, 0), n - 1)
+
+
+def percentile(values: np.ndarray, q: float) -> float:
+    """Nearest-rank q-percentile of `values` (0 < q ≤ 1), NaN for an empty array.
+
+    V_q(L) = L_(k) with k = ceil(q·|L|), the k-th order statistic. O(n) via np.partition.
+    """
+    n = int(values.size)
+    if n == 0:
+        return math.nan
+    k = nearest_rank_index(n, q)
+    return float(np.partition(values, k)[k])
+
+
+def percentiles(values: np.ndarray, qs: list[float]) -> list[float]:
+    """Several nearest-rank percentiles with one multi-kth np.partition."""
+    n = int(values.size)
+    if n == 0:
+        return [math.nan] * len(qs)
+    ks = [nearest_rank_index(n, q) for q in qs]
+    part = np.partition(values, sorted(set(ks)))
+    return [float(part[k]) for k in ks]
+
+
+# -- pThreshold: CDF step detection (§5.1) -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LineFit:
+    """One fitted line of the piecewise-linear CDF: covers sorted ranks [start, end)."""
+
+    start: int
+    end: int
+    slope: float
+    intercept: float
+
+
+@dataclass(frozen=True)
+class StepFit:
+    """Result of `fit_cdf_lines`: lines over the quantile function and their joints.
+
+    joints[i] is the percentile where line i ends and line i+1 begins (fraction of values at
+    or below the joint); joint_values[i] is the largest value on line i's side of it.
+    """
+
+    n: int
+    lines: tuple[LineFit, ...]
+    joints: np.ndarray
+    joint_values: np.ndarray
+
+
+def _range_stats(x: np.ndarray, y: np.ndarray, starts: np.ndarray) -> np.ndarray:
+    """Centred sufficient statistics per range: rows of (n, mean_x, mean_y, Cxx, Cxy, Cyy)
+    where Cab = Σ(a − mean_a)(b − mean_b). Centred sums (Chan et al.'s parallel update, as in
+    Apache Commons Math SimpleRegression.append, VarMRI's ref. apache_2016) stay accurate where
+    raw Σx², Σy² would cancel catastrophically."""
+    n = np.diff(np.append(starts, x.size)).astype(np.float64)
+    mx = np.add.reduceat(x, starts) / n
+    my = np.add.reduceat(y, starts) / n
+    dx = x - np.repeat(mx, n.astype(np.int64))
+    dy = y - np.repeat(my, n.astype(np.int64))
+    return np.column_stack(
+        [n, mx, my, np.add.reduceat(dx * dx, starts), np.add.reduceat(dx * dy, starts),
+         np.add.reduceat(dy * dy, starts)]
+    )
+
+
+def merge_stats(a: tuple, b: tuple) -> tuple:
+    """O(1) merge of two ranges' centred statistics (n, mx, my, Cxx, Cxy, Cyy):
+    n = na + nb, m = (na·ma + nb·mb)/n, C = Ca + Cb + na·nb/n · δa·δb with δ = mb − ma."""
+    na, mxa, mya, cxxa, cxya, cyya = a
+    nb, mxb, myb, cxxb, cxyb, cyyb = b
+    n = na + nb
+    dx, dy = mxb - mxa, myb - mya
+    f = na * nb / n
+    return (n, mxa + dx * nb / n, mya + dy * nb / n, cxxa + cxxb + f * dx * dx,
+            cxya + cxyb + f * dx * dy, cyya + cyyb + f * dy * dy)
+
+
+FLAT_TOL = 1e-12  # per-point squared residual, on values normalised to [0, 1]
+
+
+def part_r2(part: tuple, slope: float, mx: float, my: float) -> float:
+    """R² of the line y = my + slope·(x − mx) evaluated on one part's points only:
+    R² = 1 − SSE/SST with SST = Cyy and, from the part's centred statistics,
+    SSE = Cyy − 2b·Cxy + b²·Cxx + n·((my_p − my) − b·(mx_p − mx))².
+
+    Flat part (SST ≈ 0, all values equal, a plateau of the CDF): R² is undefined; we define
+    it as 1 when the line passes through the plateau exactly (SSE ≈ 0) and 0 otherwise, so
+    plateaus merge with each other and never with a slope (the plateau's edge is a step)."""
+    n, mxp, myp, cxx, cxy, cyy = part
+    d = (myp - my) - slope * (mxp - mx)
+    sse = max(cyy - 2.0 * slope * cxy + slope * slope * cxx + n * d * d, 0.0)
+    if cyy <= FLAT_TOL * n:
+        return 1.0 if sse <= FLAT_TOL * n else 0.0
+    return 1.0 - sse / cyy
+
+
+def merged_fit_score(a: tuple, b: tuple) -> float:
+    """min(R²_a, R²_b) of the least-squares line fitted to a ∪ b, each R² on its own part
+    (VarMRI §5.1: merge "if the R-squared value … is larger than 0.95 for both ranges under
+    the new regression model"). A merged range with Cxx = 0 cannot happen (x are distinct
+    percentiles), but is treated as a vertical line that fits nothing (score 0)."""
+    m = merge_stats(a, b)
+    if m[3] <= 0.0:
+        return 0.0
+    slope = m[4] / m[3]
+    return min(part_r2(a, slope, m[1], m[2]), part_r2(b, slope, m[1], m[2]))
+
+
+def fit_cdf_lines(sorted_values: np.ndarray, n_ranges: int = 1000, r2_min: float = 0.95,
+                  min_points: int = 5) -> StepFit:
+    """Piecewise-linear fit of an event's CDF, VarMRI §5.1.
+
+    The CDF is taken as the quantile function: x = (rank + ½)/n (percentile), y = value,
+    normalised to [0, 1] by the value span (R² is scale-free; normalising keeps the sums well
+    conditioned). It is split by rank into `n_ranges` equal ranges (fewer when there are fewer
+    than `min_points` values per range), a least-squares line is fitted to each, and adjacent
+    ranges are merged bottom-up: repeatedly the adjacent pair with the best
+    min(R²_left, R²_right) under the merged line is merged, while that score exceeds `r2_min`.
+    Each merge is O(1) from sufficient statistics; with a heap the whole fit is
+    O(n log n) for the sort (done by the caller) plus O(R log R) for R ranges.
+
+    The paper leaves the merge order open; best-first is deterministic and order-independent.
+    Edge cases: fewer than 2·min_points values or a constant event → a single line, no joints.
+    """
+    v = np.asarray(sorted_values, dtype=np.float64)
+    n = int(v.size)
+    r = min(n_ranges, n // max(min_points, 1))
+    if n == 0:
+        return StepFit(0, (), np.zeros(0), np.zeros(0))
+    lo, hi = float(v[0]), float(v[-1])
+    if r < 2 or hi <= lo:
+        return StepFit(n, (LineFit(0, n, 0.0, lo),), np.zeros(0), np.zeros(0))
+    x = (np.arange(n, dtype=np.float64) + 0.5) / n
+    y = (v - lo) / (hi - lo)
+    starts = (np.arange(r, dtype=np.int64) * n) // r
+    stats = [tuple(row) for row in _range_stats(x, y, starts).tolist()]
+    ends = np.append(starts[1:], n).tolist()
+    starts_l = starts.tolist()
+    nxt = list(range(1, r)) + [-1]
+    prv = [-1] + list(range(0, r - 1))
+    alive = [True] * r
+    version = [0] * r
+    heap: list[tuple[float, int, int, int, int]] = []
+
+    def push(i: int) -> None:
+        j = nxt[i]
+        if j < 0:
+            return
+        s = merged_fit_score(stats[i], stats[j])
+        if s > r2_min:
+            heapq.heappush(heap, (-s, i, version[i], j, version[j]))
+
+    for i in range(r - 1):
+        push(i)
+    while heap:
+        _, i, vi, j, vj = heapq.heappop(heap)
+        if not (alive[i] and alive[j]) or version[i] != vi or version[j] != vj or nxt[i] != j:
+            continue
+        stats[i] = merge_stats(stats[i], stats[j])
+        ends[i] = ends[j]
+        alive[j] = False
+        nxt[i] = nxt[j]
+        if nxt[j] >= 0:
+            prv[nxt[j]] = i
+        version[i] += 1
+        push(i)
+        if prv[i] >= 0:
+            push(prv[i])
+
+    lines = []
+    i = 0
+    while i >= 0:
+        nn, mx, my, cxx, cxy, _ = stats[i]
+        slope = cxy / cxx if cxx > 0 else 0.0
+        # back to value units: y = lo + span·(my + slope·(x − mx))
+        span = hi - lo
+        lines.append(LineFit(starts_l[i], ends[i], slope * span, lo + span * (my - slope * mx)))
+        i = nxt[i]
+    joint_ranks = np.array([ln.end for ln in lines[:-1]], dtype=np.int64)
+    joints = joint_ranks / n
+    joint_values = v[joint_ranks - 1] if joint_ranks.size else np.zeros(0)
+    return StepFit(n, tuple(lines), joints, joint_values)
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """pThreshold of one event. method: 'step' (a CDF joint), 'fallback' (no joint below
+    pTarget), 'none' (no high set: constant event or too few values)."""
+
+    percentile: float
+    value: float
+    method: str
+
+
+def fallback_percentile(p_target: float) -> float:
+    """pThreshold when the CDF has no step below pTarget: 1 − 10·(1 − pTarget)
+    (p90 for p99, p99 for p99.9), floored at 0.5. Our choice, not the paper's: the high set is
+    then ten times the tail the target looks at, enough to move it if the event matters and
+    small enough that removing it from an unrelated event barely moves the target."""
+    return max(0.5, 1.0 - 10.0 * (1.0 - p_target))
+
+
+def choose_threshold(fit: StepFit, sorted_values: np.ndarray, p_target: float) -> Threshold:
+    """pThreshold = the joint percentile closest to pTarget from below, VarMRI §5.1 ("the one
+    whose percentile is smaller than pTarget and is the closest"). We accept a joint equal to
+    pTarget (±1e-9): joints sit on range boundaries, and a step exactly at the target is the
+    most telling one. The threshold value is the largest value below the joint, so
+    H = {E > value} is exactly the part of the CDF above the step.
+
+    No joint at or below pTarget → `fallback_percentile`. A joint whose value equals the
+    event's maximum would make H empty; such joints are skipped. Constant event → 'none'."""
+    v = np.asarray(sorted_values)
+    n = int(v.size)
+    if n == 0 or v[0] == v[-1]:
+        return Threshold(math.nan if n == 0 else 1.0, math.nan if n == 0 else float(v[-1]), "none")
+    top = float(v[-1])
+    ok = (fit.joints <= p_target + 1e-9) & (fit.joint_values < top)
+    if ok.any():
+        i = int(np.flatnonzero(ok)[-1])
+        return Threshold(float(fit.joints[i]), float(fit.joint_values[i]), "step")
+    p = fallback_percentile(p_target)
+    value = float(v[nearest_rank_index(n, p)])
+    if value >= top:
+        return Threshold(p, value, "none")
+    return Threshold(p, value, "fallback")
+
+
+def dequantize(sorted_counts: np.ndarray, seed: int = 0) -> np.ndarray:
+    """Count events are integers, so their quantile function is a staircase: a range that
+    spans k distinct counts fits a line with R² ≈ 1 − 1/k², which fails the 0.95 test
+    everywhere and hides the real steps. Adding U[0, 1) to each count (then re-sorting) turns
+    a tread k into a linear ramp over [k, k+1): slopes change only where the count
+    distribution does, which is what step detection should see. Map a threshold found on the
+    dequantized values back with floor(). (Our addition; the paper's events were lengths.)"""
+    rng = np.random.default_rng(seed)
+    return np.sort(np.asarray(sorted_counts, dtype=np.float64) + rng.random(sorted_counts.size))
+
+
+def find_threshold(sorted_values: np.ndarray, p_target: float, *, discrete: bool = False,
+                   n_ranges: int = 1000, seed: int = 0) -> tuple[Threshold, StepFit, np.ndarray]:
+    """pThreshold of one event from its sorted values (§5.1): `fit_cdf_lines` then
+    `choose_threshold`. Count events (`discrete`) are dequantized first and the threshold
+    value floored back to an integer. Returns (threshold, fit, the values the fit saw)."""
+    v = np.asarray(sorted_values, dtype=np.float64)
+    if v.size == 0 or v[0] == v[-1]:
+        fit = fit_cdf_lines(v, n_ranges=n_ranges)
+        return choose_threshold(fit, v, p_target), fit, v
+    work = dequantize(v, seed) if discrete else v
+    fit = fit_cdf_lines(work, n_ranges=n_ranges)
+    thr = choose_threshold(fit, work, p_target)
+    if discrete and thr.method != "none":
+        value = float(math.floor(thr.value))
+        thr = Threshold(thr.percentile, value, thr.method if value < v[-1] else "none")
+    return thr, fit, work
+
+
+def subsample(values: np.ndarray, max_n: int, seed: int = 0) -> np.ndarray:
+    """Uniform random subsample (with replacement) of at most max_n values, fixed seed.
+    Used for step detection on large recordings: the CDF of 1M samples locates a step to well
+    within one of the 1000 ranges (each range holds ~1000 samples)."""
+    if values.size <= max_n:
+        return values
+    idx = np.random.default_rng(seed).integers(0, values.size, size=max_n)
+    return values[idx]
+
+
+# -- impact (§5.1) -------------------------------------------------------------------------
+
+
+def impact(latency: np.ndarray, high: np.ndarray, p_target: float, v_all: float | None = None) -> float:
+    """Impact(E) = V(L) − V(L \\ H), VarMRI §5.1 (Definition: impact value).
+
+    latency: latencies of the requests that recorded E (the multiset L);
+    high: bool mask over `latency`, the requests whose E exceeds the pThreshold value (H);
+    V: the nearest-rank pTarget percentile. 0 when H is empty; NaN when L is; V(∅) = 0 when
+    H is all of L (removing every request removes all the tail). `v_all`, when given, is
+    V(L) already computed (several events often share the same L)."""
+    if latency.size == 0:
+        return math.nan
+    n_high = int(np.count_nonzero(high))
+    if n_high == 0:
+        return 0.0
+    if v_all is None:
+        v_all = percentile(latency, p_target)
+    rest = latency[~high]
+    v_rest = percentile(rest, p_target) if rest.size else 0.0
+    return v_all - v_rest
+
+
+# -- correlation and causality (§5.2) ------------------------------------------------------
+
+
+def jaccard(high_a: np.ndarray, high_b: np.ndarray, both: np.ndarray | None = None) -> float:
+    """Jaccard similarity |Ha ∩ Hb| / |Ha ∪ Hb| of two high sets, over the requests that
+    recorded both events (`both`, a bool mask; None = all), VarMRI §5.2. (The paper calls it
+    "Jaccard distance" but uses it as a correlation: 1 = same requests; we use the
+    similarity.) 0 when both sets are empty."""
+    if both is not None:
+        high_a = high_a & both
+        high_b = high_b & both
+    union = int(np.count_nonzero(high_a | high_b))
+    if union == 0:
+        return 0.0
+    return int(np.count_nonzero(high_a & high_b)) / union
+
+
+def jaccard_packed(a: np.ndarray, b: np.ndarray) -> float:
+    """`jaccard` over np.packbits-packed masks (8× less memory traffic; used for all pairs)."""
+    union = int(np.bitwise_count(a | b).sum())
+    if union == 0:
+        return 0.0
+    return int(np.bitwise_count(a & b).sum()) / union
+
+
+def adjusted_impacts(impacts: dict[str, float], causes: dict[str, list[str]],
+                     similarity: dict[tuple[str, str], float]) -> dict[str, tuple[float, str | None]]:
+    """Rule-1 adjustment, VarMRI §5.2:
+        Impact'(E2) = Impact(E2) − max_{E1 may cause E2} Jaccard(H1, H2) · Impact(E1).
+
+    impacts: event → Impact; causes: E2 → [E1 that may cause it] (the causality table);
+    similarity: (E1, E2) → Jaccard. Uses the raw, not adjusted, impact of E1 (as the paper).
+    Only positive cause impacts are deducted. Returns E2 → (Impact', the E1 whose term was
+    the max deduction, or None). Impact' may go negative in principle; it is floored at 0."""
+    out: dict[str, tuple[float, str | None]] = {}
+    for e2, imp in impacts.items():
+        best, best_cause = 0.0, None
+        for e1 in causes.get(e2, ()):
+            if e1 not in impacts or not (impacts[e1] > 0):
+                continue
+            j = similarity.get((e1, e2), similarity.get((e2, e1), 0.0))
+            d = j * impacts[e1]
+            if d > best:
+                best, best_cause = d, e1
+        if math.isnan(imp):
+            out[e2] = (imp, None)
+        else:
+            out[e2] = (max(imp - best, 0.0) if imp > 0 else imp, best_cause)
+    return out
+
+
+def proportionality_r2(child: np.ndarray, parent: np.ndarray) -> tuple[float, float]:
+    """Rule 2, VarMRI §5.2: fit child = k·parent (least squares through the origin) and
+    return (k, R²) with R² = 1 − Σ(c − k·p)² / Σ(c − c̄)². R² > 0.99 means the child moves in
+    direct proportion to the parent, so it is not a separate cause and is dropped from the
+    report. A constant child (SST = 0) gives R² = 1 when it is fitted exactly (0 = k·p),
+    else 0. Empty input → (nan, nan)."""
+    c = np.asarray(child, dtype=np.float64)
+    p = np.asarray(parent, dtype=np.float64)
+    if c.size == 0:
+        return math.nan, math.nan
+    spp = float(np.dot(p, p))
+    k = float(np.dot(p, c)) / spp if spp > 0 else 0.0
+    sse = float(np.sum((c - k * p) ** 2))
+    sst = float(np.sum((c - c.mean()) ** 2))
+    if sst <= 1e-12 * c.size * max(1.0, float(np.max(np.abs(c))) ** 2):
+        return k, 1.0 if sse <= 1e-9 * c.size else 0.0
+    return k, 1.0 - sse / sst
+
+
+# -- segments (§6 methodology) -------------------------------------------------------------
+
+
+def segment_ids(start_ns: np.ndarray, segment_ns: int, t0: int | None = None) -> np.ndarray:
+    """Segment index of each request: floor((start − t0) / segment length), t0 = min start."""
+    if start_ns.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    base = int(start_ns.min()) if t0 is None else t0
+    return ((start_ns.astype(np.int64) - base) // int(segment_ns)).astype(np.int64)
+
+
+def segment_percentiles(latency: np.ndarray, seg: np.ndarray, qs: list[float]
+                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-segment request counts and nearest-rank percentiles of latency.
+
+    Returns (segment ids present, counts, matrix[segment, q]). One stable counting sort by
+    segment (radix for ≤ 65535 segments) then np.partition per segment: O(n) overall."""
+    if latency.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, len(qs)))
+    ids, inv, counts = np.unique(seg, return_inverse=True, return_counts=True)
+    key = inv.astype(np.uint16) if ids.size <= 65535 else inv
+    order = np.argsort(key, kind="stable")
+    lat_sorted = latency[order]
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    out = np.empty((ids.size, len(qs)))
+    for s in range(ids.size):
+        out[s] = percentiles(lat_sorted[bounds[s]:bounds[s + 1]], qs)
+    return ids, counts, out
+
+
+def median_and_max_segment(p_target_per_segment: np.ndarray, eligible: np.ndarray) -> tuple[int, int]:
+    """Indices of the median segment (its pTarget is the lower median of the eligible
+    segments' pTargets) and the max segment (largest pTarget), VarMRI §6 "median-segment" and
+    "max-segment". eligible: bool mask of segments with enough requests. (-1, -1) if none."""
+    idx = np.flatnonzero(eligible)
+    if idx.size == 0:
+        return -1, -1
+    vals = p_target_per_segment[idx]
+    order = np.argsort(vals, kind="stable")
+    med = int(idx[order[(idx.size - 1) // 2]])
+    mx = int(idx[order[-1]])
+    return med, mx
+
+
+def default_segment_seconds(n_requests: int, duration_s: float, p_target: float,
+                            max_segments: int = 200) -> float:
+    """Segment length: long enough that a segment holds at least
+    max(2000, 20/(1 − pTarget)) requests (≥ 20 requests above pTarget, for a stable tail),
+    and at most `max_segments` segments; rounded up to 1, 2 or 5 × 10^k seconds."""
+    if n_requests <= 0 or duration_s <= 0:
+        return max(duration_s, 1.0)
+    need = max(2000.0, 20.0 / max(1.0 - p_target, 1e-9))
+    rate = n_requests / duration_s
+    s = max(need / rate, duration_s / max_segments)
+    exp = math.floor(math.log10(s))
+    for m in (1, 2, 5, 10):
+        if m * 10.0**exp >= s - 1e-12:
+            return m * 10.0**exp
+    return s
