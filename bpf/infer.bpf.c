@@ -75,7 +75,7 @@ struct req_state {
 	__u8 pending_sock;  /* the in-flight call is on a socket */
 	__u8 active;        /* a request is open */
 	__u8 sampled;       /* the pending read / open request is sampled */
-	__u32 _pad;
+	__u32 enter_vol;    /* vol_switches at the read's sys_enter */
 	struct kc_snap begin;
 };
 
@@ -195,7 +195,10 @@ static __always_inline void on_enter(long fd, bool is_read)
 	if (is_read) {
 		__u64 now = bpf_ktime_get_ns();
 
+		struct ts_kcounters *e = kc_entry(tid, tgid, true);
+
 		st->enter_ns = now;
+		st->enter_vol = e ? e->vol_switches : 0;
 		st->sampled = bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
 		if (st->sampled)
 			snapshot(tid, tgid, now, &st->begin);
@@ -223,8 +226,27 @@ static __always_inline void on_exit(long ret, bool is_read)
 		return;
 
 	if (is_read) { /* data arrived on a socket: a request begins */
+		struct ts_kcounters *e = kc_entry(tid, tgid, false);
+
 		st->active = 1;
 		st->start_ns = st->enter_ns;
+		/* A blocking read slept until the data came: the request starts
+		 * at that wakeup (wait_since_ns keeps it after the switch-in),
+		 * not at the sys_enter; the runnable wait after it is the
+		 * request's, the blocked wait before it is not. */
+		if (e && e->vol_switches != st->enter_vol) {
+			__u64 woke = e->wait_since_ns, in = e->switch_in_ns;
+
+			if (woke >= st->enter_ns && in >= woke) {
+				st->start_ns = woke;
+				if (st->sampled) {
+					snapshot(tid, tgid, in, &st->begin);
+					st->begin.runnable_ns -= in - woke;
+					if (st->begin.runnable_count)
+						st->begin.runnable_count--;
+				}
+			}
+		}
 		st->seq++;
 		stat_inc(STAT_SEEN);
 		if (st->sampled)

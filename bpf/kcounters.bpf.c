@@ -27,14 +27,18 @@ char LICENSE[] SEC("license") = "GPL";
 
 #define TASK_RUNNING 0
 
-/* The tracked thread's entry (claimed on first sight), or NULL. */
+#define PF_EXITING 0x00000004
+
+/* The tracked thread's entry (claimed on first sight), or NULL. An exiting
+ * thread claims nothing: sched_process_exit freed its entry, and its last
+ * context switch must not take a new one. */
 static __always_inline struct ts_kcounters *tracked(struct task_struct *t)
 {
 	__u32 tgid = t->tgid;
 
 	if (!is_target_tgid(tgid))
 		return NULL;
-	return kc_entry(t->pid, tgid, true);
+	return kc_entry(t->pid, tgid, !(t->flags & PF_EXITING));
 }
 
 static __always_inline struct ts_kcounters *tracked_current(void)
@@ -258,12 +262,13 @@ static __always_inline void irq_enter(__u32 kind)
 		return;
 	d = s->depth;
 	if (d < IRQ_STACK_DEPTH) {
+		d &= IRQ_STACK_DEPTH - 1;
 		s->f[d].start = bpf_ktime_get_ns();
 		s->f[d].nested_ns = 0;
 		s->f[d].kind = kind;
 	}
-	if (d < 64)
-		s->depth = d + 1;
+	if (s->depth < 64)
+		s->depth++;
 }
 
 static __always_inline void irq_exit(__u32 kind)
@@ -281,6 +286,7 @@ static __always_inline void irq_exit(__u32 kind)
 		s->depth = d;
 		return;
 	}
+	d &= IRQ_STACK_DEPTH - 1; /* no-op; for the verifier */
 	if (s->f[d].kind != kind)
 		return;
 	s->depth = d;
@@ -291,12 +297,8 @@ static __always_inline void irq_exit(__u32 kind)
 	if (total > MAX_IRQ_NS)
 		return;
 	actual = total > s->f[d].nested_ns ? total - s->f[d].nested_ns : 0;
-	if (d > 0) {
-		__u32 p = d - 1;
-
-		if (p < IRQ_STACK_DEPTH)
-			s->f[p].nested_ns += total;
-	}
+	if (d > 0) /* the mask only convinces the verifier; d < IRQ_STACK_DEPTH */
+		s->f[(d - 1) & (IRQ_STACK_DEPTH - 1)].nested_ns += total;
 
 	e = tracked_current();
 	if (!e)

@@ -139,6 +139,9 @@ pub struct Tracer {
 // ring_buffer used only through &mut self; nothing is shared with another
 // thread behind our back.
 unsafe impl Send for Tracer {}
+// SAFETY: &self methods only read the mapping (volatile/seqlock) and do map
+// syscalls; the ring buffer and pending records need &mut self.
+unsafe impl Sync for Tracer {}
 
 // ---- libbpf log capture ----------------------------------------------------
 

@@ -1,0 +1,470 @@
+//! Real BPF on the real kernel: load the programs, make a thread do known
+//! things, and check what its kcounters entry says.
+//!
+//! Needs root (or CAP_BPF+CAP_PERFMON); skips with a message otherwise.
+//! The tests share the pinned kcounters map, so they serialize on LOCK
+//! (no need for --test-threads=1).
+
+use std::io::{Read, Write};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tailscope_abi::*;
+use tailscope_bpf::*;
+
+static LOCK: Mutex<()> = Mutex::new(());
+
+fn is_root() -> bool {
+    unsafe { libc::geteuid() == 0 }
+}
+
+macro_rules! require_root {
+    () => {
+        if !is_root() {
+            eprintln!("SKIP: needs root to load BPF programs");
+            return;
+        }
+    };
+}
+
+fn tracer(opts: TracerOptions) -> Tracer {
+    let mut t = Tracer::load(&opts).unwrap_or_else(|e| panic!("{e}\n{}", last_libbpf_log()));
+    t.add_target(std::process::id()).unwrap();
+    t
+}
+
+fn gettid() -> u32 {
+    unsafe { libc::gettid() as u32 }
+}
+
+fn mono_ns() -> u64 {
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn thread_cpu_ns() -> u64 {
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+fn pin_to(cpu: usize) {
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set), 0);
+    }
+}
+
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+/// A snapshot the way the runtime takes it: the open on-CPU interval is
+/// closed at "now". Called by the thread itself, so it is on CPU.
+#[derive(Debug, Clone, Copy)]
+struct Snap {
+    kc: ts_kcounters,
+    oncpu: u64,
+    at: u64,
+}
+
+fn snap(t: &Tracer, tid: u32) -> Snap {
+    let kc = t.kcounters(tid).expect("thread has a kcounters entry");
+    let at = mono_ns();
+    let open = if kc.switch_in_ns != 0 && at > kc.switch_in_ns { at - kc.switch_in_ns } else { 0 };
+    Snap { kc, oncpu: kc.oncpu_ns + open, at }
+}
+
+/// Make sure the calling thread has been seen (entry claimed, on-CPU
+/// interval open).
+fn warm_up(t: &Tracer) -> u32 {
+    let tid = gettid();
+    for _ in 0..100 {
+        std::thread::sleep(Duration::from_millis(1));
+        if t.kcounters(tid).map_or(false, |k| k.switch_in_ns != 0) {
+            return tid;
+        }
+    }
+    panic!("thread {tid} never got a kcounters entry");
+}
+
+fn within(x: f64, want: f64, frac: f64) -> bool {
+    (x - want).abs() <= want * frac
+}
+
+#[test]
+fn header_and_pin() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tracer(TracerOptions::default());
+    let meta = std::fs::metadata(TS_KC_PIN_PATH).expect("kcounters pinned");
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(meta.permissions().mode() & 0o777, 0o666);
+    // read the header through the pin, as a runtime would
+    let h = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
+    use libbpf_rs::MapCore;
+    let v = h.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY).unwrap().unwrap();
+    let hdr: ts_kc_header = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+    assert_eq!(hdr.magic, TS_ABI_MAGIC);
+    assert_eq!(hdr.abi_version, TS_ABI_VERSION);
+    assert_eq!(hdr.entries, TS_KC_ENTRIES);
+    assert_eq!(hdr.entry_size, TS_KC_ENTRY_SIZE);
+    assert_eq!(hdr.agent_pid, std::process::id());
+    assert_eq!(hdr.live, 1);
+    eprintln!("skipped programs: {:?}", t.skipped_programs());
+    drop(t);
+    assert!(!std::path::Path::new(TS_KC_PIN_PATH).exists(), "unpinned on drop");
+    let v = h.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY).unwrap().unwrap();
+    let hdr: ts_kc_header = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+    assert_eq!(hdr.live, 0, "live=0 after drop");
+}
+
+#[test]
+fn busy_sleep_and_identity() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tracer(TracerOptions::default());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let tid = warm_up(&t);
+
+            // busy 20 ms: on-CPU grows by the thread's own CPU time
+            let (a, c0) = (snap(&t, tid), thread_cpu_ns());
+            spin(Duration::from_millis(20));
+            let (b, c1) = (snap(&t, tid), thread_cpu_ns());
+            let d_on = (b.oncpu - a.oncpu) as f64;
+            let d_cpu = (c1 - c0) as f64;
+            eprintln!("busy: oncpu {d_on:.0} thread-cpu {d_cpu:.0} wall {}", b.at - a.at);
+            assert!(within(d_on, d_cpu, 0.10), "oncpu {d_on} vs thread cpu {d_cpu}");
+            assert!(d_on > 5e6, "busy thread got almost no CPU: {d_on}");
+
+            // sleep 20 ms: blocked grows by ~20 ms, one voluntary switch
+            let a = snap(&t, tid);
+            std::thread::sleep(Duration::from_millis(20));
+            let b = snap(&t, tid);
+            let d_blk = (b.kc.blocked_ns - a.kc.blocked_ns) as f64;
+            eprintln!("sleep: blocked {d_blk:.0} runnable {}", b.kc.runnable_ns - a.kc.runnable_ns);
+            assert!(within(d_blk, 20e6, 0.10), "blocked {d_blk}");
+            assert!(b.kc.vol_switches > a.kc.vol_switches);
+            assert!(b.kc.blocked_count > a.kc.blocked_count);
+
+            // identity over a mixed interval: on + runnable + blocked = wall
+            let a = snap(&t, tid);
+            for i in 0..20 {
+                spin(Duration::from_millis(3));
+                std::thread::sleep(Duration::from_millis(2 + i % 3));
+            }
+            let b = snap(&t, tid);
+            let sum = (b.oncpu - a.oncpu) + (b.kc.runnable_ns - a.kc.runnable_ns)
+                + (b.kc.blocked_ns - a.kc.blocked_ns);
+            let wall = b.at - a.at;
+            eprintln!("identity: on+runnable+blocked {sum} wall {wall}");
+            assert!(within(sum as f64, wall as f64, 0.05), "sum {sum} vs wall {wall}");
+        });
+    });
+}
+
+#[test]
+fn preemption_counts_runnable() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tracer(TracerOptions::default());
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(0);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                std::hint::spin_loop();
+            }
+        });
+        s.spawn(|| {
+            pin_to(0);
+            let tid = warm_up(&t);
+            let a = snap(&t, tid);
+            spin(Duration::from_millis(200));
+            let b = snap(&t, tid);
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let d_run = b.kc.runnable_ns - a.kc.runnable_ns;
+            let d_inv = b.kc.invol_switches - a.kc.invol_switches;
+            eprintln!("contended: runnable {d_run} invol {d_inv} oncpu {}", b.oncpu - a.oncpu);
+            assert!(d_run > 10_000_000, "runnable {d_run}");
+            assert!(d_inv > 0);
+            assert!(b.kc.runnable_count > a.kc.runnable_count);
+        });
+    });
+}
+
+#[test]
+fn faults_and_migrations() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tracer(TracerOptions::default());
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let tid = warm_up(&t);
+            const PAGES: usize = 512;
+            let len = PAGES * 4096;
+            let p = unsafe {
+                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+            } as *mut u8;
+            assert!(!p.is_null());
+            unsafe { libc::madvise(p.cast(), len, libc::MADV_NOHUGEPAGE) };
+            let touch = || for i in 0..PAGES { unsafe { p.add(i * 4096).write_volatile(1) } };
+            touch();
+            unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
+            let a = snap(&t, tid);
+            touch();
+            let b = snap(&t, tid);
+            let d = b.kc.fault_user_count - a.kc.fault_user_count;
+            eprintln!("faults: {d} for {PAGES} pages");
+            assert!(d as usize >= PAGES && (d as usize) < PAGES + 32, "faults {d}");
+            unsafe { libc::munmap(p.cast(), len) };
+
+            let a = snap(&t, tid);
+            for i in 0..6 {
+                pin_to(i % 2);
+                spin(Duration::from_millis(1));
+            }
+            let b = snap(&t, tid);
+            let d = b.kc.migrations - a.kc.migrations;
+            eprintln!("migrations: {d} after 6 affinity flips");
+            assert!(d >= 5, "migrations {d}");
+        });
+    });
+}
+
+fn ipi_count_cpu0() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/interrupts").ok()?;
+    let mut n = 0;
+    for l in s.lines() {
+        let l = l.trim_start();
+        if l.starts_with("CAL:") || l.starts_with("TLB:") {
+            n += l.split_whitespace().nth(1)?.parse::<u64>().ok()?;
+        }
+    }
+    Some(n)
+}
+
+#[test]
+fn ipis_count_as_irq_time() {
+    require_root!();
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        eprintln!("SKIP: IPIs need two CPUs");
+        return;
+    }
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tracer(TracerOptions::default());
+    let len = 64 * 4096;
+    let mem = unsafe {
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+    } as usize;
+    // Dirty every page, so that write-protecting them changes PTEs and
+    // needs a TLB shootdown on every CPU running this mm.
+    for i in 0..64 {
+        unsafe { ((mem + i * 4096) as *mut u8).write_volatile(1) };
+    }
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            pin_to(0);
+            let tid = warm_up(&t);
+            let a = snap(&t, tid);
+            let ipi0 = ipi_count_cpu0();
+            tx.send(()).unwrap();
+            let start = Instant::now();
+            while start.elapsed() < Duration::from_millis(300) {
+                unsafe { (mem as *mut u8).read_volatile() };
+            }
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            let b = snap(&t, tid);
+            let ipis = ipi_count_cpu0().zip(ipi0).map(|(x, y)| x - y).unwrap_or(0);
+            let d_cnt = b.kc.irq_count - a.kc.irq_count;
+            let d_ns = b.kc.irq_ns - a.kc.irq_ns;
+            eprintln!("ipi: CPU0 got {ipis} CAL+TLB IPIs; thread irq_count +{d_cnt} irq_ns +{d_ns}");
+            if ipis < 50 {
+                eprintln!("SKIP assertion: the platform delivered only {ipis} IPIs to CPU0 (paravirt TLB flush?)");
+                return;
+            }
+            assert!(d_cnt as u64 >= ipis / 3, "irq_count +{d_cnt} for {ipis} IPIs");
+            assert!(d_ns > 0);
+        });
+        let stop = &stop;
+        s.spawn(move || {
+            pin_to(1);
+            rx.recv().unwrap();
+            let mut prot = libc::PROT_READ | libc::PROT_WRITE;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                unsafe { libc::mprotect(mem as *mut _, len, prot) };
+                if prot & libc::PROT_WRITE != 0 {
+                    for i in 0..64 {
+                        unsafe { ((mem + i * 4096) as *mut u8).write_volatile(1) };
+                    }
+                }
+                prot ^= libc::PROT_WRITE;
+            }
+        });
+    });
+    unsafe { libc::munmap(mem as *mut _, len) };
+}
+
+/// A python echo server in a child process (the target); the client is
+/// this process, which is not a target.
+fn echo_server() -> (std::process::Child, u16) {
+    let code = r#"
+import socket, sys
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    d = c.recv(4096)
+    if not d: break
+    c.sendall(d)
+"#;
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", code])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    let mut out = child.stdout.take().unwrap();
+    let mut b = [0u8; 1];
+    while out.read(&mut b).unwrap() == 1 && b[0] != b'\n' {
+        line.push(b[0] as char);
+    }
+    (child, line.trim().parse().unwrap())
+}
+
+fn run_infer(ppm: u32, n: usize) -> (Vec<ts_request_record>, BpfStats, u32, Vec<u64>) {
+    let mut t = Tracer::load(&TracerOptions { infer: true, infer_sample_ppm: ppm, ..Default::default() })
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (mut child, port) = echo_server();
+    t.add_target(child.id()).unwrap();
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_nodelay(true).unwrap();
+    let mut rtts = Vec::new();
+    let msg = [7u8; 64];
+    let mut buf = [0u8; 64];
+    for _ in 0..n {
+        let t0 = mono_ns();
+        c.write_all(&msg).unwrap();
+        c.read_exact(&mut buf).unwrap();
+        rtts.push(mono_ns() - t0);
+    }
+    drop(c);
+    child.wait().unwrap();
+    let mut recs = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline {
+        t.poll_records(Duration::from_millis(50), &mut recs).unwrap();
+        if recs.len() >= n * ppm as usize / 1_000_000 + 50 { break; }
+    }
+    t.poll_records(Duration::from_millis(10), &mut recs).unwrap();
+    (recs, t.stats(), child.id(), rtts)
+}
+
+#[test]
+fn infer_every_request() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    const N: usize = 200;
+    let (recs, st, pid, rtts) = run_infer(1_000_000, N);
+    eprintln!("infer 100%: {} records, stats {st:?}", recs.len());
+    assert_eq!(recs.len(), N, "one record per request");
+    assert_eq!(st.inferred_requests_seen, N as u64);
+    assert_eq!(st.inferred_requests_sampled, N as u64);
+    assert_eq!(st.ringbuf_drops, 0);
+    let mut ids = std::collections::HashSet::new();
+    for (r, rtt) in recs.iter().zip(&rtts) {
+        assert_eq!(r.flags & (TS_REC_SAMPLED | TS_REC_INFERRED), TS_REC_SAMPLED | TS_REC_INFERRED);
+        assert!(r.flags & TS_REC_COUNTERS != 0, "counters snapshot missing: {r:?}");
+        assert_eq!(r.kind, 0);
+        assert_eq!(r.request_id >> 32, r.tid as u64);
+        assert_eq!(r.tid, pid, "single-threaded server: tid == pid");
+        assert!(ids.insert(r.request_id));
+        assert!(r.latency_ns > 0 && r.latency_ns < *rtt, "latency {} rtt {rtt}", r.latency_ns);
+        assert!(r.oncpu_ns <= r.latency_ns + 1000, "oncpu {} > latency {}", r.oncpu_ns, r.latency_ns);
+        assert!(r.cpu < 1024);
+    }
+    let med = { let mut l: Vec<_> = recs.iter().map(|r| r.latency_ns).collect(); l.sort(); l[l.len() / 2] };
+    eprintln!("median inferred server latency {med} ns; first record {:?}", recs[0]);
+}
+
+#[test]
+fn infer_samples_at_the_configured_rate() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    const N: usize = 2000;
+    let (recs, st, _, _) = run_infer(100_000, N);
+    eprintln!("infer 10%: {} records of {N}, stats {st:?}", recs.len());
+    assert_eq!(st.inferred_requests_seen, N as u64);
+    // binomial(2000, 0.1): mean 200, sd 13.4; +-4.5 sd
+    assert!((140..=260).contains(&recs.len()), "{} sampled", recs.len());
+    assert_eq!(st.inferred_requests_sampled, recs.len() as u64);
+}
+
+#[test]
+fn exit_and_gc_free_entries() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = tracer(TracerOptions::default());
+    let tid = std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_millis(5));
+        gettid()
+    })
+    .join()
+    .unwrap();
+    assert!(t.kcounters(tid).is_none(), "sched_process_exit freed the exited thread's entry");
+
+    // An entry the exit handler missed (e.g. claimed by a runtime) is
+    // reclaimed by gc: plant one for the dead tid through the pin.
+    use libbpf_rs::MapCore;
+    let m = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
+    let idx = (tid & (TS_KC_ENTRIES - 1)).max(1);
+    let kc = ts_kcounters { tid, tgid: std::process::id(), oncpu_ns: 5, ..Default::default() };
+    let bytes = unsafe { std::slice::from_raw_parts(&kc as *const _ as *const u8, 128) };
+    m.update(&idx.to_ne_bytes(), bytes, libbpf_rs::MapFlags::ANY).unwrap();
+    if idx == tid & (TS_KC_ENTRIES - 1) {
+        assert!(t.kcounters(tid).is_some());
+    }
+    let main_tid = warm_up(&t);
+    assert!(t.gc_dead_threads() >= 1);
+    assert!(t.kcounters(tid).is_none());
+    assert!(t.kcounters(main_tid).is_some(), "live thread kept");
+}
+
+/// Run as an unprivileged child: loading must fail with a clear error.
+#[test]
+fn unprivileged_load_fails_clearly() {
+    if std::env::var_os("TS_UNPRIV_CHILD").is_some() {
+        match Tracer::load(&TracerOptions::default()) {
+            Err(e @ TracerError::NotRoot(_)) | Err(e @ TracerError::MissingCapability(_)) => {
+                println!("UNPRIV-ERROR: {e}");
+                return;
+            }
+            Err(e) => panic!("unexpected error kind: {e}"),
+            Ok(_) => panic!("unprivileged load succeeded"),
+        }
+    }
+    require_root!();
+    use std::os::unix::process::CommandExt;
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "unprivileged_load_fails_clearly", "--nocapture", "--test-threads=1"])
+        .env("TS_UNPRIV_CHILD", "1")
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let so = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{}", so.lines().find(|l| l.contains("UNPRIV-ERROR")).unwrap_or(&so));
+    assert!(out.status.success() && so.contains("UNPRIV-ERROR: not root"), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+}
