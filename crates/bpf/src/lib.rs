@@ -549,6 +549,20 @@ impl Tracer {
         Ok(())
     }
 
+    /// Whether `tgid` is in the target set (added, or forked by a target,
+    /// and not yet exited).
+    pub fn is_target(&self, tgid: u32) -> bool {
+        let mut v = 0u8;
+        let rc = unsafe {
+            libbpf_sys::bpf_map_lookup_elem(
+                self.targets_fd.as_raw_fd(),
+                &tgid as *const u32 as *const c_void,
+                &mut v as *mut u8 as *mut c_void,
+            )
+        };
+        rc == 0
+    }
+
     /// Drains inferred request records into `out`, waiting up to `timeout`
     /// for the first. Returns how many were appended (0 when infer is off).
     pub fn poll_records(
