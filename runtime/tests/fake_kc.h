@@ -18,12 +18,12 @@ extern const char *ts_kc_pin_path; /* libtailscope internal */
 
 static char fake_kc_path[64];
 
-static long fake_bpf(int cmd, union bpf_attr *a) {
+static inline long fake_bpf(int cmd, union bpf_attr *a) {
 	return syscall(__NR_bpf, cmd, a, sizeof(*a));
 }
 
 /* Create, map and pin; point the runtime at it. NULL if bpf() fails. */
-static struct ts_kcounters *fake_kc_create(void) {
+static inline struct ts_kcounters *fake_kc_create(void) {
 	union bpf_attr a;
 	memset(&a, 0, sizeof(a));
 	a.map_type = BPF_MAP_TYPE_ARRAY;
@@ -55,13 +55,13 @@ static struct ts_kcounters *fake_kc_create(void) {
 	return p;
 }
 
-static void fake_kc_destroy(struct ts_kcounters *kc) {
+static inline void fake_kc_destroy(struct ts_kcounters *kc) {
 	((struct ts_kc_header *)kc)->live = 0;
 	unlink(fake_kc_path);
 }
 
 /* Find tid's entry the way BPF would (claim if free). */
-static struct ts_kcounters *fake_kc_entry(struct ts_kcounters *kc, __u32 tid) {
+static inline struct ts_kcounters *fake_kc_entry(struct ts_kcounters *kc, __u32 tid) {
 	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
 		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1), zero = 0;
 		if (!idx) continue;
@@ -74,7 +74,7 @@ static struct ts_kcounters *fake_kc_entry(struct ts_kcounters *kc, __u32 tid) {
 }
 
 /* Play BPF: add to an entry under its seqlock. */
-static void fake_kc_add(struct ts_kcounters *e, __u64 runnable_ns, __u64 irq_ns,
+static inline void fake_kc_add(struct ts_kcounters *e, __u64 runnable_ns, __u64 irq_ns,
 			__u32 faults) {
 	__atomic_fetch_add(&e->seq, 1, __ATOMIC_ACQ_REL);
 	e->runnable_ns += runnable_ns;
