@@ -1,0 +1,343 @@
+//! The command line. Hand-written rather than derived so that every mistake
+//! is one line on stderr with a documented exit code, and so that
+//! everything after `--` is the target's, untouched.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tailscope_abi::{TS_DEFAULT_SAMPLE_PPM, TS_PPM};
+
+use crate::error::{AgentError, Result};
+
+pub const USAGE: &str = "\
+tailscope-agent — record why requests are slow
+
+USAGE:
+    tailscope-agent record -o DIR (-p PID | -- CMD [ARGS...]) [OPTIONS]
+
+    Records one row per sampled request (latency plus on-CPU, runnable and
+    blocked wait, irq, softirq, faults, switches, migrations) into
+    DIR/requests/part-NNNNN.parquet and DIR/meta.json, until Ctrl-C,
+    SIGTERM, --duration, or the target's exit.
+
+OPTIONS:
+    -o, --output DIR    recording directory (must not exist, see --force)
+    -p, --pid PID       attach to a running process; it is never signalled
+    -- CMD [ARGS...]    launch CMD with the BPF programs already attached;
+                        on Ctrl-C/SIGTERM the recording is finalised, then
+                        CMD gets SIGTERM (SIGKILL after 3 s)
+    --sample RATE       sampling rate: 0.01, 1% or 100% (default: the
+                        runtime's own rate in marker mode, else 1%)
+    --mode MODE         auto (default): marker if the target has a
+                        libtailscope region (a launched CMD gets 1 s to
+                        create it), else infer;
+                        marker: requests marked by libtailscope;
+                        infer: zero-instrumentation, inferred by eBPF from
+                        socket syscalls
+    --duration SECS     stop after SECS seconds
+    --force             reuse an existing DIR: its meta.json and
+                        requests/*.parquet are replaced, nothing else touched
+    --quiet             no progress line (the final summary is kept)
+    --poll-us N         drain period in microseconds (default 1000)
+    -h, --help          this text
+    -V, --version       the version
+
+EXIT CODES:
+    0  recording written
+    1  internal error while recording (e.g. writing the output failed)
+    2  bad command line
+    3  no such PID, or CMD could not be started
+    4  output directory exists (use --force) or cannot be written
+    5  not root, or a capability is missing
+    6  a BPF program was rejected or could not be attached
+    7  marker mode: no usable /dev/shm/tailscope.<pid> region
+";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Auto,
+    Marker,
+    Infer,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    Pid(u32),
+    Launch(Vec<String>),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct RecordArgs {
+    pub output: PathBuf,
+    pub target: Target,
+    /// `None`: not given on the command line.
+    pub sample_ppm: Option<u32>,
+    pub mode: Mode,
+    pub duration: Option<Duration>,
+    pub force: bool,
+    pub quiet: bool,
+    pub poll: Duration,
+}
+
+#[derive(Debug, PartialEq)]
+pub enum Command {
+    Record(RecordArgs),
+    Help,
+    Version,
+}
+
+pub const DEFAULT_POLL_US: u64 = 1000;
+
+/// Parses a sampling rate into parts per million: a fraction (`0.01`), a
+/// percentage (`1%`, `100%`). Must be in (0, 100%] and not round to 0 ppm.
+pub fn parse_rate(s: &str) -> Result<u32> {
+    let bad = |why: &str| AgentError::usage(format!("bad sampling rate {s:?}: {why}"));
+    let t = s.trim();
+    let (num, scale) = match t.strip_suffix('%') {
+        Some(p) => (p.trim(), 100.0),
+        None => (t, 1.0),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| bad("expected a fraction like 0.01 or a percentage like 1%"))?;
+    if !v.is_finite() || v <= 0.0 {
+        return Err(bad("must be above 0"));
+    }
+    let fraction = v / scale;
+    if fraction > 1.0 {
+        return Err(if scale == 1.0 {
+            bad(&format!("above 1 (did you mean {num}%?)"))
+        } else {
+            bad("above 100%")
+        });
+    }
+    let ppm = (fraction * TS_PPM as f64).round() as u32;
+    if ppm == 0 {
+        return Err(bad("below 1 per million"));
+    }
+    Ok(ppm)
+}
+
+/// Formats a ppm rate the way a user would write it.
+pub fn format_ppm(ppm: u32) -> String {
+    format!("{}%", ppm as f64 / 10_000.0)
+}
+
+pub fn default_sample_ppm() -> u32 {
+    TS_DEFAULT_SAMPLE_PPM
+}
+
+fn parse_duration(s: &str) -> Result<Duration> {
+    let v: f64 = s
+        .trim_end_matches('s')
+        .parse()
+        .map_err(|_| AgentError::usage(format!("bad --duration {s:?}: expected seconds")))?;
+    if !v.is_finite() || v <= 0.0 || v > 366.0 * 86_400.0 {
+        return Err(AgentError::usage(format!(
+            "bad --duration {s:?}: must be above 0"
+        )));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+/// Parses `argv` without the program name.
+pub fn parse<I, S>(args: I) -> Result<Command>
+where
+    I: IntoIterator<Item = S>,
+    S: Into<String>,
+{
+    let args: Vec<String> = args.into_iter().map(Into::into).collect();
+    let mut it = args.into_iter();
+    match it.next().as_deref() {
+        None => return Err(AgentError::usage("missing command; try: tailscope-agent record --help")),
+        Some("-h") | Some("--help") | Some("help") => return Ok(Command::Help),
+        Some("-V") | Some("--version") => return Ok(Command::Version),
+        Some("record") => {}
+        Some(other) => {
+            return Err(AgentError::usage(format!(
+                "unknown command {other:?}; try: tailscope-agent --help"
+            )))
+        }
+    }
+
+    let mut output = None;
+    let mut pid = None;
+    let mut cmd: Option<Vec<String>> = None;
+    let mut sample_ppm = None;
+    let mut mode = Mode::Auto;
+    let mut duration = None;
+    let mut force = false;
+    let mut quiet = false;
+    let mut poll_us = DEFAULT_POLL_US;
+
+    while let Some(arg) = it.next() {
+        if arg == "--" {
+            cmd = Some(it.by_ref().collect());
+            break;
+        }
+        // --name=value or --name value
+        let (name, inline) = match arg.split_once('=') {
+            Some((n, v)) if n.starts_with("--") => (n.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |what: &str| -> Result<String> {
+            match inline.clone() {
+                Some(v) => Ok(v),
+                None => it
+                    .next()
+                    .ok_or_else(|| AgentError::usage(format!("{name} needs {what}"))),
+            }
+        };
+        match name.as_str() {
+            "-o" | "--output" => output = Some(PathBuf::from(value("a directory")?)),
+            "-p" | "--pid" => {
+                let v = value("a process id")?;
+                let p: u32 = v
+                    .parse()
+                    .ok()
+                    .filter(|&p| p > 0 && p <= i32::MAX as u32)
+                    .ok_or_else(|| AgentError::usage(format!("bad PID {v:?}")))?;
+                pid = Some(p);
+            }
+            "--sample" => sample_ppm = Some(parse_rate(&value("a rate")?)?),
+            "--mode" => {
+                mode = match value("auto, marker or infer")?.as_str() {
+                    "auto" => Mode::Auto,
+                    "marker" => Mode::Marker,
+                    "infer" => Mode::Infer,
+                    m => {
+                        return Err(AgentError::usage(format!(
+                            "bad --mode {m:?}: expected auto, marker or infer"
+                        )))
+                    }
+                }
+            }
+            "--duration" => duration = Some(parse_duration(&value("seconds")?)?),
+            "--poll-us" => {
+                let v = value("microseconds")?;
+                poll_us = v
+                    .parse()
+                    .ok()
+                    .filter(|&n| (50..=1_000_000).contains(&n))
+                    .ok_or_else(|| {
+                        AgentError::usage(format!("bad --poll-us {v:?}: expected 50..1000000"))
+                    })?;
+            }
+            "--force" => force = true,
+            "--quiet" | "-q" => quiet = true,
+            "-h" | "--help" => return Ok(Command::Help),
+            _ if name.starts_with('-') => {
+                return Err(AgentError::usage(format!("unknown option {name}")))
+            }
+            _ => {
+                return Err(AgentError::usage(format!(
+                    "unexpected argument {arg:?}; put the command to launch after --"
+                )))
+            }
+        }
+    }
+
+    let output = output.ok_or_else(|| AgentError::usage("missing -o DIR"))?;
+    let target = match (pid, cmd) {
+        (Some(_), Some(_)) => {
+            return Err(AgentError::usage("give either -p PID or -- CMD, not both"))
+        }
+        (Some(p), None) => Target::Pid(p),
+        (None, Some(c)) if c.is_empty() => {
+            return Err(AgentError::usage("missing command after --"))
+        }
+        (None, Some(c)) => Target::Launch(c),
+        (None, None) => return Err(AgentError::usage("missing target: -p PID or -- CMD")),
+    };
+    Ok(Command::Record(RecordArgs {
+        output,
+        target,
+        sample_ppm,
+        mode,
+        duration,
+        force,
+        quiet,
+        poll: Duration::from_micros(poll_us),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates() {
+        assert_eq!(parse_rate("0.01").unwrap(), 10_000);
+        assert_eq!(parse_rate("1%").unwrap(), 10_000);
+        assert_eq!(parse_rate("100%").unwrap(), 1_000_000);
+        assert_eq!(parse_rate("1").unwrap(), 1_000_000);
+        assert_eq!(parse_rate("0.5 %").unwrap(), 5_000);
+        assert_eq!(parse_rate("0.0001%").unwrap(), 1);
+        assert_eq!(parse_rate("1e-3").unwrap(), 1_000);
+        for bad in ["0", "0%", "-1%", "101%", "5", "abc", "", "%", "nan", "inf", "1e-9"] {
+            let e = parse_rate(bad).unwrap_err();
+            assert_eq!(e.code, crate::error::exit::USAGE, "{bad}");
+            assert!(!e.to_string().contains('\n'));
+        }
+        assert!(parse_rate("5").unwrap_err().to_string().contains("did you mean 5%"));
+        assert_eq!(format_ppm(10_000), "1%");
+        assert_eq!(format_ppm(1_000_000), "100%");
+    }
+
+    fn rec(args: &[&str]) -> RecordArgs {
+        match parse(args.iter().copied()).unwrap() {
+            Command::Record(r) => r,
+            c => panic!("{c:?}"),
+        }
+    }
+
+    #[test]
+    fn record_args() {
+        let r = rec(&["record", "-o", "rec", "-p", "123"]);
+        assert_eq!(r.target, Target::Pid(123));
+        assert_eq!(r.sample_ppm, None);
+        assert_eq!(r.mode, Mode::Auto);
+        assert_eq!(r.poll, Duration::from_millis(1));
+        let r = rec(&[
+            "record", "--output=rec", "--sample", "5%", "--mode", "infer", "--duration", "2.5",
+            "--force", "--quiet", "--poll-us", "500", "--", "redis-server", "--port", "7000",
+        ]);
+        assert_eq!(
+            r.target,
+            Target::Launch(vec!["redis-server".into(), "--port".into(), "7000".into()])
+        );
+        assert_eq!(r.sample_ppm, Some(50_000));
+        assert_eq!(r.mode, Mode::Infer);
+        assert_eq!(r.duration, Some(Duration::from_millis(2500)));
+        assert!(r.force && r.quiet);
+        assert_eq!(r.poll, Duration::from_micros(500));
+        // Options after -- belong to the command.
+        let r = rec(&["record", "-o", "x", "--", "sh", "-p", "--force"]);
+        assert!(!r.force);
+    }
+
+    #[test]
+    fn bad_args_are_usage_errors() {
+        for args in [
+            &[][..],
+            &["frob"],
+            &["record"],
+            &["record", "-o", "x"],
+            &["record", "-o", "x", "-p"],
+            &["record", "-o", "x", "-p", "abc"],
+            &["record", "-o", "x", "-p", "0"],
+            &["record", "-o", "x", "-p", "1", "--", "ls"],
+            &["record", "-o", "x", "--"],
+            &["record", "-o", "x", "-p", "1", "--mode", "fast"],
+            &["record", "-o", "x", "-p", "1", "--poll-us", "1"],
+            &["record", "-o", "x", "-p", "1", "--duration", "-1"],
+            &["record", "-o", "x", "-p", "1", "--bogus"],
+            &["record", "-o", "x", "-p", "1", "stray"],
+        ] {
+            let e = parse(args.iter().copied()).unwrap_err();
+            assert_eq!(e.code, crate::error::exit::USAGE, "{args:?}");
+        }
+        assert_eq!(parse(["--help"]).unwrap(), Command::Help);
+        assert_eq!(parse(["record", "--help"]).unwrap(), Command::Help);
+    }
+}

@@ -1,0 +1,626 @@
+//! The recording: set up, poll, finalise.
+//!
+//! Order matters and is the point of this module:
+//! 1. refuse early (bad PID, existing output) before touching the kernel;
+//! 2. load BPF, then add the target — for a launched command, while it is
+//!    parked before exec — so that its first request is already seen;
+//! 3. poll every `--poll-us`: drain the region's rings (marker) and/or the
+//!    BPF ringbuf (infer) into the writer; sleep, never spin;
+//! 4. on SIGINT/SIGTERM (flags set by the handlers, nothing else), target
+//!    exit or `--duration`: one final drain, close the Parquet file, detach
+//!    from the region, stop a launched child, write meta.json, summarise.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use tailscope_abi::region::validate_record;
+use tailscope_abi::{ts_request_record, TS_DEFAULT_SAMPLE_PPM};
+
+use crate::cli::{Mode, RecordArgs, Target};
+use crate::error::{exit, AgentError, Result};
+use crate::launch::{spawn_gated, Launched};
+use crate::meta::{AgentCost, Drops, Meta, Sampling, TargetInfo};
+use crate::progress::{drops_text, Progress, Snapshot};
+use crate::region::{MappedRegion, MarkerSource};
+use crate::sys;
+use crate::tracer::{agent_error, Tracer, TracerOptions};
+use crate::writer::{RequestWriter, WriterPolicy};
+
+/// How long a launched command has to create its region: in auto mode
+/// before falling back to infer, in marker mode before giving up.
+const AUTO_REGION_WAIT: Duration = Duration::from_secs(1);
+const MARKER_REGION_WAIT: Duration = Duration::from_secs(5);
+/// Grace between SIGTERM and SIGKILL for a launched command.
+const CHILD_GRACE: Duration = Duration::from_secs(3);
+const RINGBUF_BYTES: usize = 16 << 20;
+
+enum Source {
+    Marker(Box<MarkerSource<MappedRegion>>),
+    Infer,
+    /// A launched command has not created its region yet. Inferred records
+    /// are held until the choice is made (kept if it falls back to infer).
+    Deciding {
+        deadline: Instant,
+        fallback_infer: bool,
+        pending: Vec<ts_request_record>,
+        last_error: Option<String>,
+    },
+}
+
+fn display_dir(dir: &Path) -> String {
+    let s = dir.display().to_string();
+    if s.ends_with('/') {
+        s
+    } else {
+        s + "/"
+    }
+}
+
+fn check_output(dir: &Path, force: bool) -> Result<()> {
+    if dir.exists() || dir.symlink_metadata().is_ok() {
+        if !force {
+            return Err(AgentError::new(
+                exit::OUTPUT,
+                format!(
+                    "output directory {} already exists; use --force to overwrite",
+                    display_dir(dir)
+                ),
+            ));
+        }
+        if !dir.is_dir() {
+            return Err(AgentError::new(
+                exit::OUTPUT,
+                format!("{} exists and is not a directory", dir.display()),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Creates `dir`; with --force, removes only what a recording consists of.
+fn prepare_output(dir: &Path) -> Result<()> {
+    let fail = |e: std::io::Error| {
+        AgentError::new(exit::OUTPUT, format!("cannot prepare {}: {e}", dir.display()))
+    };
+    std::fs::create_dir_all(dir).map_err(fail)?;
+    let _ = std::fs::remove_file(dir.join("meta.json"));
+    if let Ok(entries) = std::fs::read_dir(dir.join("requests")) {
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.ends_with(".parquet") || name.ends_with(".parquet.inprogress") {
+                std::fs::remove_file(e.path()).map_err(fail)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+struct Signals {
+    int: Arc<AtomicBool>,
+    term: Arc<AtomicBool>,
+}
+
+impl Signals {
+    fn register() -> Result<Signals> {
+        let s = Signals {
+            int: Arc::new(AtomicBool::new(false)),
+            term: Arc::new(AtomicBool::new(false)),
+        };
+        for (sig, flag) in [
+            (signal_hook::consts::SIGINT, &s.int),
+            (signal_hook::consts::SIGTERM, &s.term),
+        ] {
+            signal_hook::flag::register(sig, Arc::clone(flag))
+                .map_err(|e| AgentError::internal(format!("cannot handle signals: {e}")))?;
+        }
+        Ok(s)
+    }
+
+    fn which(&self) -> Option<&'static str> {
+        if self.int.load(Ordering::Relaxed) {
+            Some("SIGINT")
+        } else if self.term.load(Ordering::Relaxed) {
+            Some("SIGTERM")
+        } else {
+            None
+        }
+    }
+}
+
+/// Everything the loop accumulates.
+struct State {
+    writer: RequestWriter,
+    source: Source,
+    target_pid: u32,
+    sampling: Sampling,
+    corrupt_inferred: u64,
+    inferred_discarded: u64,
+    buf: Vec<ts_request_record>,
+}
+
+impl State {
+    fn drops(&self, tracer: &Tracer) -> Drops {
+        let b = tracer.stats();
+        let mut d = Drops {
+            bpf_ringbuf: b.ringbuf_drops,
+            kc_collisions: b.kc_collisions,
+            corrupt_records: self.corrupt_inferred,
+            ..Default::default()
+        };
+        if let Source::Marker(m) = &self.source {
+            let s = m.stats();
+            d.ring_full = s.ring_full;
+            d.corrupt_records += s.corrupt_records;
+            d.ring_resyncs = s.ring_resyncs;
+            d.slots_exhausted = s.slots_exhausted;
+        }
+        d
+    }
+
+    fn push_inferred(&mut self, records: &[ts_request_record]) -> Result<()> {
+        for r in records {
+            if validate_record(r, None).is_err() {
+                self.corrupt_inferred += 1;
+                continue;
+            }
+            self.writer.push(self.target_pid, "inferred", r)?;
+        }
+        Ok(())
+    }
+
+    /// One poll step. `wait` is how long it may block for new records.
+    fn poll(&mut self, tracer: &mut Tracer, wait: Duration, infer_loaded: bool) -> Result<()> {
+        let infer_active = matches!(
+            self.source,
+            Source::Infer
+                | Source::Deciding {
+                    fallback_infer: true,
+                    ..
+                }
+        );
+        if infer_loaded {
+            self.buf.clear();
+            let w = if infer_active { wait } else { Duration::ZERO };
+            tracer.poll_records(w, &mut self.buf).map_err(agent_error)?;
+            let records = std::mem::take(&mut self.buf);
+            match &mut self.source {
+                Source::Infer => self.push_inferred(&records)?,
+                Source::Deciding { pending, .. } => pending.extend_from_slice(&records),
+                Source::Marker(_) => self.inferred_discarded += records.len() as u64,
+            }
+            self.buf = records;
+            if !infer_active {
+                std::thread::sleep(wait);
+            }
+        } else {
+            std::thread::sleep(wait);
+        }
+        if let Source::Marker(m) = &mut self.source {
+            let (writer, pid) = (&mut self.writer, self.target_pid);
+            m.drain(|r: &ts_request_record, kind: &str| writer.push(pid, kind, r))?;
+        }
+        Ok(())
+    }
+
+    /// While deciding: try to attach to a freshly created region.
+    fn try_decide(&mut self, agent_pid: u32, sample: Option<u32>, start_mono: u64) -> Result<()> {
+        let Source::Deciding {
+            deadline,
+            fallback_infer,
+            pending,
+            last_error,
+        } = &mut self.source
+        else {
+            return Ok(());
+        };
+        let attempt = MappedRegion::open(self.target_pid)
+            .map_err(|e| e.to_string())
+            .and_then(|m| {
+                MarkerSource::attach(m, agent_pid, sample, start_mono).map_err(|e| e.to_string())
+            });
+        match attempt {
+            Ok(m) => {
+                self.inferred_discarded += pending.len() as u64;
+                self.sampling = marker_sampling(&m, sample);
+                self.source = Source::Marker(Box::new(m));
+            }
+            Err(e) => {
+                if Instant::now() < *deadline {
+                    *last_error = Some(e);
+                } else if *fallback_infer {
+                    let pending = std::mem::take(pending);
+                    self.source = Source::Infer;
+                    self.push_inferred(&pending)?;
+                } else {
+                    return Err(AgentError::new(
+                        exit::REGION,
+                        format!(
+                            "{} did not appear within {} s ({}); is libtailscope linked into the command?",
+                            MappedRegion::path(self.target_pid).display(),
+                            MARKER_REGION_WAIT.as_secs(),
+                            last_error.take().unwrap_or(e)
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn mode_name(&self) -> &'static str {
+        match self.source {
+            Source::Marker(_) => "marker",
+            _ => "infer",
+        }
+    }
+}
+
+fn marker_sampling(m: &MarkerSource<MappedRegion>, sample: Option<u32>) -> Sampling {
+    match sample {
+        Some(ppm) => Sampling {
+            rate_ppm: ppm,
+            decided_by: "agent",
+        },
+        None => Sampling {
+            rate_ppm: m.header().sample_ppm_runtime,
+            decided_by: "runtime",
+        },
+    }
+}
+
+fn target_info(pid: u32, launched: Option<&[String]>) -> TargetInfo {
+    TargetInfo {
+        pid,
+        comm: sys::process_comm(pid).unwrap_or_default(),
+        cmdline: sys::process_cmdline(pid)
+            .filter(|c| !c.is_empty())
+            .or_else(|| launched.map(<[String]>::to_vec))
+            .unwrap_or_default(),
+        launched: launched.is_some(),
+        exit_status: None,
+    }
+}
+
+/// Runs one recording to the end.
+pub fn run(args: RecordArgs) -> Result<()> {
+    let agent_pid = std::process::id();
+    if let Target::Pid(p) = args.target {
+        if !sys::process_exists(p) {
+            return Err(AgentError::new(
+                exit::TARGET,
+                format!("no process with PID {p}"),
+            ));
+        }
+    }
+    check_output(&args.output, args.force)?;
+    let signals = Signals::register()?;
+
+    // Which source, as far as it can be known before the target runs.
+    let region_now = matches!(args.target, Target::Pid(p) if MappedRegion::path(p).exists());
+    let infer_loaded = match (args.mode, &args.target) {
+        (Mode::Infer, _) => true,
+        (Mode::Marker, _) => false,
+        (Mode::Auto, Target::Pid(_)) => !region_now,
+        (Mode::Auto, Target::Launch(_)) => true,
+    };
+    if let (Mode::Marker, Target::Pid(p)) = (args.mode, &args.target) {
+        if !region_now {
+            return Err(AgentError::new(
+                exit::REGION,
+                format!(
+                    "no {} (is libtailscope linked into PID {p}?); try --mode infer",
+                    MappedRegion::path(*p).display()
+                ),
+            ));
+        }
+    }
+    let infer_ppm = args.sample_ppm.unwrap_or(TS_DEFAULT_SAMPLE_PPM);
+    let mut tracer = Tracer::load(&TracerOptions {
+        infer: infer_loaded,
+        infer_sample_ppm: infer_ppm,
+        ringbuf_bytes: RINGBUF_BYTES,
+        agent_pid,
+    })
+    .map_err(agent_error)?;
+    prepare_output(&args.output)?;
+
+    let start_mono = sys::monotonic_ns();
+    let start_unix = sys::unix_ns();
+    let clock_offset = sys::monotonic_to_unix_offset_ns();
+    let started = Instant::now();
+    let cpu_at_start = sys::self_cpu_seconds();
+
+    let (target_pid, mut launched, argv): (u32, Option<Launched>, Option<Vec<String>>) =
+        match &args.target {
+            Target::Pid(p) => {
+                tracer.add_target(*p).map_err(agent_error)?;
+                (*p, None, None)
+            }
+            Target::Launch(argv) => {
+                let mut l = spawn_gated(argv)?;
+                if let Err(e) = tracer.add_target(l.pid) {
+                    l.terminate(Duration::ZERO);
+                    return Err(agent_error(e));
+                }
+                l.release(&argv[0])?;
+                (l.pid, Some(l), Some(argv.clone()))
+            }
+        };
+    let watch = sys::ProcessWatch::new(target_pid);
+
+    let infer_sampling = Sampling {
+        rate_ppm: infer_ppm,
+        decided_by: "bpf",
+    };
+    let source = match (&args.target, args.mode, region_now) {
+        (Target::Pid(_), Mode::Infer, _) | (Target::Pid(_), Mode::Auto, false) => Source::Infer,
+        (Target::Pid(p), _, _) => {
+            let m = MappedRegion::open(*p)
+                .map_err(|e| e.to_string())
+                .and_then(|m| {
+                    MarkerSource::attach(m, agent_pid, args.sample_ppm, start_mono)
+                        .map_err(|e| e.to_string())
+                })
+                .map_err(|e| {
+                    AgentError::new(
+                        exit::REGION,
+                        format!("{}: {e}", MappedRegion::path(*p).display()),
+                    )
+                })?;
+            Source::Marker(Box::new(m))
+        }
+        (Target::Launch(_), Mode::Infer, _) => Source::Infer,
+        (Target::Launch(_), mode, _) => Source::Deciding {
+            deadline: Instant::now()
+                + if mode == Mode::Marker {
+                    MARKER_REGION_WAIT
+                } else {
+                    AUTO_REGION_WAIT
+                },
+            fallback_infer: mode == Mode::Auto,
+            pending: Vec::new(),
+            last_error: None,
+        },
+    };
+    let sampling = match &source {
+        Source::Marker(m) => marker_sampling(m, args.sample_ppm),
+        _ => infer_sampling,
+    };
+
+    let writer = RequestWriter::new(&args.output, WriterPolicy::default())?;
+    let mut st = State {
+        writer,
+        source,
+        target_pid,
+        sampling,
+        corrupt_inferred: 0,
+        inferred_discarded: 0,
+        buf: Vec::with_capacity(4096),
+    };
+    let mut meta = Meta {
+        host: sys::hostname(),
+        kernel: sys::kernel_release(),
+        target: target_info(target_pid, argv.as_deref()),
+        mode: st.mode_name(),
+        sampling: st.sampling.clone(),
+        drops: Drops::default(),
+        start_unix_ns: start_unix,
+        duration_s: 0.0,
+        requests_recorded: 0,
+        monotonic_to_unix_ns: clock_offset,
+        finalised_by: None,
+        bytes_written: 0,
+        files: vec![],
+        agent: AgentCost {
+            pid: agent_pid,
+            poll_us: args.poll.as_micros() as u64,
+            ..Default::default()
+        },
+        notes: json!({}),
+    };
+    meta.write(&args.output)?;
+
+    let result = record_loop(&args, &mut st, &mut tracer, &signals, &mut launched, &watch, started, infer_loaded, agent_pid, start_mono, &mut meta);
+
+    // Finalise, whatever happened in the loop.
+    let finalised_by = match &result {
+        Ok(by) => Some(*by),
+        Err(_) => None,
+    };
+    let final_drain = st.poll(&mut tracer, Duration::ZERO, infer_loaded).and_then(|_| {
+        // The ringbuf may hold more than one poll returns.
+        for _ in 0..64 {
+            if !infer_loaded || !matches!(st.source, Source::Infer) {
+                break;
+            }
+            st.buf.clear();
+            if tracer
+                .poll_records(Duration::ZERO, &mut st.buf)
+                .map_err(agent_error)?
+                == 0
+            {
+                break;
+            }
+            let records = std::mem::take(&mut st.buf);
+            st.push_inferred(&records)?;
+            st.buf = records;
+        }
+        Ok(())
+    });
+    let drops = st.drops(&tracer);
+    let mode = st.mode_name();
+    let marker_stats = match &mut st.source {
+        Source::Marker(m) => {
+            m.detach();
+            Some(m.stats())
+        }
+        _ => None,
+    };
+    let State {
+        writer,
+        sampling,
+        inferred_discarded,
+        ..
+    } = st;
+    let written = writer.finish();
+    let duration = started.elapsed();
+    let cpu = sys::self_cpu_seconds() - cpu_at_start;
+    if let Some(l) = launched.as_mut() {
+        meta.target.exit_status = l.terminate(CHILD_GRACE);
+    }
+    drop(tracer);
+
+    let (summary, write_err) = match written {
+        Ok(s) => (s, None),
+        Err(e) => (Default::default(), Some(e)),
+    };
+    meta.mode = mode;
+    meta.sampling = sampling;
+    meta.drops = drops;
+    meta.duration_s = duration.as_secs_f64();
+    meta.requests_recorded = summary.rows;
+    meta.finalised_by = finalised_by;
+    meta.bytes_written = summary.bytes;
+    meta.files = summary.files.clone();
+    meta.agent.cpu_seconds = cpu;
+    meta.agent.cpu_percent_of_one_core = 100.0 * cpu / duration.as_secs_f64().max(1e-9);
+    meta.agent.max_rss_kib = sys::self_max_rss_kib();
+    let mut notes = serde_json::Map::new();
+    if let Some(s) = marker_stats {
+        notes.insert("records_before_start".into(), json!(s.before_start));
+        notes.insert("torn_records".into(), json!(s.torn));
+        notes.insert("bad_slot_states".into(), json!(s.bad_slot_states));
+    }
+    if inferred_discarded > 0 {
+        notes.insert("inferred_discarded_in_marker_mode".into(), json!(inferred_discarded));
+    }
+    notes.insert(
+        "agent_cost_excludes".into(),
+        json!("in-kernel BPF time, which is charged to the traced threads"),
+    );
+    meta.notes = serde_json::Value::Object(notes);
+    meta.write(&args.output)?;
+
+    result?;
+    final_drain?;
+    if let Some(e) = write_err {
+        return Err(e);
+    }
+    eprintln!(
+        "recorded {} requests ({} dropped{}) in {:.1} s → {} ({:.2} MB)",
+        summary.rows,
+        drops.requests_lost(),
+        drops_text(&drops).replacen(", drops: ", "; ", 1),
+        duration.as_secs_f64(),
+        display_dir(&args.output),
+        summary.bytes as f64 / 1e6
+    );
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn record_loop(
+    args: &RecordArgs,
+    st: &mut State,
+    tracer: &mut Tracer,
+    signals: &Signals,
+    launched: &mut Option<Launched>,
+    watch: &sys::ProcessWatch,
+    started: Instant,
+    infer_loaded: bool,
+    agent_pid: u32,
+    start_mono: u64,
+    meta: &mut Meta,
+) -> Result<&'static str> {
+    let mut progress = Progress::new(args.quiet);
+    let mut last_slow = Instant::now();
+    let mut last_gc = Instant::now();
+    let decided_before = !matches!(st.source, Source::Deciding { .. });
+    let mut decided = decided_before;
+    let by = loop {
+        if let Some(sig) = signals.which() {
+            break sig;
+        }
+        st.poll(tracer, args.poll, infer_loaded)?;
+        let now = Instant::now();
+        if args.duration.is_some_and(|d| now.duration_since(started) >= d) {
+            break "duration";
+        }
+        if matches!(st.source, Source::Deciding { .. }) {
+            st.try_decide(agent_pid, args.sample_ppm, start_mono)?;
+        }
+        if !decided && !matches!(st.source, Source::Deciding { .. }) {
+            decided = true;
+            meta.mode = st.mode_name();
+            meta.sampling = st.sampling.clone();
+            meta.write(&args.output)?;
+        }
+        st.writer.tick(now)?;
+        // Cheap but not free: every 50 ms.
+        if now.duration_since(last_slow) >= Duration::from_millis(50) {
+            last_slow = now;
+            let exited = match launched.as_mut() {
+                Some(l) => l.try_wait().is_some(),
+                None => watch.has_exited(),
+            };
+            if exited {
+                if let Some(l) = launched.as_mut() {
+                    meta.target.exit_status = l.try_wait();
+                }
+                break "target-exit";
+            }
+            progress.maybe_print(
+                now,
+                &Snapshot {
+                    elapsed: now.duration_since(started),
+                    requests: st.writer.rows(),
+                    drops: st.drops(tracer),
+                    bytes: st.writer.bytes_written(),
+                },
+            );
+        }
+        if now.duration_since(last_gc) >= Duration::from_secs(1) {
+            last_gc = now;
+            tracer.gc_dead_threads();
+        }
+    };
+    progress.finish();
+    Ok(by)
+}
+
+/// Path helper for tests and the integration owner.
+pub fn region_path(pid: u32) -> PathBuf {
+    MappedRegion::path(pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn output_checks() {
+        let dir = crate::writer::tests::tempdir("out");
+        let e = check_output(&dir, false).unwrap_err();
+        assert_eq!(e.code, exit::OUTPUT);
+        assert!(e
+            .to_string()
+            .ends_with("already exists; use --force to overwrite"));
+        check_output(&dir, true).unwrap();
+        // --force removes only recording files.
+        std::fs::create_dir_all(dir.join("requests")).unwrap();
+        std::fs::write(dir.join("requests/part-00000.parquet"), b"x").unwrap();
+        std::fs::write(dir.join("meta.json"), b"{}").unwrap();
+        std::fs::write(dir.join("notes.txt"), b"keep").unwrap();
+        prepare_output(&dir).unwrap();
+        assert!(!dir.join("meta.json").exists());
+        assert!(!dir.join("requests/part-00000.parquet").exists());
+        assert!(dir.join("notes.txt").exists());
+        let f = dir.join("notes.txt");
+        assert_eq!(check_output(&f, true).unwrap_err().code, exit::OUTPUT);
+        std::fs::remove_dir_all(&dir).unwrap();
+        check_output(&dir, false).unwrap();
+    }
+}

@@ -1,0 +1,509 @@
+//! Marker mode: the target's `/dev/shm/tailscope.<pid>` region, mapped and
+//! drained.
+//!
+//! Everything is read through [`RegionMemory`] — a copy of the bytes, then
+//! the hostile-input parsers of `tailscope_abi::region` — never by casting
+//! the mapping to a struct. The only words the agent writes are its own:
+//! each slot's `ring_tail` (store-release, after the records are copied) and
+//! the header's `agent_pid` / `sample_ppm_agent`.
+//!
+//! Known limit: a target that truncates its region file while mapped makes
+//! the next read fault (SIGBUS); the agent trusts the target not to shrink a
+//! file it created for the agent.
+
+use std::fs::OpenOptions;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+
+use tailscope_abi::region::{
+    header_offsets, parse_kinds_table, parse_record, parse_region_header, parse_slot, plan_drain,
+    record_offset_in_slot, slot_offset, slot_offsets, validate_record, AbiError, RegionHeader,
+    SLOT_PRODUCER_BYTES,
+};
+use tailscope_abi::{
+    ts_request_record, RECORD_SIZE, REGION_HEADER_SIZE, TS_REC_COUNTERS, TS_REC_TORN,
+    TS_REGION_PATH_PREFIX, TS_RING_CAPACITY,
+};
+
+/// Shared memory as the agent may touch it. Reads out of bounds yield zeros
+/// (and are impossible after header validation); writes out of bounds are
+/// ignored.
+pub trait RegionMemory {
+    fn len(&self) -> usize;
+    fn read(&self, off: usize, buf: &mut [u8]);
+    fn load_u64_acquire(&self, off: usize) -> u64;
+    fn store_u64_release(&self, off: usize, v: u64);
+    fn store_u32(&self, off: usize, v: u32);
+    fn load_u32(&self, off: usize) -> u32 {
+        let mut b = [0u8; 4];
+        self.read(off, &mut b);
+        u32::from_le_bytes(b)
+    }
+    fn load_u64(&self, off: usize) -> u64 {
+        let mut b = [0u8; 8];
+        self.read(off, &mut b);
+        u64::from_le_bytes(b)
+    }
+}
+
+/// A `Vec<u8>` standing in for a region (tests).
+impl RegionMemory for std::cell::RefCell<Vec<u8>> {
+    fn len(&self) -> usize {
+        self.borrow().len()
+    }
+    fn read(&self, off: usize, buf: &mut [u8]) {
+        let b = self.borrow();
+        match off.checked_add(buf.len()).and_then(|end| b.get(off..end)) {
+            Some(src) => buf.copy_from_slice(src),
+            None => buf.fill(0),
+        }
+    }
+    fn load_u64_acquire(&self, off: usize) -> u64 {
+        self.load_u64(off)
+    }
+    fn store_u64_release(&self, off: usize, v: u64) {
+        if let Some(d) = self.borrow_mut().get_mut(off..off + 8) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    fn store_u32(&self, off: usize, v: u32) {
+        if let Some(d) = self.borrow_mut().get_mut(off..off + 4) {
+            d.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+}
+
+/// A region file mapped shared, read-write.
+pub struct MappedRegion {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl MappedRegion {
+    pub fn path(pid: u32) -> PathBuf {
+        PathBuf::from(format!("{TS_REGION_PATH_PREFIX}{pid}"))
+    }
+
+    pub fn open(pid: u32) -> std::io::Result<MappedRegion> {
+        let path = Self::path(pid);
+        let f = OpenOptions::new().read(true).write(true).open(&path)?;
+        let len = f.metadata()?.len() as usize;
+        if len < REGION_HEADER_SIZE {
+            return Err(std::io::Error::other(format!(
+                "{} is {len} bytes, shorter than a region header",
+                path.display()
+            )));
+        }
+        // SAFETY: a fresh shared mapping of a file we opened rw, of its length.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(MappedRegion {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    fn in_bounds(&self, off: usize, n: usize) -> bool {
+        off.checked_add(n).is_some_and(|end| end <= self.len)
+    }
+}
+
+impl Drop for MappedRegion {
+    fn drop(&mut self) {
+        // SAFETY: exactly the mapping made in open().
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+impl RegionMemory for MappedRegion {
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn read(&self, off: usize, buf: &mut [u8]) {
+        if !self.in_bounds(off, buf.len()) {
+            buf.fill(0);
+            return;
+        }
+        // Volatile: the producer writes this memory concurrently; we want
+        // one real load per word, and validate what we got afterwards.
+        // SAFETY: in bounds of the mapping (checked above).
+        unsafe {
+            let src = self.ptr.add(off);
+            if off % 8 == 0 && buf.len() % 8 == 0 {
+                for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
+                    let w = std::ptr::read_volatile(src.cast::<u64>().add(i));
+                    chunk.copy_from_slice(&w.to_ne_bytes());
+                }
+            } else {
+                for (i, b) in buf.iter_mut().enumerate() {
+                    *b = std::ptr::read_volatile(src.add(i));
+                }
+            }
+        }
+    }
+    fn load_u64_acquire(&self, off: usize) -> u64 {
+        if !self.in_bounds(off, 8) || off % 8 != 0 {
+            return 0;
+        }
+        // SAFETY: aligned, in bounds; AtomicU64 has u64's layout.
+        unsafe { (*self.ptr.add(off).cast::<AtomicU64>()).load(Ordering::Acquire) }
+    }
+    fn store_u64_release(&self, off: usize, v: u64) {
+        if self.in_bounds(off, 8) && off % 8 == 0 {
+            // SAFETY: as above.
+            unsafe { (*self.ptr.add(off).cast::<AtomicU64>()).store(v, Ordering::Release) }
+        }
+    }
+    fn store_u32(&self, off: usize, v: u32) {
+        if self.in_bounds(off, 4) && off % 4 == 0 {
+            // SAFETY: as above.
+            unsafe { (*self.ptr.add(off).cast::<AtomicU32>()).store(v, Ordering::Release) }
+        }
+    }
+}
+
+/// Counters of what a marker source saw go wrong.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MarkerStats {
+    pub records: u64,
+    pub ring_full: u64,
+    pub corrupt_records: u64,
+    pub ring_resyncs: u64,
+    pub slots_exhausted: u64,
+    /// Slot reads with an impossible `state`.
+    pub bad_slot_states: u64,
+    /// Records whose request started before the recording (left from before
+    /// attach); skipped, not drops.
+    pub before_start: u64,
+    /// Records with TS_REC_TORN (written with counters_valid = false).
+    pub torn: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct SlotTrack {
+    tid: u32,
+    dropped_baseline: u64,
+    dropped_last: u64,
+}
+
+pub struct MarkerSource<M: RegionMemory> {
+    mem: M,
+    header: RegionHeader,
+    agent_pid: u32,
+    start_mono_ns: u64,
+    slots: Vec<SlotTrack>,
+    exhausted_baseline: u64,
+    stats: MarkerStats,
+    slot_buf: Vec<u8>,
+}
+
+impl<M: RegionMemory> MarkerSource<M> {
+    /// Validates the region and announces the agent in its header. Records
+    /// that started before `start_mono_ns` are skipped.
+    pub fn attach(
+        mem: M,
+        agent_pid: u32,
+        sample_ppm_agent: Option<u32>,
+        start_mono_ns: u64,
+    ) -> Result<Self, AbiError> {
+        let mut hdr = vec![0u8; REGION_HEADER_SIZE];
+        mem.read(0, &mut hdr);
+        let header = parse_region_header(&hdr, mem.len())?;
+        if let Some(ppm) = sample_ppm_agent {
+            mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, ppm);
+        }
+        mem.store_u32(header_offsets::AGENT_PID, agent_pid);
+        let mut src = MarkerSource {
+            exhausted_baseline: header.slots_exhausted,
+            slots: vec![SlotTrack::default(); header.max_slots as usize],
+            header,
+            mem,
+            agent_pid,
+            start_mono_ns,
+            stats: MarkerStats::default(),
+            slot_buf: vec![0u8; SLOT_PRODUCER_BYTES],
+        };
+        // Drops before attach are not this recording's.
+        for i in 0..src.header.max_slots {
+            src.mem.read(slot_offset(i), &mut src.slot_buf);
+            if let Ok(s) = parse_slot(&src.slot_buf) {
+                src.slots[i as usize] = SlotTrack {
+                    tid: s.tid,
+                    dropped_baseline: s.dropped_ring_full,
+                    dropped_last: s.dropped_ring_full,
+                };
+            }
+        }
+        Ok(src)
+    }
+
+    pub fn header(&self) -> &RegionHeader {
+        &self.header
+    }
+
+    pub fn stats(&self) -> MarkerStats {
+        self.stats
+    }
+
+    fn refresh_header(&mut self) {
+        let kinds_count = self.mem.load_u32(header_offsets::KINDS_COUNT);
+        if kinds_count != self.header.kinds_count {
+            let mut hdr = vec![0u8; REGION_HEADER_SIZE];
+            self.mem.read(0, &mut hdr);
+            self.header.kinds = parse_kinds_table(&hdr);
+            self.header.kinds_count = kinds_count.min(self.header.kinds.len() as u32);
+        }
+        let exhausted = self.mem.load_u64(header_offsets::SLOTS_EXHAUSTED);
+        self.stats.slots_exhausted = exhausted.saturating_sub(self.exhausted_baseline);
+    }
+
+    /// Drains every live or exited slot once; calls `emit(record, kind)`
+    /// for each valid record. Bounded: at most `max_slots × capacity` records.
+    pub fn drain<E>(&mut self, mut emit: E) -> Result<usize, E::Error>
+    where
+        E: Emit,
+    {
+        self.refresh_header();
+        let mut n = 0;
+        let mut rec_buf = [0u8; RECORD_SIZE];
+        for i in 0..self.header.max_slots {
+            let base = slot_offset(i);
+            self.mem.read(base, &mut self.slot_buf);
+            let slot = match parse_slot(&self.slot_buf) {
+                Ok(s) => s,
+                Err(_) => {
+                    self.stats.bad_slot_states += 1;
+                    continue;
+                }
+            };
+            self.track_drops(i as usize, slot.tid, slot.dropped_ring_full);
+            if !slot.drainable() {
+                continue;
+            }
+            let head = self.mem.load_u64_acquire(base + slot_offsets::RING_HEAD);
+            let plan = plan_drain(head, slot.ring_tail, TS_RING_CAPACITY);
+            if plan.resync {
+                self.stats.ring_resyncs += 1;
+            }
+            for k in 0..plan.count {
+                let off = base + record_offset_in_slot(plan.ring_index(k, TS_RING_CAPACITY));
+                self.mem.read(off, &mut rec_buf);
+                let Ok(r) = parse_record(&rec_buf) else {
+                    self.stats.corrupt_records += 1;
+                    continue;
+                };
+                if validate_record(&r, Some(slot.tid)).is_err() {
+                    self.stats.corrupt_records += 1;
+                    continue;
+                }
+                if r.start_ns < self.start_mono_ns {
+                    self.stats.before_start += 1;
+                    continue;
+                }
+                if r.flags & (TS_REC_COUNTERS | TS_REC_TORN) == TS_REC_COUNTERS | TS_REC_TORN {
+                    self.stats.torn += 1;
+                }
+                let kind = self
+                    .header
+                    .kinds
+                    .get(r.kind as usize)
+                    .map_or("", String::as_str);
+                emit.emit(&r, kind)?;
+                self.stats.records += 1;
+                n += 1;
+            }
+            // The records are copied: hand the space back to the producer.
+            fence(Ordering::Release);
+            self.mem
+                .store_u64_release(base + slot_offsets::RING_TAIL, plan.new_tail);
+        }
+        Ok(n)
+    }
+
+    fn track_drops(&mut self, i: usize, tid: u32, dropped: u64) {
+        let t = &mut self.slots[i];
+        if tid != t.tid || dropped < t.dropped_last {
+            // A new thread in this slot (or the counter was reset): all its
+            // drops happened during the recording.
+            *t = SlotTrack {
+                tid,
+                dropped_baseline: 0,
+                dropped_last: dropped,
+            };
+        } else {
+            t.dropped_last = dropped;
+        }
+        self.stats.ring_full = self
+            .slots
+            .iter()
+            .map(|s| s.dropped_last.saturating_sub(s.dropped_baseline))
+            .fold(0u64, u64::saturating_add);
+    }
+
+    /// Leaves the header as it was before attach: no agent, no override.
+    pub fn detach(&mut self) {
+        if self.mem.load_u32(header_offsets::AGENT_PID) == self.agent_pid {
+            self.mem.store_u32(header_offsets::AGENT_PID, 0);
+        }
+        self.mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, 0);
+    }
+}
+
+/// Where drained records go.
+pub trait Emit {
+    type Error;
+    fn emit(&mut self, r: &ts_request_record, kind: &str) -> Result<(), Self::Error>;
+}
+
+impl<F, Er> Emit for F
+where
+    F: FnMut(&ts_request_record, &str) -> Result<(), Er>,
+{
+    type Error = Er;
+    fn emit(&mut self, r: &ts_request_record, kind: &str) -> Result<(), Er> {
+        self(r, kind)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use tailscope_abi::{synth, TS_REC_SAMPLED, TS_SLOT_EXITED, TS_SLOT_LIVE};
+
+    fn rec(tid: u32, id: u64) -> ts_request_record {
+        ts_request_record {
+            request_id: id,
+            start_ns: 1_000_000 + id,
+            latency_ns: 10_000,
+            tid,
+            kind: 1,
+            flags: TS_REC_SAMPLED | TS_REC_COUNTERS,
+            oncpu_ns: 9_000,
+            ..Default::default()
+        }
+    }
+
+    fn drain_all(
+        src: &mut MarkerSource<RefCell<Vec<u8>>>,
+    ) -> Vec<(ts_request_record, String)> {
+        let mut out = vec![];
+        src.drain(|r: &ts_request_record, k: &str| {
+            out.push((*r, k.to_string()));
+            Ok::<(), ()>(())
+        })
+        .unwrap();
+        out
+    }
+
+    #[test]
+    fn drains_live_and_exited_slots() {
+        let mut b = synth::region(4, 99);
+        synth::set_kind(&mut b, 1, "GET");
+        synth::claim_slot(&mut b, 0, 100, TS_SLOT_LIVE);
+        synth::claim_slot(&mut b, 2, 102, TS_SLOT_EXITED);
+        // Left over from before the recording: skipped.
+        let mut old = rec(100, 0);
+        old.start_ns = 10;
+        synth::push_record(&mut b, 0, &old);
+        for i in 1..=5 {
+            synth::push_record(&mut b, 0, &rec(100, i));
+        }
+        synth::push_record(&mut b, 2, &rec(102, 50));
+        let mem = RefCell::new(b);
+        let mut src = MarkerSource::attach(mem, 7, Some(20_000), 1_000).unwrap();
+        assert_eq!(
+            src.mem.load_u32(header_offsets::AGENT_PID),
+            7,
+            "agent announced"
+        );
+        assert_eq!(src.mem.load_u32(header_offsets::SAMPLE_PPM_AGENT), 20_000);
+        let out = drain_all(&mut src);
+        assert_eq!(out.len(), 6);
+        assert_eq!(out[0].1, "GET");
+        assert_eq!(src.stats().before_start, 1);
+        // Tail advanced: a second drain finds nothing.
+        assert!(drain_all(&mut src).is_empty());
+        // Ring wrap: more than a ring's worth in two steps.
+        for i in 0..TS_RING_CAPACITY as u64 {
+            synth::push_record(&mut src.mem.borrow_mut(), 0, &rec(100, 100 + i));
+        }
+        assert!(!synth::push_record(&mut src.mem.borrow_mut(), 0, &rec(100, 9999)));
+        assert_eq!(drain_all(&mut src).len(), TS_RING_CAPACITY as usize);
+        assert_eq!(src.stats().ring_full, 1);
+        src.detach();
+        assert_eq!(src.mem.load_u32(header_offsets::AGENT_PID), 0);
+        assert_eq!(src.mem.load_u32(header_offsets::SAMPLE_PPM_AGENT), 0);
+    }
+
+    #[test]
+    fn hostile_region_is_counted_not_fatal() {
+        let mut b = synth::region(3, 99);
+        synth::claim_slot(&mut b, 0, 100, TS_SLOT_LIVE);
+        synth::claim_slot(&mut b, 1, 101, TS_SLOT_LIVE);
+        synth::claim_slot(&mut b, 2, 102, TS_SLOT_LIVE);
+        // Kinds table with garbage: no NULs, escape sequences, bad UTF-8.
+        let k = header_offsets::KINDS;
+        b[k..k + 24 * 64].fill(0xff);
+        b[k + 24..k + 30].copy_from_slice(b"\x1b[2J\xc3(");
+        synth::write_u64(&mut b, header_offsets::KINDS_COUNT, u32::MAX as u64);
+        // Slot 0: head far ahead of tail. Slot 1: head behind tail.
+        synth::write_u64(&mut b, slot_offset(0) + slot_offsets::RING_HEAD, u64::MAX - 3);
+        synth::write_u64(&mut b, slot_offset(1) + slot_offsets::RING_TAIL, 50);
+        synth::write_u64(&mut b, slot_offset(1) + slot_offsets::RING_HEAD, 10);
+        // Slot 2: absurd records among good ones.
+        let mut absurd = rec(102, 1);
+        absurd.latency_ns = u64::MAX;
+        synth::push_record(&mut b, 2, &absurd);
+        let mut wrong_tid = rec(555, 2);
+        wrong_tid.kind = 1;
+        synth::push_record(&mut b, 2, &wrong_tid);
+        let mut too_much_cpu = rec(102, 3);
+        too_much_cpu.oncpu_ns = 1 << 40;
+        synth::push_record(&mut b, 2, &too_much_cpu);
+        synth::push_record(&mut b, 2, &rec(102, 4));
+        let mem = RefCell::new(b);
+        let mut src = MarkerSource::attach(mem, 7, None, 0).unwrap();
+        let out = drain_all(&mut src);
+        assert_eq!(out.len(), 1);
+        assert!(out[0].1.chars().all(|c| !c.is_control()));
+        let s = src.stats();
+        assert_eq!(s.ring_resyncs, 2);
+        assert_eq!(s.corrupt_records, 3);
+        // Resynced: the next drain is clean.
+        assert!(drain_all(&mut src).is_empty());
+        assert_eq!(src.stats().ring_resyncs, 2);
+        // A bad slot state is counted and skipped.
+        src.mem
+            .store_u32(slot_offset(0) + slot_offsets::STATE, 77);
+        drain_all(&mut src);
+        assert_eq!(src.stats().bad_slot_states, 1);
+    }
+
+    #[test]
+    fn incompatible_region_is_refused() {
+        let mut b = synth::region(2, 1);
+        b[8..12].copy_from_slice(&3u32.to_le_bytes());
+        let e = MarkerSource::attach(RefCell::new(b), 7, None, 0).err().unwrap();
+        assert_eq!(
+            e.to_string(),
+            "ABI version mismatch: region has 3, agent supports 1"
+        );
+        // Shorter than its max_slots promise.
+        let mut b = synth::region(4, 1);
+        b.truncate(b.len() - 1);
+        assert!(MarkerSource::attach(RefCell::new(b), 7, None, 0).is_err());
+    }
+}

@@ -1,0 +1,152 @@
+//! Small, safe wrappers over the OS facts the agent records: clocks, host
+//! and kernel names, its own CPU use, and whether a process is alive.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+
+fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid out-pointer; both clocks always exist on Linux.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// CLOCK_MONOTONIC in ns (the clock of every `start_ns`).
+pub fn monotonic_ns() -> u64 {
+    clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// CLOCK_REALTIME in ns since the Unix epoch.
+pub fn unix_ns() -> u64 {
+    clock_ns(libc::CLOCK_REALTIME)
+}
+
+/// `unix = monotonic + offset`, from the tightest of a few bracketed reads.
+pub fn monotonic_to_unix_offset_ns() -> i64 {
+    let mut best = (u64::MAX, 0i64);
+    for _ in 0..5 {
+        let m0 = monotonic_ns();
+        let u = unix_ns();
+        let m1 = monotonic_ns();
+        let width = m1 - m0;
+        if width < best.0 {
+            best = (width, u as i64 - (m0 + width / 2) as i64);
+        }
+    }
+    best.1
+}
+
+pub fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: buf is writable for its length.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return String::new();
+    }
+    let n = buf.iter().position(|&c| c == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..n]).into_owned()
+}
+
+/// `uname -r`.
+pub fn kernel_release() -> String {
+    // SAFETY: utsname is plain data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    let bytes: Vec<u8> = u
+        .release
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// User + system CPU seconds this process has used.
+pub fn self_cpu_seconds() -> f64 {
+    // SAFETY: rusage is plain data; getrusage fills it.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// Peak resident set size of this process in KiB.
+pub fn self_max_rss_kib() -> u64 {
+    // SAFETY: as above.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    ru.ru_maxrss as u64
+}
+
+pub fn process_exists(pid: u32) -> bool {
+    std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+/// `/proc/PID/comm`, trimmed.
+pub fn process_comm(pid: u32) -> Option<String> {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .ok()
+        .map(|s| s.trim_end().to_string())
+}
+
+/// `/proc/PID/cmdline` split at NULs.
+pub fn process_cmdline(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|&c| c == 0)
+            .filter(|s| !s.is_empty())
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+    )
+}
+
+/// A handle that says when a process (not our child) has exited: a pidfd
+/// where the kernel has them, else polling `kill(pid, 0)`.
+pub struct ProcessWatch {
+    pid: u32,
+    pidfd: Option<OwnedFd>,
+}
+
+impl ProcessWatch {
+    pub fn new(pid: u32) -> Self {
+        // SAFETY: pidfd_open takes a pid and flags; returns a new fd or -1.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid as libc::c_int, 0) };
+        let pidfd = (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as i32) });
+        ProcessWatch { pid, pidfd }
+    }
+
+    pub fn has_exited(&self) -> bool {
+        match &self.pidfd {
+            Some(fd) => {
+                let mut p = libc::pollfd {
+                    fd: fd.as_raw_fd(),
+                    events: libc::POLLIN,
+                    revents: 0,
+                };
+                // SAFETY: one valid pollfd, zero timeout.
+                let n = unsafe { libc::poll(&mut p, 1, 0) };
+                n > 0 && p.revents & libc::POLLIN != 0
+            }
+            None => {
+                // SAFETY: signal 0 only checks existence.
+                let rc = unsafe { libc::kill(self.pid as libc::pid_t, 0) };
+                rc != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+            }
+        }
+    }
+}
+
+pub fn stderr_is_tty() -> bool {
+    // SAFETY: isatty on a fd number is always safe.
+    unsafe { libc::isatty(2) == 1 }
+}
+
+pub fn is_root() -> bool {
+    // SAFETY: geteuid cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
