@@ -15,7 +15,10 @@ pub fn pin_current_thread(cpu: usize) -> Result<(), String> {
         libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set)
     };
     if rc != 0 {
-        return Err(format!("cannot pin to CPU {cpu}: {}", std::io::Error::last_os_error()));
+        return Err(format!(
+            "cannot pin to CPU {cpu}: {}",
+            std::io::Error::last_os_error()
+        ));
     }
     Ok(())
 }

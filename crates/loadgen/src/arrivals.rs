@@ -105,7 +105,10 @@ mod tests {
         let var = g.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
         let want_mean = 1e9 / rate;
         assert!((mean / want_mean - 1.0).abs() < 0.01, "mean {mean}");
-        assert!((var / (want_mean * want_mean) - 1.0).abs() < 0.03, "var {var}");
+        assert!(
+            (var / (want_mean * want_mean) - 1.0).abs() < 0.03,
+            "var {var}"
+        );
         // Memorylessness: P(gap > mean) = 1/e.
         let above = g.iter().filter(|&&x| x > want_mean).count() as f64 / n;
         assert!((above - (-1.0f64).exp()).abs() < 0.01, "tail {above}");

@@ -8,7 +8,11 @@ use crate::config::{Config, Load, ProtocolKind};
 use clap::Parser;
 
 #[derive(Debug, Parser)]
-#[command(name = "tailscope-loadgen", version, about = "Open-loop load generator: Poisson arrivals, latency from intended send time")]
+#[command(
+    name = "tailscope-loadgen",
+    version,
+    about = "Open-loop load generator: Poisson arrivals, latency from intended send time"
+)]
 pub struct Args {
     /// Server address, host:port.
     #[arg(long)]
@@ -94,7 +98,10 @@ impl Args {
             Load::Open { steps }
         };
         if !(self.warmup >= 0.0 && self.warmup.is_finite()) {
-            return Err(format!("--warmup must be >= 0 seconds, got {}", self.warmup));
+            return Err(format!(
+                "--warmup must be >= 0 seconds, got {}",
+                self.warmup
+            ));
         }
         if self.connections == 0 {
             return Err("--connections must be at least 1".into());
@@ -103,7 +110,10 @@ impl Args {
             return Err("--max-outstanding-per-conn must be at least 1".into());
         }
         if !(0.0..=1.0).contains(&self.set_ratio) {
-            return Err(format!("--set-ratio must be in [0, 1], got {}", self.set_ratio));
+            return Err(format!(
+                "--set-ratio must be in [0, 1], got {}",
+                self.set_ratio
+            ));
         }
         if self.keys == 0 {
             return Err("--keys must be at least 1".into());
@@ -182,7 +192,9 @@ mod tests {
     fn args(extra: &[&str]) -> Result<Config, String> {
         let mut argv = vec!["tailscope-loadgen", "--target", "127.0.0.1:1"];
         argv.extend_from_slice(extra);
-        Args::try_parse_from(argv).map_err(|e| e.to_string())?.to_config()
+        Args::try_parse_from(argv)
+            .map_err(|e| e.to_string())?
+            .to_config()
     }
 
     #[test]
@@ -191,8 +203,14 @@ mod tests {
         assert_eq!(
             steps,
             [
-                Step { rate: 20000.0, duration_s: 5.0 },
-                Step { rate: 500.0, duration_s: 2.5 }
+                Step {
+                    rate: 20000.0,
+                    duration_s: 5.0
+                },
+                Step {
+                    rate: 500.0,
+                    duration_s: 2.5
+                }
             ]
         );
         assert!(parse_steps("20000", 1.0).is_err());
@@ -202,8 +220,22 @@ mod tests {
 
     #[test]
     fn rate_max_is_closed_loop() {
-        let c = args(&["--rate", "max", "--max-outstanding-per-conn", "4", "--duration", "2"]).unwrap();
-        assert_eq!(c.load, Load::Closed { depth: 4, duration_s: 2.0 });
+        let c = args(&[
+            "--rate",
+            "max",
+            "--max-outstanding-per-conn",
+            "4",
+            "--duration",
+            "2",
+        ])
+        .unwrap();
+        assert_eq!(
+            c.load,
+            Load::Closed {
+                depth: 4,
+                duration_s: 2.0
+            }
+        );
         assert!(args(&["--rate", "max", "--steps", "1:1"]).is_err());
     }
 

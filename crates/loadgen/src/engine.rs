@@ -45,8 +45,12 @@ pub fn run(config: &Config) -> Result<Summary, String> {
     engine.recording = true;
     engine.start = Instant::now();
     match &config.load {
-        Load::Open { steps } => engine.run_open(steps, config.warmup_s, config.seed, config.timeout_ms)?,
-        Load::Closed { depth, duration_s } => engine.run_closed(*depth, warmup_ns, *duration_s, config.timeout_ms)?,
+        Load::Open { steps } => {
+            engine.run_open(steps, config.warmup_s, config.seed, config.timeout_ms)?
+        }
+        Load::Closed { depth, duration_s } => {
+            engine.run_closed(*depth, warmup_ns, *duration_s, config.timeout_ms)?
+        }
     }
     Ok(std::mem::replace(&mut engine.recorder, Recorder::new(0, &[], 1)).finish(config))
 }
@@ -112,7 +116,11 @@ impl Engine {
             let mut conn = Conn::connect(addr, CONNECT_TIMEOUT)
                 .map_err(|e| format!("cannot connect to {}: {e}", config.target))?;
             poll.registry()
-                .register(&mut conn.stream, Token(i), Interest::READABLE | Interest::WRITABLE)
+                .register(
+                    &mut conn.stream,
+                    Token(i),
+                    Interest::READABLE | Interest::WRITABLE,
+                )
                 .map_err(|e| format!("cannot register connection {i}: {e}"))?;
             conns.push(conn);
         }
@@ -148,10 +156,19 @@ impl Engine {
     }
 
     /// Open loop: Poisson arrivals over warm-up plus steps.
-    fn run_open(&mut self, steps: &[Step], warmup_s: f64, seed: u64, timeout_ms: u64) -> Result<(), String> {
+    fn run_open(
+        &mut self,
+        steps: &[Step],
+        warmup_s: f64,
+        seed: u64,
+        timeout_ms: u64,
+    ) -> Result<(), String> {
         let mut all = Vec::with_capacity(steps.len() + 1);
         if warmup_s > 0.0 {
-            all.push(Step { rate: steps[0].rate, duration_s: warmup_s });
+            all.push(Step {
+                rate: steps[0].rate,
+                duration_s: warmup_s,
+            });
         }
         all.extend_from_slice(steps);
         let mut schedule = Schedule::new(&all, seed);
@@ -185,7 +202,13 @@ impl Engine {
 
     /// Closed loop: `depth` outstanding per connection, each reply
     /// immediately replaced, for warm-up plus `duration_s`.
-    fn run_closed(&mut self, depth: usize, warmup_ns: u64, duration_s: f64, timeout_ms: u64) -> Result<(), String> {
+    fn run_closed(
+        &mut self,
+        depth: usize,
+        warmup_ns: u64,
+        duration_s: f64,
+        timeout_ms: u64,
+    ) -> Result<(), String> {
         let end_ns = warmup_ns + (duration_s * 1e9) as u64;
         self.refill_until_ns = Some(end_ns);
         let now = self.now_ns();
@@ -231,11 +254,17 @@ impl Engine {
                 last_replies = self.replies;
                 last_progress = Instant::now();
             } else if last_progress.elapsed() > stall_limit {
-                return Err(format!("preload: no reply from {} for {stall_limit:?}", self.target));
+                return Err(format!(
+                    "preload: no reply from {} for {stall_limit:?}",
+                    self.target
+                ));
             }
         }
         if self.preload_errors > 0 {
-            return Err(format!("preload: {} of {keys} SETs failed", self.preload_errors));
+            return Err(format!(
+                "preload: {} of {keys} SETs failed",
+                self.preload_errors
+            ));
         }
         self.max_per_conn = usize::MAX;
         Ok(())
@@ -298,8 +327,9 @@ impl Engine {
             let c = event.token().0;
             let conn = &mut self.conns[c];
             if event.is_writable() && conn.has_unsent() {
-                conn.flush()
-                    .map_err(|e| format!("write to {} failed (connection {c}): {e}", self.target))?;
+                conn.flush().map_err(|e| {
+                    format!("write to {} failed (connection {c}): {e}", self.target)
+                })?;
             }
             if event.is_readable() || event.is_read_closed() || event.is_error() {
                 let completions = &mut self.completions;
@@ -307,7 +337,12 @@ impl Engine {
                     self.protocol.as_ref(),
                     || start.elapsed().as_nanos() as u64,
                     |request, outcome, now_ns| {
-                        completions.push(Completion { conn: c, request, outcome, now_ns });
+                        completions.push(Completion {
+                            conn: c,
+                            request,
+                            outcome,
+                            now_ns,
+                        });
                     },
                 )
                 .map_err(|e| format!("{} (connection {c}): {e}", self.target))?;
@@ -338,7 +373,8 @@ impl Engine {
             }
             return;
         }
-        self.recorder.on_reply(done.request.intended_ns, done.now_ns, done.outcome);
+        self.recorder
+            .on_reply(done.request.intended_ns, done.now_ns, done.outcome);
         if let Some(end) = self.refill_until_ns {
             if done.now_ns < end {
                 self.recorder.on_scheduled(done.now_ns);
@@ -377,7 +413,13 @@ mod tests {
     #[test]
     fn sleeps_whole_milliseconds_and_spins_the_rest() {
         assert_eq!(sleep_budget(Duration::from_micros(1999)), Duration::ZERO);
-        assert_eq!(sleep_budget(Duration::from_micros(2000)), Duration::from_millis(1));
-        assert_eq!(sleep_budget(Duration::from_micros(5900)), Duration::from_millis(4));
+        assert_eq!(
+            sleep_budget(Duration::from_micros(2000)),
+            Duration::from_millis(1)
+        );
+        assert_eq!(
+            sleep_budget(Duration::from_micros(5900)),
+            Duration::from_millis(4)
+        );
     }
 }

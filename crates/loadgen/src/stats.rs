@@ -229,7 +229,11 @@ impl CountSummary {
             completed: c.completed,
             errors: c.errors,
             timeouts: c.timeouts,
-            achieved_rps: if duration_s > 0.0 { c.completed as f64 / duration_s } else { 0.0 },
+            achieved_rps: if duration_s > 0.0 {
+                c.completed as f64 / duration_s
+            } else {
+                0.0
+            },
         }
     }
 }
@@ -260,7 +264,14 @@ impl LatencySummary {
     fn from_histogram(h: &Histogram<u64>) -> Self {
         let us = |ns: u64| ns as f64 / 1e3;
         if h.is_empty() {
-            return LatencySummary { p50: 0.0, p90: 0.0, p99: 0.0, p999: 0.0, max: 0.0, mean: 0.0 };
+            return LatencySummary {
+                p50: 0.0,
+                p90: 0.0,
+                p99: 0.0,
+                p999: 0.0,
+                max: 0.0,
+                mean: 0.0,
+            };
         }
         LatencySummary {
             p50: us(h.value_at_quantile(0.5)),
@@ -301,8 +312,23 @@ mod tests {
 
     #[test]
     fn attributes_by_intended_time_and_skips_warmup() {
-        let steps = [Step { rate: 100.0, duration_s: 0.1 }, Step { rate: 200.0, duration_s: 0.1 }];
-        let config = Config::new("x:1", ProtocolKind::Line, Load::Open { steps: steps.to_vec() });
+        let steps = [
+            Step {
+                rate: 100.0,
+                duration_s: 0.1,
+            },
+            Step {
+                rate: 200.0,
+                duration_s: 0.1,
+            },
+        ];
+        let config = Config::new(
+            "x:1",
+            ProtocolKind::Line,
+            Load::Open {
+                steps: steps.to_vec(),
+            },
+        );
         let warmup = 50_000_000;
         let mut r = Recorder::new(warmup, &steps, 20);
         // Warm-up request: ignored.
@@ -317,7 +343,15 @@ mod tests {
         r.on_reply(200_000_000, 201_000_000, Outcome::Error);
         r.on_timeout(240_000_000);
         let s = r.finish(&config);
-        assert_eq!((s.counts.sent, s.counts.completed, s.counts.errors, s.counts.timeouts), (2, 2, 1, 1));
+        assert_eq!(
+            (
+                s.counts.sent,
+                s.counts.completed,
+                s.counts.errors,
+                s.counts.timeouts
+            ),
+            (2, 2, 1, 1)
+        );
         assert_eq!(s.max_send_lag_us, 5000.0);
         assert!((s.latency_us.p50 - 30_000.0).abs() < 30.0);
         assert_eq!(s.timeseries.len(), 10);

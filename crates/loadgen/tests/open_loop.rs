@@ -61,7 +61,13 @@ fn line_config(addr: &str, rate: f64, duration_s: f64) -> Config {
 
 #[test]
 fn every_tenth_reply_delayed_shows_in_p99_not_p50() {
-    let delay = |n: u64| if n % 10 == 0 { Duration::from_millis(5) } else { Duration::ZERO };
+    let delay = |n: u64| {
+        if n.is_multiple_of(10) {
+            Duration::from_millis(5)
+        } else {
+            Duration::ZERO
+        }
+    };
     let addr = spawn_line_server(Arc::new(delay));
     let mut config = line_config(&addr, 1000.0, 1.5);
     config.connections = 8;
@@ -70,9 +76,21 @@ fn every_tenth_reply_delayed_shows_in_p99_not_p50() {
     assert_eq!(s.counts.errors, 0, "ids must match FIFO");
     assert_eq!(s.counts.timeouts, 0);
     assert_eq!(s.counts.completed, s.counts.scheduled);
-    assert!((1100..1900).contains(&s.counts.scheduled), "{}", s.counts.scheduled);
-    assert!(s.latency_us.p99 >= 4900.0, "p99 {} should include the 5 ms delay", s.latency_us.p99);
-    assert!(s.latency_us.p50 < 4000.0, "p50 {} should not", s.latency_us.p50);
+    assert!(
+        (1100..1900).contains(&s.counts.scheduled),
+        "{}",
+        s.counts.scheduled
+    );
+    assert!(
+        s.latency_us.p99 >= 4900.0,
+        "p99 {} should include the 5 ms delay",
+        s.latency_us.p99
+    );
+    assert!(
+        s.latency_us.p50 < 4000.0,
+        "p50 {} should not",
+        s.latency_us.p50
+    );
     assert_eq!(s.timeseries.len(), 75);
 }
 
@@ -94,7 +112,9 @@ fn stall_raises_latency_of_requests_scheduled_during_it() {
             if seen == 600 {
                 *until = Some(Instant::now() + STALL);
             }
-            until.map_or(Duration::ZERO, |t| t.saturating_duration_since(Instant::now()))
+            until.map_or(Duration::ZERO, |t| {
+                t.saturating_duration_since(Instant::now())
+            })
         }
     };
     let addr = spawn_line_server(Arc::new(delay));
@@ -104,7 +124,11 @@ fn stall_raises_latency_of_requests_scheduled_during_it() {
     let s = run(&config).unwrap();
     eprintln!("{}", tailscope_loadgen::report::human(&s));
     assert_eq!(s.counts.errors + s.counts.timeouts, 0);
-    assert!(s.max_send_lag_us >= 35_000.0, "sends waited out the stall: {}", s.max_send_lag_us);
+    assert!(
+        s.max_send_lag_us >= 35_000.0,
+        "sends waited out the stall: {}",
+        s.max_send_lag_us
+    );
     // ~50 arrivals land in the stall, latencies spread over 0..50 ms: about
     // 3% of the run is above 20 ms.
     assert!(s.latency_us.p99 >= 20_000.0, "p99 {}", s.latency_us.p99);
@@ -117,7 +141,14 @@ fn stall_raises_latency_of_requests_scheduled_during_it() {
 #[test]
 fn closed_loop_max_rate_reports_throughput() {
     let addr = spawn_line_server(Arc::new(|_| Duration::ZERO));
-    let mut config = Config::new(&addr, ProtocolKind::Line, Load::Closed { depth: 4, duration_s: 0.5 });
+    let mut config = Config::new(
+        &addr,
+        ProtocolKind::Line,
+        Load::Closed {
+            depth: 4,
+            duration_s: 0.5,
+        },
+    );
     config.connections = 2;
     config.warmup_s = 0.1;
     let s = run(&config).unwrap();
@@ -129,7 +160,13 @@ fn closed_loop_max_rate_reports_throughput() {
 
 #[test]
 fn unanswered_requests_are_timeouts() {
-    let addr = spawn_line_server(Arc::new(|n| if n >= 50 { Duration::from_secs(3) } else { Duration::ZERO }));
+    let addr = spawn_line_server(Arc::new(|n| {
+        if n >= 50 {
+            Duration::from_secs(3)
+        } else {
+            Duration::ZERO
+        }
+    }));
     let mut config = line_config(&addr, 500.0, 0.3);
     config.connections = 1;
     config.warmup_s = 0.0;
@@ -141,8 +178,15 @@ fn unanswered_requests_are_timeouts() {
 
 #[test]
 fn connection_refused_is_an_error_not_a_panic() {
-    let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let config = line_config(&format!("127.0.0.1:{port}"), 100.0, 0.1);
     let err = run(&config).unwrap_err();
-    assert!(err.contains("cannot connect") && !err.contains('\n'), "{err}");
+    assert!(
+        err.contains("cannot connect") && !err.contains('\n'),
+        "{err}"
+    );
 }

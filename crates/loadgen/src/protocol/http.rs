@@ -14,7 +14,8 @@ pub struct Http {
 
 impl Http {
     pub fn new(host: &str, path: &str) -> Self {
-        let request = format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: tailscope-loadgen\r\n\r\n");
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: {host}\r\nUser-Agent: tailscope-loadgen\r\n\r\n");
         Http {
             request: request.into_bytes(),
         }
@@ -37,10 +38,15 @@ impl Protocol for Http {
             return Ok(None);
         };
         let head = &buf[..head_end];
-        let mut lines = head.split(|&b| b == b'\n').map(|l| l.strip_suffix(b"\r").unwrap_or(l));
+        let mut lines = head
+            .split(|&b| b == b'\n')
+            .map(|l| l.strip_suffix(b"\r").unwrap_or(l));
         let status_line = lines.next().unwrap_or_default();
         let status = parse_status(status_line).ok_or_else(|| {
-            ProtocolError(format!("bad HTTP status line: {:?}", String::from_utf8_lossy(status_line)))
+            ProtocolError(format!(
+                "bad HTTP status line: {:?}",
+                String::from_utf8_lossy(status_line)
+            ))
         })?;
         let mut content_length = None;
         for header in lines {
@@ -51,10 +57,15 @@ impl Protocol for Http {
             let value = header[colon + 1..].trim_ascii();
             if name.eq_ignore_ascii_case(b"content-length") {
                 content_length = Some(parse_decimal(value).ok_or_else(|| {
-                    ProtocolError(format!("bad Content-Length: {:?}", String::from_utf8_lossy(value)))
+                    ProtocolError(format!(
+                        "bad Content-Length: {:?}",
+                        String::from_utf8_lossy(value)
+                    ))
                 })?);
             } else if name.eq_ignore_ascii_case(b"transfer-encoding") {
-                return Err(ProtocolError("chunked HTTP responses are not supported".into()));
+                return Err(ProtocolError(
+                    "chunked HTTP responses are not supported".into(),
+                ));
             }
         }
         let body_len = match (content_length, status) {
@@ -66,7 +77,11 @@ impl Protocol for Http {
         if buf.len() < len {
             return Ok(None);
         }
-        let outcome = if status >= 400 { Outcome::Error } else { Outcome::Ok };
+        let outcome = if status >= 400 {
+            Outcome::Error
+        } else {
+            Outcome::Ok
+        };
         Ok(Some(Reply { len, outcome }))
     }
 }
@@ -88,7 +103,14 @@ mod tests {
     #[test]
     fn encodes_keep_alive_get() {
         let mut out = Vec::new();
-        Http::new("127.0.0.1:8080", "/index.html").encode(&Request { id: 0, op: Op::Get, key: 0 }, &mut out);
+        Http::new("127.0.0.1:8080", "/index.html").encode(
+            &Request {
+                id: 0,
+                op: Op::Get,
+                key: 0,
+            },
+            &mut out,
+        );
         assert!(out.starts_with(b"GET /index.html HTTP/1.1\r\nHost: 127.0.0.1:8080\r\n"));
         assert!(out.ends_with(b"\r\n\r\n"));
     }
@@ -106,7 +128,9 @@ HTTP/1.1 503 Busy\r\nContent-Length:  0 \r\n\r\n";
     #[test]
     fn refuses_what_it_cannot_frame() {
         let p = Http::new("h", "/");
-        assert!(p.parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", 0).is_err());
+        assert!(p
+            .parse(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", 0)
+            .is_err());
         assert!(p.parse(b"HTTP/1.1 200 OK\r\n\r\n", 0).is_err());
         assert!(p.parse(b"+OK\r\n\r\n", 0).is_err());
     }

@@ -32,12 +32,18 @@ impl Protocol for Line {
         } else {
             return Err(bad(line));
         };
-        Ok(Some(Reply { len: eol + 1, outcome }))
+        Ok(Some(Reply {
+            len: eol + 1,
+            outcome,
+        }))
     }
 }
 
 fn bad(line: &[u8]) -> ProtocolError {
-    ProtocolError(format!("bad line reply: {:?}", String::from_utf8_lossy(line)))
+    ProtocolError(format!(
+        "bad line reply: {:?}",
+        String::from_utf8_lossy(line)
+    ))
 }
 
 #[cfg(test)]
@@ -49,7 +55,14 @@ mod tests {
     #[test]
     fn encodes_id() {
         let mut out = Vec::new();
-        Line.encode(&Request { id: 17, op: Op::Get, key: 3 }, &mut out);
+        Line.encode(
+            &Request {
+                id: 17,
+                op: Op::Get,
+                key: 3,
+            },
+            &mut out,
+        );
         assert_eq!(out, b"REQ 17\n");
     }
 
@@ -60,7 +73,10 @@ mod tests {
             .iter()
             .map(|r| r.outcome)
             .collect();
-        assert_eq!(got, [Outcome::Ok, Outcome::Ok, Outcome::Error, Outcome::Error]);
+        assert_eq!(
+            got,
+            [Outcome::Ok, Outcome::Ok, Outcome::Error, Outcome::Error]
+        );
     }
 
     #[test]

@@ -82,7 +82,10 @@ fn is_error_line(line: &[u8]) -> bool {
 }
 
 fn bad(line: &[u8]) -> ProtocolError {
-    ProtocolError(format!("bad memcached reply line: {:?}", String::from_utf8_lossy(line)))
+    ProtocolError(format!(
+        "bad memcached reply line: {:?}",
+        String::from_utf8_lossy(line)
+    ))
 }
 
 #[cfg(test)]
@@ -94,8 +97,22 @@ mod tests {
     fn encodes_get_and_set() {
         let p = Memcached::new(2);
         let mut out = Vec::new();
-        p.encode(&Request { id: 0, op: Op::Get, key: 5 }, &mut out);
-        p.encode(&Request { id: 1, op: Op::Set, key: 6 }, &mut out);
+        p.encode(
+            &Request {
+                id: 0,
+                op: Op::Get,
+                key: 5,
+            },
+            &mut out,
+        );
+        p.encode(
+            &Request {
+                id: 1,
+                op: Op::Set,
+                key: 6,
+            },
+            &mut out,
+        );
         assert_eq!(out, b"get key:5\r\nset key:6 0 0 2\r\nxx\r\n");
     }
 

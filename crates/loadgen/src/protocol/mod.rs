@@ -61,9 +61,7 @@ pub trait Protocol {
 /// Offset of the first `\r\n` at or after `from`.
 pub(crate) fn find_crlf(buf: &[u8], from: usize) -> Option<usize> {
     let tail = buf.get(from..)?;
-    tail.windows(2)
-        .position(|w| w == b"\r\n")
-        .map(|p| from + p)
+    tail.windows(2).position(|w| w == b"\r\n").map(|p| from + p)
 }
 
 /// Parse an ASCII decimal, rejecting empty input, signs and overflow.
@@ -116,7 +114,11 @@ pub(crate) mod test_util {
             let rest = &stream[at..];
             let whole = p.parse(rest, id).unwrap().expect("complete reply");
             for cut in 0..whole.len {
-                assert_eq!(p.parse(&rest[..cut], id), Ok(None), "prefix {cut} of {rest:?}");
+                assert_eq!(
+                    p.parse(&rest[..cut], id),
+                    Ok(None),
+                    "prefix {cut} of {rest:?}"
+                );
             }
             replies.push(whole);
             at += whole.len;

@@ -46,7 +46,11 @@ impl Protocol for Redis {
 const MAX_DEPTH: usize = 8;
 
 /// Parse one RESP value starting at `at`; returns its end and outcome.
-fn parse_value(buf: &[u8], at: usize, depth: usize) -> Result<Option<(usize, Outcome)>, ProtocolError> {
+fn parse_value(
+    buf: &[u8],
+    at: usize,
+    depth: usize,
+) -> Result<Option<(usize, Outcome)>, ProtocolError> {
     let Some(eol) = find_crlf(buf, at) else {
         return Ok(None);
     };
@@ -55,7 +59,12 @@ fn parse_value(buf: &[u8], at: usize, depth: usize) -> Result<Option<(usize, Out
     }
     let after_line = eol + 2;
     let header = &buf[at + 1..eol];
-    let bad = || ProtocolError(format!("bad RESP reply: {:?}", String::from_utf8_lossy(&buf[at..eol])));
+    let bad = || {
+        ProtocolError(format!(
+            "bad RESP reply: {:?}",
+            String::from_utf8_lossy(&buf[at..eol])
+        ))
+    };
     match buf[at] {
         b'+' | b':' => Ok(Some((after_line, Outcome::Ok))),
         b'-' => Ok(Some((after_line, Outcome::Error))),
@@ -103,17 +112,34 @@ mod tests {
     fn encodes_get_and_set() {
         let p = Redis::new(3);
         let mut out = Vec::new();
-        p.encode(&Request { id: 0, op: Op::Get, key: 42 }, &mut out);
+        p.encode(
+            &Request {
+                id: 0,
+                op: Op::Get,
+                key: 42,
+            },
+            &mut out,
+        );
         assert_eq!(out, b"*2\r\n$3\r\nGET\r\n$6\r\nkey:42\r\n");
         out.clear();
-        p.encode(&Request { id: 0, op: Op::Set, key: 7 }, &mut out);
+        p.encode(
+            &Request {
+                id: 0,
+                op: Op::Set,
+                key: 7,
+            },
+            &mut out,
+        );
         assert_eq!(out, b"*3\r\n$3\r\nSET\r\n$5\r\nkey:7\r\n$3\r\nxxx\r\n");
     }
 
     #[test]
     fn frames_every_reply_type_across_partial_reads() {
         let stream = b"+OK\r\n$5\r\nhe\r\no\r\n$-1\r\n-ERR wrong type\r\n:12\r\n*2\r\n$1\r\na\r\n*1\r\n+x\r\n$0\r\n\r\n";
-        let got: Vec<Outcome> = frame_all(&Redis::new(1), stream, 0).iter().map(|r| r.outcome).collect();
+        let got: Vec<Outcome> = frame_all(&Redis::new(1), stream, 0)
+            .iter()
+            .map(|r| r.outcome)
+            .collect();
         use Outcome::*;
         assert_eq!(got, [Ok, Ok, Ok, Error, Ok, Ok, Ok]);
     }
