@@ -64,6 +64,10 @@ pub struct Args {
     /// Pin the generator (a single thread) to this CPU.
     #[arg(long)]
     pub cpu: Option<usize>,
+    /// Busy-poll this many microseconds before each arrival rather than
+    /// sleeping; more is more punctual but burns more CPU.
+    #[arg(long, default_value = "50")]
+    pub spin_us: u64,
     /// Write the JSON report here (`-` for stdout).
     #[arg(long)]
     pub json: Option<String>,
@@ -143,6 +147,7 @@ impl Args {
             bin_ms: self.bin_ms,
             timeout_ms: self.timeout_ms,
             cpu: self.cpu,
+            spin_us: self.spin_us,
         })
     }
 }

@@ -43,6 +43,8 @@ pub struct Config {
     pub bin_ms: u64,
     pub timeout_ms: u64,
     pub cpu: Option<usize>,
+    /// Busy-poll this long before each arrival instead of sleeping.
+    pub spin_us: u64,
 }
 
 impl Config {
@@ -64,6 +66,7 @@ impl Config {
             bin_ms: 20,
             timeout_ms: 1000,
             cpu: None,
+            spin_us: 50,
         }
     }
 

@@ -2,9 +2,10 @@
 //!
 //! A single thread owns every connection. Each turn it (1) sends every
 //! arrival whose intended time has passed, (2) flushes the connections it
-//! wrote to, and (3) polls for replies, sleeping in epoll only when the next
-//! arrival is more than [`SPIN_BELOW`] away and spinning otherwise, because
-//! epoll's timeout has millisecond granularity. One thread means no locks
+//! wrote to, and (3) polls for replies: it blocks in epoll with a
+//! [`Timer`] armed `--spin-us` before the next arrival, and spins (polls
+//! without blocking) through that last stretch, so sends leave on time
+//! without burning the core between arrivals. One thread means no locks
 //! and no cross-thread hand-off between the pacer and the reply matcher,
 //! and it leaves the other core of a two-core box to the server.
 //!
@@ -19,14 +20,17 @@ use crate::config::{Config, Load, ProtocolKind};
 use crate::conn::{Conn, InFlight};
 use crate::protocol::{self, Outcome, Protocol};
 use crate::stats::{Recorder, Summary};
+use crate::timer::Timer;
 use crate::workload::{Op, Workload};
 use mio::{Events, Interest, Poll, Token};
 use std::collections::VecDeque;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::{Duration, Instant};
 
-/// Spin instead of sleeping when the next arrival is closer than this.
-const SPIN_BELOW: Duration = Duration::from_millis(2);
+/// Token of the pacing timer; connection `i` has token `i`.
+const TIMER: Token = Token(usize::MAX);
+/// Upper bound on one epoll sleep, in case a wake-up is ever lost.
+const MAX_SLEEP: Duration = Duration::from_millis(100);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 /// Pipelining window per connection while preloading keys.
 const PRELOAD_WINDOW: usize = 256;
@@ -102,6 +106,10 @@ struct Engine {
     completions: Vec<Completion>,
     /// Closed loop: replace each reply with a new request until this time.
     refill_until_ns: Option<u64>,
+    timer: Timer,
+    /// Run-clock time the timer is armed for, if armed.
+    timer_target_ns: Option<u64>,
+    spin_ns: u64,
     preload_errors: u64,
     /// Replies framed so far, for stall detection.
     replies: u64,
@@ -128,7 +136,12 @@ impl Engine {
             Load::Closed { .. } => usize::MAX,
             Load::Open { .. } => config.max_outstanding_per_conn.unwrap_or(usize::MAX),
         };
+        let timer = Timer::new(poll.registry(), TIMER)
+            .map_err(|e| format!("cannot create timerfd: {e}"))?;
         Ok(Engine {
+            timer,
+            timer_target_ns: None,
+            spin_ns: config.spin_us * 1000,
             target: config.target.clone(),
             poll,
             events: Events::with_capacity(1024),
@@ -191,7 +204,7 @@ impl Engine {
                 break;
             }
             let timeout = match next {
-                Some(t) => sleep_budget(Duration::from_nanos(t - now)),
+                Some(t) => self.wait_budget(t, now)?,
                 None => Duration::from_millis(1),
             };
             self.poll_once(timeout)?;
@@ -270,6 +283,24 @@ impl Engine {
         Ok(())
     }
 
+    /// How long epoll may block before the arrival at `next_ns`: zero
+    /// (spin) within `spin_ns` of it, otherwise until the timer, armed for
+    /// `spin_ns` early, fires.
+    fn wait_budget(&mut self, next_ns: u64, now_ns: u64) -> Result<Duration, String> {
+        let gap = next_ns - now_ns;
+        if gap <= self.spin_ns {
+            return Ok(Duration::ZERO);
+        }
+        let wake_ns = next_ns - self.spin_ns;
+        if self.timer_target_ns != Some(wake_ns) {
+            self.timer
+                .arm(Duration::from_nanos(wake_ns - now_ns))
+                .map_err(|e| format!("timerfd_settime failed: {e}"))?;
+            self.timer_target_ns = Some(wake_ns);
+        }
+        Ok(MAX_SLEEP)
+    }
+
     /// Round-robin over connections with room under `max_per_conn`.
     fn pick_conn(&mut self) -> Option<usize> {
         let n = self.conns.len();
@@ -324,6 +355,11 @@ impl Engine {
         }
         let start = self.start;
         for event in self.events.iter() {
+            if event.token() == TIMER {
+                self.timer.acknowledge();
+                self.timer_target_ns = None;
+                continue;
+            }
             let c = event.token().0;
             let conn = &mut self.conns[c];
             if event.is_writable() && conn.has_unsent() {
@@ -393,33 +429,5 @@ impl Engine {
         for &intended in &self.backlog {
             self.recorder.on_timeout(intended);
         }
-    }
-}
-
-/// How long epoll may sleep before an arrival `gap` away: whole
-/// milliseconds, leaving at least one to spin through so wake-up jitter
-/// does not make us late.
-fn sleep_budget(gap: Duration) -> Duration {
-    if gap < SPIN_BELOW {
-        return Duration::ZERO;
-    }
-    Duration::from_millis((gap.as_millis() as u64).saturating_sub(1))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn sleeps_whole_milliseconds_and_spins_the_rest() {
-        assert_eq!(sleep_budget(Duration::from_micros(1999)), Duration::ZERO);
-        assert_eq!(
-            sleep_budget(Duration::from_micros(2000)),
-            Duration::from_millis(1)
-        );
-        assert_eq!(
-            sleep_budget(Duration::from_micros(5900)),
-            Duration::from_millis(4)
-        );
     }
 }

@@ -21,6 +21,7 @@ pub mod protocol;
 pub mod report;
 pub mod rng;
 pub mod stats;
+pub mod timer;
 pub mod workload;
 
 pub use config::{Config, Load, ProtocolKind};
