@@ -82,15 +82,6 @@ def read_meta(path: Path, schema: RecordingSchema) -> dict:
     return meta
 
 
-def _column_to_numpy(chunked: pa.ChunkedArray, type_name: str) -> tuple[np.ndarray, np.ndarray | None]:
-    nulls = None
-    if chunked.null_count:
-        nulls = chunked.is_null().to_numpy(zero_copy_only=False)
-        chunked = chunked.fill_null(False if type_name == "bool" else 0)
-    arr = chunked.to_numpy()
-    return arr, nulls
-
-
 def load_recording(path: str | Path, columns: list[str] | None = None) -> Recording:
     """Read meta.json and the requests table. `columns` limits what is loaded (speed);
     every schema column must still be present in every part."""
@@ -109,12 +100,14 @@ def load_recording(path: str | Path, columns: list[str] | None = None) -> Record
     elif not files:
         rec.note = f"no Parquet parts in {schema.requests_dir}/"
 
-    tables = []
+    # Pass 1: open every part, check its columns, count rows (footer only).
+    opened = []
     for f in files:
         rel = f.relative_to(path)
         try:
-            pf = pq.ParquetFile(f)
+            pf = pq.ParquetFile(f, read_dictionary=["kind"] if "kind" in wanted else None)
             names = set(pf.schema_arrow.names)
+            rows = pf.metadata.num_rows
         except Exception as exc:  # pyarrow raises several types for corrupt files
             raise RecordingError(f"{rel}: truncated or corrupt Parquet file ({_short(exc)})") from exc
         missing = [c for c in schema.request_columns if c not in names]
@@ -123,33 +116,68 @@ def load_recording(path: str | Path, columns: list[str] | None = None) -> Record
                 f"{rel}: missing columns {', '.join(missing)} required by recording schema "
                 f"{schema.schema_version}"
             )
+        opened.append((rel, pf, rows))
+
+    # Pass 2: read each part and copy it into preallocated arrays (numpy allocations use
+    # transparent huge pages; one copy, no concatenation; peak memory ≈ result + one part).
+    total = sum(r for _, _, r in opened)
+    numeric = [c for c in wanted if c != "kind"]
+    target = pa.schema([(c, schema.arrow_type(c)) for c in wanted])
+    out = {c: np.empty(total, dtype=_numpy_dtype(schema.request_columns[c])) for c in numeric}
+    null_masks: dict[str, np.ndarray] = {}
+    kind_parts = []
+    pos = 0
+    for rel, pf, rows in opened:
         try:
-            t = pf.read(columns=wanted, use_threads=True)
+            t = pf.read(columns=wanted, use_threads=False)
         except Exception as exc:
             raise RecordingError(f"{rel}: truncated or corrupt Parquet file ({_short(exc)})") from exc
+        if t.num_rows != rows:
+            raise RecordingError(f"{rel}: footer says {rows} rows, read {t.num_rows}; corrupt Parquet file")
         try:
-            target = pa.schema([(c, schema.arrow_type(c)) for c in wanted])
-            if t.schema != target:
-                t = t.cast(target)
+            cast_to = pa.schema([
+                (f.name, t.schema.field(f.name).type if f.name == "kind" else f.type) for f in target])
+            if t.schema != cast_to:
+                t = t.cast(cast_to)
         except Exception as exc:
             raise RecordingError(f"{rel}: column types do not match the recording schema ({_short(exc)})") from exc
-        tables.append(t)
-
-    table = pa.concat_tables(tables) if tables else pa.schema(
-        [(c, schema.arrow_type(c)) for c in wanted]).empty_table()
-    for name in wanted:
-        col = table.column(name)
-        if name == "kind":
-            rec.columns[name], rec.kind_names = _encode_kind(col)
-            continue
-        arr, nulls = _column_to_numpy(col, schema.request_columns[name])
-        rec.columns[name] = arr
-        if nulls is not None:
-            rec.nulls[name] = nulls
+        for name in numeric:
+            col = t.column(name)
+            dest = out[name][pos:pos + rows]
+            off = 0
+            for chunk in col.chunks:
+                k = len(chunk)
+                if chunk.null_count:
+                    mask = null_masks.setdefault(name, np.zeros(total, dtype=bool))
+                    mask[pos + off:pos + off + k] = chunk.is_null().to_numpy(zero_copy_only=False)
+                    chunk = chunk.fill_null(False if pa.types.is_boolean(chunk.type) else 0)
+                dest[off:off + k] = chunk.to_numpy(zero_copy_only=False)
+                off += k
+        if "kind" in wanted:
+            kind_parts.append(t.column("kind"))
+        pos += rows
+        del t
+    rec.columns.update(out)
+    rec.nulls.update(null_masks)
+    if "kind" in wanted:
+        chunks = [c for part in kind_parts for c in part.chunks]
+        rec.columns["kind"], rec.kind_names = _encode_kind(pa.chunked_array(chunks, type=pa.string())
+                                                           if not chunks else _as_chunked(chunks))
     _drop_rows_without_latency(rec)
     if rec.n_rows == 0 and not rec.note:
         rec.note = "the Parquet parts hold no rows"
     return rec
+
+
+def _numpy_dtype(type_name: str) -> np.dtype:
+    return {"uint64": np.uint64, "uint32": np.uint32, "int64": np.int64, "int32": np.int32,
+            "bool": np.bool_, "float64": np.float64}[type_name]
+
+
+def _as_chunked(chunks: list) -> pa.ChunkedArray:
+    """Chunks of string or dictionary<string> arrays (parts may differ) as one ChunkedArray."""
+    return pa.chunked_array([c if pa.types.is_dictionary(c.type) else c.dictionary_encode() for c in chunks]
+                            if any(pa.types.is_dictionary(c.type) for c in chunks) else chunks)
 
 
 def _encode_kind(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:

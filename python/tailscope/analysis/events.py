@@ -73,14 +73,18 @@ TIME_COMPONENTS = ("own_cpu_ns", "irq_ns", "softirq_ns", "runnable_wait_ns", "bl
 
 
 def event_values(event: Event, columns: dict[str, np.ndarray]) -> np.ndarray:
-    """The event's per-request values (float64; meaningless where not recorded).
-
+    """The event's per-request values (meaningless where not recorded), in the column's own
+    integer dtype (no copy) or int64 for the derived own_cpu_ns:
     own_cpu_ns = max(on_cpu_ns − irq_ns − softirq_ns, 0); every other event is its column."""
     if event.name == "own_cpu_ns":
-        on = columns["on_cpu_ns"].astype(np.int64)
-        own = on - columns["irq_ns"].astype(np.int64) - columns["softirq_ns"].astype(np.int64)
-        return np.maximum(own, 0).astype(np.float64)
-    return columns[event.sources[0]].astype(np.float64)
+        own = _i64(columns["on_cpu_ns"]) - _i64(columns["irq_ns"])
+        own -= _i64(columns["softirq_ns"])
+        return np.maximum(own, 0, out=own)
+    return columns[event.sources[0]]
+
+
+def _i64(a: np.ndarray) -> np.ndarray:
+    return a.view(np.int64) if a.dtype == np.uint64 else a.astype(np.int64)
 
 
 def recorded_mask(event: Event, counters_valid: np.ndarray, nulls: dict[str, np.ndarray]) -> np.ndarray:

@@ -20,6 +20,10 @@ from tailscope.analysis.events import EVENTS, EVENTS_BY_NAME, TIME_COMPONENTS, e
 
 MAX_STEP_SAMPLES = 1_000_000
 CDF_POINTS = 400
+RULE2_SAMPLES = 200_000  # the proportionality fit of rule 2 runs on a fixed-seed subsample
+# An effect is reported as "explained by" its cause when the cause's deduction removes at
+# least this share of the effect's raw impact (smaller deductions still apply, silently).
+EXPLAINED_MIN_SHARE = 0.1
 
 
 def target_label(p: float) -> str:
@@ -72,9 +76,8 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
     packed_high: dict[str, np.ndarray] = {}
     packed_rec: dict[str, np.ndarray] = {}
     recs: dict[str, np.ndarray] = {}
-    v_cache: dict[bytes, float] = {}
     plots: dict[str, dict] = {}
-    rng_seed = seed
+    sorted_cache: dict[bytes, np.ndarray] = {}
     for ev in EVENTS:
         if any(c not in columns for c in ev.sources):
             continue
@@ -84,24 +87,21 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
         all_rec = n_rec == n
         vals = values_full if all_rec else values_full[rec]
         # Step detection on a fixed-seed uniform subsample; threshold applied to all values.
-        if vals.size > max_step_samples:
-            idx = np.random.default_rng(rng_seed).integers(0, vals.size, size=max_step_samples)
-            sample = np.sort(vals[idx])
-        else:
-            sample = np.sort(vals)
-        thr, fit, fitted = varmri.find_threshold(sample, p_target, discrete=not ev.is_length,
-                                                 n_ranges=n_ranges, seed=seed)
+        sample = np.sort(varmri.subsample(vals, max_step_samples, seed)).astype(np.float64)
+        thr, fit, _ = varmri.find_threshold(sample, p_target, discrete=not ev.is_length,
+                                            n_ranges=n_ranges, seed=seed)
         if thr.method == "none":
             high = np.zeros(n, dtype=bool)
         else:
             high = values_full > thr.value
             if not all_rec:
                 high &= rec
-        lat_rec = latency if all_rec else latency[rec]
         key = b"all" if all_rec else np.packbits(rec).tobytes()
-        if key not in v_cache:
-            v_cache[key] = varmri.percentile(lat_rec, p_target)
-        imp = varmri.impact(lat_rec, high if all_rec else high[rec], p_target, v_all=v_cache[key])
+        if key not in sorted_cache:
+            sorted_cache[key] = np.sort(latency if all_rec else latency[rec])
+        lat_sorted = sorted_cache[key]
+        imp = varmri.impact_sorted(lat_sorted, latency[high], p_target)
+        v_rec = float(lat_sorted[varmri.nearest_rank_index(lat_sorted.size, p_target)]) if n_rec else math.nan
         high_count = int(np.count_nonzero(high))
         ev_q = varmri.percentiles(sample, [0.5, p_target]) if sample.size else [math.nan, math.nan]
         per_event[ev.name] = {
@@ -115,7 +115,7 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
             "threshold_method": thr.method,
             "high_count": high_count,
             "recorded_count": n_rec,
-            "target_latency_of_recorded_ns": v_cache[key],
+            "target_latency_of_recorded_ns": v_rec,
             "event_p50": ev_q[0],
             "event_p_target": ev_q[1],
             "step_count": int(fit.joints.size),
@@ -137,8 +137,8 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
         c = columns[count][both] if not both.all() else columns[count]
         ln = event_values(EVENTS_BY_NAME[length], columns)
         ln = ln[both] if not both.all() else ln
-        if c.size > max_step_samples:
-            pick = np.random.default_rng(seed + 1).integers(0, c.size, size=max_step_samples)
+        if c.size > RULE2_SAMPLES:
+            pick = np.random.default_rng(seed + 1).integers(0, c.size, size=RULE2_SAMPLES)
             c, ln = c[pick], ln[pick]
         k, r2 = varmri.proportionality_r2(c, ln)
         if not math.isnan(r2) and r2 > causality.RULE2_R2 and per_event[count]["high_count"] > 0:
@@ -169,7 +169,7 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
             for c in causes_of.get(e, []) if c in impacts
         ]
         d["explained_by"] = None
-        if by is not None:
+        if by is not None and sim.get((by, e), 0.0) * impacts[by] >= EXPLAINED_MIN_SHARE * d["impact_ns"]:
             j = sim.get((by, e), 0.0)
             d["explained_by"] = {"event": by, "label": EVENTS_BY_NAME[by].label, "jaccard": j,
                                  "deduction_ns": j * impacts[by], "why": causality.edge_reason(by, e)}
@@ -197,14 +197,17 @@ def time_breakdown(latency: np.ndarray, columns: dict[str, np.ndarray], counters
     groups = {"slow": cv & (latency >= v_target), "typical": cv & (latency >= p45) & (latency <= p55)}
     out = {}
     for g, m in groups.items():
-        cnt = int(np.count_nonzero(m))
+        idx = np.flatnonzero(m)
+        cnt = int(idx.size)
+        sub = {c: columns[c][idx] for c in ("on_cpu_ns", "irq_ns", "softirq_ns", "runnable_wait_ns",
+                                            "blocked_wait_ns") if c in columns}
         row = {"requests": cnt}
         total = np.zeros(cnt)
         for comp in TIME_COMPONENTS:
-            v = event_values(EVENTS_BY_NAME[comp], columns)[m] if cnt else np.zeros(0)
+            v = event_values(EVENTS_BY_NAME[comp], sub).astype(np.float64) if cnt else np.zeros(0)
             total += v
             row[comp] = float(v.mean()) if cnt else math.nan
-        lat = latency[m].astype(np.float64)
+        lat = latency[idx].astype(np.float64)
         row["other_ns"] = float(np.maximum(lat - total, 0).mean()) if cnt else math.nan
         row["latency_ns"] = float(lat.mean()) if cnt else math.nan
         out[g] = row
@@ -313,7 +316,8 @@ def analyse(columns: dict[str, np.ndarray], meta: dict, *, nulls: dict[str, np.n
         keep = columns["kind"] == kind_names.index(kind)
         columns = {k: v[keep] for k, v in columns.items()}
         nulls = {k: v[keep] for k, v in nulls.items()}
-    latency = columns["latency_ns"].astype(np.int64, copy=False)
+    latency = columns["latency_ns"]
+    latency = latency.view(np.int64) if latency.dtype == np.uint64 else latency.astype(np.int64)
     n = int(latency.size)
     cv = columns.get("counters_valid", np.zeros(n, dtype=bool)).astype(bool, copy=False)
     result: dict = {"p_target": p_target, "target_label": target_label(p_target), "kind": kind,
@@ -353,7 +357,8 @@ def segments_analysis(latency, columns, nulls, cv, meta, p_target, segment_s, *,
     """VarMRI §6 methodology: cut the recording into time segments, p50/pTarget per segment,
     then rank causes in the median segment (tail vs median) and in the max segment (why the
     worst stretch is worse), and contrast the two."""
-    start = columns["start_ns"].astype(np.int64, copy=False)
+    start = columns["start_ns"]
+    start = start.view(np.int64) if start.dtype == np.uint64 else start.astype(np.int64)
     t0 = int(start.min())
     span_s = (int(start.max()) - t0) / 1e9
     dur = meta.get("duration_s")

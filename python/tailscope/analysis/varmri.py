@@ -16,7 +16,6 @@ Conventions
 
 from __future__ import annotations
 
-import heapq
 import math
 from dataclasses import dataclass
 
@@ -139,6 +138,46 @@ def merged_fit_score(a: tuple, b: tuple) -> float:
     return min(part_r2(a, slope, m[1], m[2]), part_r2(b, slope, m[1], m[2]))
 
 
+def _merged_scores(st: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Vectorised `merge_stats` + `merged_fit_score` for every adjacent pair of ranges.
+    st: (R, 6) centred statistics. Returns (scores (R−1,), merged stats (R−1, 6))."""
+    a, b = st[:-1], st[1:]
+    na, nb = a[:, 0], b[:, 0]
+    n = na + nb
+    dx, dy = b[:, 1] - a[:, 1], b[:, 2] - a[:, 2]
+    f = na * nb / n
+    m = np.column_stack([n, a[:, 1] + dx * nb / n, a[:, 2] + dy * nb / n, a[:, 3] + b[:, 3] + f * dx * dx,
+                         a[:, 4] + b[:, 4] + f * dx * dy, a[:, 5] + b[:, 5] + f * dy * dy])
+    with np.errstate(divide="ignore", invalid="ignore"):
+        slope = np.where(m[:, 3] > 0, m[:, 4] / np.where(m[:, 3] > 0, m[:, 3], 1.0), 0.0)
+        scores = np.minimum(_part_r2_vec(a, slope, m[:, 1], m[:, 2]), _part_r2_vec(b, slope, m[:, 1], m[:, 2]))
+    scores[m[:, 3] <= 0] = 0.0
+    return scores, m
+
+
+def _part_r2_vec(p: np.ndarray, slope: np.ndarray, mx: np.ndarray, my: np.ndarray) -> np.ndarray:
+    """Vectorised `part_r2` (same formula and flat-part rule)."""
+    n, mxp, myp, cxx, cxy, cyy = p.T
+    d = (myp - my) - slope * (mxp - mx)
+    sse = np.maximum(cyy - 2.0 * slope * cxy + slope * slope * cxx + n * d * d, 0.0)
+    flat = cyy <= FLAT_TOL * n
+    r2 = 1.0 - sse / np.where(flat, 1.0, cyy)
+    return np.where(flat, np.where(sse <= FLAT_TOL * n, 1.0, 0.0), r2)
+
+
+def _select_merges(scores: np.ndarray, r2_min: float) -> np.ndarray:
+    """Pairs to merge in one pass: candidates (score > r2_min) whose score is a local
+    maximum among their neighbours; in a run of tied neighbours every other pair, so that
+    no range is in two merges."""
+    cand = scores > r2_min
+    left = np.concatenate([[-np.inf], scores[:-1]])
+    right = np.concatenate([scores[1:], [-np.inf]])
+    sel = cand & (scores >= left) & (scores >= right)
+    idx = np.arange(sel.size)
+    run_start = np.maximum.accumulate(np.where(sel, 0, idx + 1))
+    return sel & ((idx - run_start) % 2 == 0)
+
+
 def fit_cdf_lines(sorted_values: np.ndarray, n_ranges: int = 1000, r2_min: float = 0.95,
                   min_points: int = 5) -> StepFit:
     """Piecewise-linear fit of an event's CDF, VarMRI §5.1.
@@ -147,12 +186,13 @@ def fit_cdf_lines(sorted_values: np.ndarray, n_ranges: int = 1000, r2_min: float
     normalised to [0, 1] by the value span (R² is scale-free; normalising keeps the sums well
     conditioned). It is split by rank into `n_ranges` equal ranges (fewer when there are fewer
     than `min_points` values per range), a least-squares line is fitted to each, and adjacent
-    ranges are merged bottom-up: repeatedly the adjacent pair with the best
-    min(R²_left, R²_right) under the merged line is merged, while that score exceeds `r2_min`.
-    Each merge is O(1) from sufficient statistics; with a heap the whole fit is
-    O(n log n) for the sort (done by the caller) plus O(R log R) for R ranges.
+    ranges are merged while the merged line has R² > `r2_min` on both parts.
 
-    The paper leaves the merge order open; best-first is deterministic and order-independent.
+    Merge order (the paper leaves it open): parallel best-first. Each pass scores every
+    adjacent pair (O(1) per pair from centred sufficient statistics, `merge_stats`) and merges
+    all pairs whose score is a local maximum; passes repeat until no pair qualifies. Cost:
+    O(R) numpy work per pass, O(log R) passes typically, on top of the caller's sort.
+
     Edge cases: fewer than 2·min_points values or a constant event → a single line, no joints.
     """
     v = np.asarray(sorted_values, dtype=np.float64)
@@ -166,50 +206,27 @@ def fit_cdf_lines(sorted_values: np.ndarray, n_ranges: int = 1000, r2_min: float
     x = (np.arange(n, dtype=np.float64) + 0.5) / n
     y = (v - lo) / (hi - lo)
     starts = (np.arange(r, dtype=np.int64) * n) // r
-    stats = [tuple(row) for row in _range_stats(x, y, starts).tolist()]
-    ends = np.append(starts[1:], n).tolist()
-    starts_l = starts.tolist()
-    nxt = list(range(1, r)) + [-1]
-    prv = [-1] + list(range(0, r - 1))
-    alive = [True] * r
-    version = [0] * r
-    heap: list[tuple[float, int, int, int, int]] = []
-
-    def push(i: int) -> None:
-        j = nxt[i]
-        if j < 0:
-            return
-        s = merged_fit_score(stats[i], stats[j])
-        if s > r2_min:
-            heapq.heappush(heap, (-s, i, version[i], j, version[j]))
-
-    for i in range(r - 1):
-        push(i)
-    while heap:
-        _, i, vi, j, vj = heapq.heappop(heap)
-        if not (alive[i] and alive[j]) or version[i] != vi or version[j] != vj or nxt[i] != j:
-            continue
-        stats[i] = merge_stats(stats[i], stats[j])
-        ends[i] = ends[j]
-        alive[j] = False
-        nxt[i] = nxt[j]
-        if nxt[j] >= 0:
-            prv[nxt[j]] = i
-        version[i] += 1
-        push(i)
-        if prv[i] >= 0:
-            push(prv[i])
-
+    st = _range_stats(x, y, starts)
+    while st.shape[0] > 1:
+        scores, merged = _merged_scores(st)
+        sel = _select_merges(scores, r2_min)
+        if not sel.any():
+            break
+        i = np.flatnonzero(sel)
+        st[i] = merged[i]
+        keep = np.ones(st.shape[0], dtype=bool)
+        keep[i + 1] = False
+        st = st[keep]
+        starts = starts[keep]
+    ends = np.append(starts[1:], n)
+    span = hi - lo
     lines = []
-    i = 0
-    while i >= 0:
-        nn, mx, my, cxx, cxy, _ = stats[i]
+    for k in range(st.shape[0]):
+        _, mx, my, cxx, cxy, _ = st[k]
         slope = cxy / cxx if cxx > 0 else 0.0
         # back to value units: y = lo + span·(my + slope·(x − mx))
-        span = hi - lo
-        lines.append(LineFit(starts_l[i], ends[i], slope * span, lo + span * (my - slope * mx)))
-        i = nxt[i]
-    joint_ranks = np.array([ln.end for ln in lines[:-1]], dtype=np.int64)
+        lines.append(LineFit(int(starts[k]), int(ends[k]), slope * span, lo + span * (my - slope * mx)))
+    joint_ranks = ends[:-1].astype(np.int64)
     joints = joint_ranks / n
     joint_values = v[joint_ranks - 1] if joint_ranks.size else np.zeros(0)
     return StepFit(n, tuple(lines), joints, joint_values)
@@ -320,6 +337,31 @@ def impact(latency: np.ndarray, high: np.ndarray, p_target: float, v_all: float 
     return v_all - v_rest
 
 
+def impact_sorted(sorted_latency: np.ndarray, high_latency: np.ndarray, p_target: float) -> float:
+    """`impact` computed from L sorted once and the latencies of H alone: O(|H| log n).
+
+    V(L \\ H) is the k-th smallest of L \\ H, k = ceil(p·(n − h)). It lies between L_(k) and
+    L_(k+h), so only those candidates are tried: for a value x, #{L \\ H ≤ x} =
+    #{L ≤ x} − #{H ≤ x} (two binary searches), and V(L \\ H) is the smallest candidate with
+    #{L \\ H ≤ x} ≥ k. Same result as `impact`; used for every event of a recording."""
+    n = int(sorted_latency.size)
+    h = int(high_latency.size)
+    if n == 0:
+        return math.nan
+    if h == 0:
+        return 0.0
+    v_all = float(sorted_latency[nearest_rank_index(n, p_target)])
+    if h >= n:
+        return v_all
+    k = nearest_rank_index(n - h, p_target) + 1  # 1-based rank within L \ H
+    hs = np.sort(high_latency)
+    cand = sorted_latency[k - 1:min(k + h, n)]
+    le_all = np.searchsorted(sorted_latency, cand, side="right")
+    le_high = np.searchsorted(hs, cand, side="right")
+    ok = np.flatnonzero(le_all - le_high >= k)
+    return v_all - float(cand[ok[0]])
+
+
 # -- correlation and causality (§5.2) ------------------------------------------------------
 
 
@@ -409,8 +451,10 @@ def segment_percentiles(latency: np.ndarray, seg: np.ndarray, qs: list[float]
     segment (radix for ≤ 65535 segments) then np.partition per segment: O(n) overall."""
     if latency.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, len(qs)))
-    ids, inv, counts = np.unique(seg, return_inverse=True, return_counts=True)
-    key = inv.astype(np.uint16) if ids.size <= 65535 else inv
+    all_counts = np.bincount(seg)
+    ids = np.flatnonzero(all_counts)
+    counts = all_counts[ids]
+    key = seg.astype(np.uint16) if all_counts.size <= 65536 else seg
     order = np.argsort(key, kind="stable")
     lat_sorted = latency[order]
     bounds = np.concatenate([[0], np.cumsum(counts)])
