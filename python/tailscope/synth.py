@@ -48,10 +48,11 @@ def synth_columns(n: int, *, cause: str | None = "runnable", fraction: float = 0
     irq = irq_n * rng.uniform(1_000, 3_000, n)
     soft_n = rng.poisson(0.2, n)
     soft = soft_n * rng.uniform(2_000, 6_000, n)
+    # background kernel noise of a quiet machine: short waits, well under the request's work
     run_n = rng.binomial(1, 0.3, n)
-    run = run_n * rng.exponential(8_000, n)
+    run = run_n * rng.exponential(3_000, n)
     blk_n = rng.binomial(1, 0.1, n)
-    blk = blk_n * rng.exponential(15_000, n)
+    blk = blk_n * rng.exponential(4_000, n)
     faults = rng.poisson(0.2, n)
     kfaults = rng.poisson(0.05, n)
     migr = rng.binomial(1, 0.01, n)

@@ -41,8 +41,9 @@ CAUSE_EDGES: tuple[tuple[str, str, str], ...] = (
     # -- scheduling --
     ("blocked_wait_ns", "runnable_wait_ns",
      "every wakeup is followed by a wait for a CPU: more sleeps, more wakeup waits"),
-    ("own_cpu_ns", "runnable_wait_ns",
-     "a request that runs longer is more exposed to preemption at a time-slice end"),
+    # Not an edge: own_cpu_ns → runnable_wait_ns (long requests meet more slice ends). It
+    # would close the cycle runnable wait → migration → own work → runnable wait, and it would
+    # discount real preemption by a CPU hog in CPU-heavy services.
     ("runnable_wait_ns", "migration_count",
      "load balancing pulls a thread that waits in a busy run queue to another CPU"),
     ("blocked_wait_ns", "migration_count",

@@ -17,7 +17,7 @@ Conventions
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -77,6 +77,17 @@ class StepFit:
     lines: tuple[LineFit, ...]
     joints: np.ndarray
     joint_values: np.ndarray
+    slope_ratios: np.ndarray = field(default_factory=lambda: np.zeros(0))  # per joint, ≥ 1
+    jump_ratios: np.ndarray = field(default_factory=lambda: np.zeros(0))  # |gap| / rise of both lines
+
+    @property
+    def strong(self) -> np.ndarray:
+        """Joints that are steps: slopes differ ≥ STEP_SLOPE_RATIO× or the lines jump by at
+        least their own combined rise (a gap in the values)."""
+        if self.slope_ratios.size != self.joints.size:
+            return np.ones(self.joints.size, dtype=bool)
+        jumps = self.jump_ratios if self.jump_ratios.size == self.joints.size else np.zeros(self.joints.size)
+        return (self.slope_ratios >= STEP_SLOPE_RATIO) | (jumps >= STEP_JUMP_RATIO)
 
 
 def _range_stats(x: np.ndarray, y: np.ndarray, starts: np.ndarray) -> np.ndarray:
@@ -107,6 +118,9 @@ def merge_stats(a: tuple, b: tuple) -> tuple:
             cxya + cxyb + f * dx * dy, cyya + cyyb + f * dy * dy)
 
 
+MIN_STEP_PERCENTILE = 0.5  # a high set is at most the upper half of the requests
+STEP_JUMP_RATIO = 1.0
+STEP_SLOPE_RATIO = 5.0  # a joint is a step when the slopes on its two sides differ ≥ 5×
 FLAT_TOL = 1e-12  # per-point squared residual, on values normalised to [0, 1]
 
 
@@ -229,7 +243,15 @@ def fit_cdf_lines(sorted_values: np.ndarray, n_ranges: int = 1000, r2_min: float
     joint_ranks = ends[:-1].astype(np.int64)
     joints = joint_ranks / n
     joint_values = v[joint_ranks - 1] if joint_ranks.size else np.zeros(0)
-    return StepFit(n, tuple(lines), joints, joint_values)
+    slopes = np.abs(np.array([ln.slope for ln in lines]))
+    tiny = 1e-9 * span
+    ratios = (np.maximum(slopes[:-1], slopes[1:]) + tiny) / (np.minimum(slopes[:-1], slopes[1:]) + tiny)
+    xj = joints
+    left = np.array([ln.intercept + ln.slope * x for ln, x in zip(lines[:-1], xj, strict=True)])
+    right = np.array([ln.intercept + ln.slope * x for ln, x in zip(lines[1:], xj, strict=True)])
+    rise = np.array([abs(ln.slope) * (ln.end - ln.start) / n for ln in lines])
+    jumps = np.abs(right - left) / (rise[:-1] + rise[1:] + tiny) if xj.size else np.zeros(0)
+    return StepFit(n, tuple(lines), joints, joint_values, ratios, jumps)
 
 
 @dataclass(frozen=True)
@@ -251,23 +273,35 @@ def fallback_percentile(p_target: float) -> float:
 
 
 def choose_threshold(fit: StepFit, sorted_values: np.ndarray, p_target: float) -> Threshold:
-    """pThreshold = the joint percentile closest to pTarget from below, VarMRI §5.1 ("the one
-    whose percentile is smaller than pTarget and is the closest"). We accept a joint equal to
-    pTarget (±1e-9): joints sit on range boundaries, and a step exactly at the target is the
-    most telling one. The threshold value is the largest value below the joint, so
-    H = {E > value} is exactly the part of the CDF above the step.
+    """pThreshold: the joint closest to pTarget from below, VarMRI §5.1 ("the one whose
+    percentile is smaller than pTarget and is the closest"), in three tiers:
 
-    No joint at or below pTarget → `fallback_percentile`. A joint whose value equals the
-    event's maximum would make H empty; such joints are skipped. Constant event → 'none'."""
+    1. 'step': the closest joint in [MIN_STEP_PERCENTILE, pTarget] that is a step
+       (`StepFit.strong`: slopes differ ≥ STEP_SLOPE_RATIO×, or a gap ≥ the lines' rise). On sampled data the quantile function wobbles around its
+       true shape at the scale of one range, so the R² test also cuts straight stretches into
+       pieces whose slopes differ by ~1.0–1.3×, with no gap; such joints are not steps, and taking one
+       would put the threshold inside a real high set and cut it (our addition).
+    2. 'joint': no strong step → the closest joint of any strength in that interval (the
+       paper's rule as written; what smooth, step-less distributions get).
+    3. 'fallback': no joint at all → `fallback_percentile`.
+    'none' when the high set would be empty (constant event, or threshold = maximum).
+
+    A joint equal to pTarget (±1e-9) is accepted: joints sit on range boundaries, and a step
+    exactly at the target is the most telling one. Joints below the median are ignored: a
+    "high" set holding most requests is not high. The threshold value is the largest value
+    below the joint, so H = {E > value} is exactly the part of the CDF above it."""
     v = np.asarray(sorted_values)
     n = int(v.size)
     if n == 0 or v[0] == v[-1]:
         return Threshold(math.nan if n == 0 else 1.0, math.nan if n == 0 else float(v[-1]), "none")
     top = float(v[-1])
-    ok = (fit.joints <= p_target + 1e-9) & (fit.joint_values < top)
-    if ok.any():
-        i = int(np.flatnonzero(ok)[-1])
-        return Threshold(float(fit.joints[i]), float(fit.joint_values[i]), "step")
+    ok = ((fit.joints <= p_target + 1e-9) & (fit.joints >= MIN_STEP_PERCENTILE)
+          & (fit.joint_values < top))
+    strong = ok & fit.strong
+    for mask, method in ((strong, "step"), (ok, "joint")):
+        if mask.any():
+            i = int(np.flatnonzero(mask)[-1])
+            return Threshold(float(fit.joints[i]), float(fit.joint_values[i]), method)
     p = fallback_percentile(p_target)
     value = float(v[nearest_rank_index(n, p)])
     if value >= top:
