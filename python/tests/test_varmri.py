@@ -36,7 +36,7 @@ def _fit(values, p=0.99):
 def test_single_step():
     rng = np.random.default_rng(1)
     vals = np.concatenate([rng.uniform(0, 10, 97_000), rng.uniform(800, 900, 3_000)])
-    fit, thr = _fit(vals)
+    _, thr = _fit(vals)
     assert thr.method == "step"
     assert abs(thr.percentile - 0.97) < 0.002
     assert 9 < thr.value < 11

@@ -63,7 +63,8 @@ CAUSE_EDGES: tuple[tuple[str, str, str], ...] = (
      "after a migration the thread runs with cold caches and TLB, so its own work takes longer"),
 )
 
-# Rule 2 candidates: (child count, its parent: the length, or the other count). Folded when count ≈ k·length with R² > RULE2_R2.
+# Rule 2 candidates: (child count, its parent: the length, or the other count).
+# Folded when child ≈ k·parent with R² > RULE2_R2.
 COUNT_OF_LENGTH: tuple[tuple[str, str], ...] = (
     ("runnable_wait_count", "runnable_wait_ns"),
     ("blocked_wait_count", "blocked_wait_ns"),

@@ -177,7 +177,8 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
 
     def key(d: dict) -> tuple:
         a = d["adjusted_impact_ns"]
-        return (0 if a == a else 1, -(a if a == a else 0.0), -(d["impact_ns"] if d["impact_ns"] == d["impact_ns"] else 0))
+        i = d["impact_ns"]
+        return (0 if a == a else 1, -(a if a == a else 0.0), -(i if i == i else 0.0))
 
     causes.sort(key=key)
     for r, d in enumerate(causes, 1):

@@ -277,7 +277,8 @@ def choose_threshold(fit: StepFit, sorted_values: np.ndarray, p_target: float) -
     percentile is smaller than pTarget and is the closest"), in three tiers:
 
     1. 'step': the closest joint in [MIN_STEP_PERCENTILE, pTarget] that is a step
-       (`StepFit.strong`: slopes differ ≥ STEP_SLOPE_RATIO×, or a gap ≥ the lines' rise). On sampled data the quantile function wobbles around its
+       (`StepFit.strong`: slopes differ ≥ STEP_SLOPE_RATIO×, or a gap ≥ the lines' rise).
+       On sampled data the quantile function wobbles around its
        true shape at the scale of one range, so the R² test also cuts straight stretches into
        pieces whose slopes differ by ~1.0–1.3×, with no gap; such joints are not steps, and taking one
        would put the threshold inside a real high set and cut it (our addition).

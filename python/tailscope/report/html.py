@@ -218,7 +218,7 @@ segment says what is different when it is worst.</p>
 def render_html(result: dict, top: int = 10) -> str:
     r = result
     h = r["health"]
-    title = f"tailscope report: {h.get('target') and compact(h.get('target')) or 'recording'}"
+    title = f"tailscope report: {(h.get('target') and compact(h.get('target'))) or 'recording'}"
     if r.get("empty"):
         body = (f"<div class=headline>{E(r['message'])}</div><p>{E(r['why'])}.</p>"
                 f"<h2>Recording health</h2>{_health_html(h, r)}")
