@@ -50,7 +50,10 @@ pub fn exercise(data: &[u8]) {
         let p = plan_drain(head, tail, TS_RING_CAPACITY);
         assert!(p.count <= TS_RING_CAPACITY);
         assert_eq!(p.new_tail, head);
-        assert_eq!(p.resync, head < tail || head - tail > TS_RING_CAPACITY as u64);
+        assert_eq!(
+            p.resync,
+            head < tail || head - tail > TS_RING_CAPACITY as u64
+        );
         for k in 0..p.count {
             let idx = p.ring_index(k, TS_RING_CAPACITY);
             assert!(idx < TS_RING_CAPACITY);

@@ -8,8 +8,8 @@
 
 #![allow(non_camel_case_types)]
 
-pub mod region;
 pub mod fuzzing;
+pub mod region;
 pub mod synth;
 
 pub const TS_ABI_MAGIC: u64 = 0x3130_504f_4353_5354;
@@ -165,8 +165,14 @@ mod tests {
     use super::*;
     #[test]
     fn sizes_are_what_the_header_promises() {
-        assert_eq!(core::mem::size_of::<ts_kc_header>(), TS_KC_ENTRY_SIZE as usize);
-        assert_eq!(core::mem::size_of::<ts_kcounters>(), TS_KC_ENTRY_SIZE as usize);
+        assert_eq!(
+            core::mem::size_of::<ts_kc_header>(),
+            TS_KC_ENTRY_SIZE as usize
+        );
+        assert_eq!(
+            core::mem::size_of::<ts_kcounters>(),
+            TS_KC_ENTRY_SIZE as usize
+        );
         assert_eq!(RECORD_SIZE, 112);
         assert_eq!(REGION_HEADER_SIZE, 2048);
     }

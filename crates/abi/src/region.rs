@@ -549,7 +549,10 @@ mod tests {
             offset_of!(ts_region_header, ring_capacity),
             TS_RING_CAPACITY,
         );
-        put32(offset_of!(ts_region_header, record_size), RECORD_SIZE as u32);
+        put32(
+            offset_of!(ts_region_header, record_size),
+            RECORD_SIZE as u32,
+        );
         put32(offset_of!(ts_region_header, pid), 42);
         put32(offset_of!(ts_region_header, kinds_count), 2);
         b[..8].copy_from_slice(&TS_ABI_MAGIC.to_le_bytes());
@@ -672,10 +675,7 @@ mod tests {
         let b = record_to_bytes(&r);
         assert_eq!(parse_record(&b).unwrap(), r);
         assert_eq!(validate_record(&r, Some(9)), Ok(()));
-        assert_eq!(
-            validate_record(&r, Some(10)),
-            Err(RecordFault::TidMismatch)
-        );
+        assert_eq!(validate_record(&r, Some(10)), Err(RecordFault::TidMismatch));
         let bad = ts_request_record {
             oncpu_ns: 10_000_000,
             ..r
@@ -684,19 +684,13 @@ mod tests {
             validate_record(&bad, None),
             Err(RecordFault::CountersExceedLatency)
         );
-        let no_counters = ts_request_record {
-            flags: 1,
-            ..bad
-        };
+        let no_counters = ts_request_record { flags: 1, ..bad };
         assert_eq!(validate_record(&no_counters, None), Ok(()));
         let bad = ts_request_record {
             latency_ns: MAX_SANE_LATENCY_NS + 1,
             ..r
         };
-        assert_eq!(
-            validate_record(&bad, None),
-            Err(RecordFault::AbsurdLatency)
-        );
+        assert_eq!(validate_record(&bad, None), Err(RecordFault::AbsurdLatency));
         let bad = ts_request_record { kind: 64, ..r };
         assert_eq!(validate_record(&bad, None), Err(RecordFault::BadKind));
         let bad = ts_request_record {

@@ -4,7 +4,7 @@
 
 use core::mem::offset_of;
 
-use crate::region::{record_offset_in_slot, slot_offset, slot_offsets, header_offsets};
+use crate::region::{header_offsets, record_offset_in_slot, slot_offset, slot_offsets};
 use crate::{
     region_size, ts_region_header, ts_request_record, RECORD_SIZE, REGION_HEADER_SIZE, SLOT_SIZE,
     TS_ABI_MAGIC, TS_ABI_VERSION, TS_KIND_NAME_LEN, TS_RING_CAPACITY,
@@ -20,11 +20,20 @@ pub fn region(max_slots: u32, pid: u32) -> Vec<u8> {
     put(&mut b, 0, &TS_ABI_MAGIC.to_le_bytes());
     let fields: [(usize, u32); 7] = [
         (offset_of!(ts_region_header, abi_version), TS_ABI_VERSION),
-        (offset_of!(ts_region_header, header_size), REGION_HEADER_SIZE as u32),
+        (
+            offset_of!(ts_region_header, header_size),
+            REGION_HEADER_SIZE as u32,
+        ),
         (offset_of!(ts_region_header, slot_size), SLOT_SIZE as u32),
         (offset_of!(ts_region_header, max_slots), max_slots),
-        (offset_of!(ts_region_header, ring_capacity), TS_RING_CAPACITY),
-        (offset_of!(ts_region_header, record_size), RECORD_SIZE as u32),
+        (
+            offset_of!(ts_region_header, ring_capacity),
+            TS_RING_CAPACITY,
+        ),
+        (
+            offset_of!(ts_region_header, record_size),
+            RECORD_SIZE as u32,
+        ),
         (offset_of!(ts_region_header, pid), pid),
     ];
     for (off, v) in fields {
@@ -74,7 +83,11 @@ pub fn push_record(b: &mut [u8], slot: u32, r: &ts_request_record) -> bool {
     let idx = (head & (TS_RING_CAPACITY as u64 - 1)) as u32;
     let rec = crate::region::record_to_bytes(r);
     put(b, base + record_offset_in_slot(idx), &rec);
-    put(b, base + slot_offsets::RING_HEAD, &head.wrapping_add(1).to_le_bytes());
+    put(
+        b,
+        base + slot_offsets::RING_HEAD,
+        &head.wrapping_add(1).to_le_bytes(),
+    );
     true
 }
 

@@ -113,7 +113,7 @@ fn drain_survives_forged_producer() {
     for step in 0..60_000u64 {
         // The producer: sometimes honest, sometimes hostile.
         match rng.below(6) {
-            0 | 1 | 2 => {
+            0..=2 => {
                 for _ in 0..rng.below(8) {
                     let r = ts_request_record {
                         request_id: step,
@@ -130,7 +130,9 @@ fn drain_survives_forged_producer() {
             }
             3 => synth::write_u64(&mut region, base + slot_offsets::RING_HEAD, rng.nasty_u64()),
             4 => {
-                let at = base + slot_offsets::RING + rng.below((TS_RING_CAPACITY as u64) * RECORD_SIZE as u64) as usize;
+                let at = base
+                    + slot_offsets::RING
+                    + rng.below((TS_RING_CAPACITY as u64) * RECORD_SIZE as u64) as usize;
                 let n = 8.min(region.len() - at);
                 region[at..at + n].copy_from_slice(&rng.next().to_le_bytes()[..n]);
             }
@@ -164,5 +166,8 @@ fn drain_survives_forged_producer() {
         synth::write_u64(&mut region, base + slot_offsets::RING_TAIL, plan.new_tail);
     }
     assert!(emitted > 10_000, "emitted {emitted}");
-    assert!(corrupt > 0 && resyncs > 0, "corrupt {corrupt} resyncs {resyncs}");
+    assert!(
+        corrupt > 0 && resyncs > 0,
+        "corrupt {corrupt} resyncs {resyncs}"
+    );
 }

@@ -177,7 +177,10 @@ fn rust_mirror_matches_c_header() {
         let p: Vec<&str> = line.splitn(4, ' ').collect();
         match p[0] {
             "field" => {
-                c_fields.insert(p[1].to_string(), (p[2].parse().unwrap(), p[3].parse().unwrap()));
+                c_fields.insert(
+                    p[1].to_string(),
+                    (p[2].parse().unwrap(), p[3].parse().unwrap()),
+                );
             }
             "size" => {
                 c_sizes.insert(p[1].to_string(), p[2].parse::<usize>().unwrap());
@@ -186,7 +189,10 @@ fn rust_mirror_matches_c_header() {
                 c_consts.insert(p[1].to_string(), p[2].parse::<u64>().unwrap());
             }
             "str" => {
-                c_strs.insert(p[1].to_string(), line.splitn(3, ' ').nth(2).unwrap().to_string());
+                c_strs.insert(
+                    p[1].to_string(),
+                    line.splitn(3, ' ').nth(2).unwrap().to_string(),
+                );
             }
             _ => panic!("unexpected probe line {line}"),
         }
@@ -195,7 +201,11 @@ fn rust_mirror_matches_c_header() {
     for (s, f, off, size) in all_fields() {
         let key = format!("{s}.{f}");
         let (c_off, c_size) = c_fields[&key];
-        assert_eq!((off, size), (c_off, c_size), "{key}: (offset, size) Rust vs C");
+        assert_eq!(
+            (off, size),
+            (c_off, c_size),
+            "{key}: (offset, size) Rust vs C"
+        );
     }
     for (s, size) in struct_sizes() {
         assert_eq!(size, c_sizes[s], "sizeof(struct {s}) Rust vs C");
@@ -233,7 +243,12 @@ fn every_define_is_checked() {
     let header =
         std::fs::read_to_string(repo_root().join("runtime/include/tailscope/abi.h")).unwrap();
     let known: Vec<&str> = constants().iter().map(|c| c.0).collect();
-    let strings = ["TS_KC_PIN_DIR", "TS_KC_PIN_PATH", "TS_REGION_PATH_FMT", "TAILSCOPE_ABI_H"];
+    let strings = [
+        "TS_KC_PIN_DIR",
+        "TS_KC_PIN_PATH",
+        "TS_REGION_PATH_FMT",
+        "TAILSCOPE_ABI_H",
+    ];
     for line in header.lines() {
         if let Some(rest) = line.trim_start().strip_prefix("#define ") {
             let name = rest.split_whitespace().next().unwrap();

@@ -149,7 +149,11 @@ where
     let args: Vec<String> = args.into_iter().map(Into::into).collect();
     let mut it = args.into_iter();
     match it.next().as_deref() {
-        None => return Err(AgentError::usage("missing command; try: tailscope-agent record --help")),
+        None => {
+            return Err(AgentError::usage(
+                "missing command; try: tailscope-agent record --help",
+            ))
+        }
         Some("-h") | Some("--help") | Some("help") => return Ok(Command::Help),
         Some("-V") | Some("--version") => return Ok(Command::Version),
         Some("record") => {}
@@ -274,12 +278,17 @@ mod tests {
         assert_eq!(parse_rate("0.5 %").unwrap(), 5_000);
         assert_eq!(parse_rate("0.0001%").unwrap(), 1);
         assert_eq!(parse_rate("1e-3").unwrap(), 1_000);
-        for bad in ["0", "0%", "-1%", "101%", "5", "abc", "", "%", "nan", "inf", "1e-9"] {
+        for bad in [
+            "0", "0%", "-1%", "101%", "5", "abc", "", "%", "nan", "inf", "1e-9",
+        ] {
             let e = parse_rate(bad).unwrap_err();
             assert_eq!(e.code, crate::error::exit::USAGE, "{bad}");
             assert!(!e.to_string().contains('\n'));
         }
-        assert!(parse_rate("5").unwrap_err().to_string().contains("did you mean 5%"));
+        assert!(parse_rate("5")
+            .unwrap_err()
+            .to_string()
+            .contains("did you mean 5%"));
         assert_eq!(format_ppm(10_000), "1%");
         assert_eq!(format_ppm(1_000_000), "100%");
     }
@@ -299,8 +308,22 @@ mod tests {
         assert_eq!(r.mode, Mode::Auto);
         assert_eq!(r.poll, Duration::from_millis(1));
         let r = rec(&[
-            "record", "--output=rec", "--sample", "5%", "--mode", "infer", "--duration", "2.5",
-            "--force", "--quiet", "--poll-us", "500", "--", "redis-server", "--port", "7000",
+            "record",
+            "--output=rec",
+            "--sample",
+            "5%",
+            "--mode",
+            "infer",
+            "--duration",
+            "2.5",
+            "--force",
+            "--quiet",
+            "--poll-us",
+            "500",
+            "--",
+            "redis-server",
+            "--port",
+            "7000",
         ]);
         assert_eq!(
             r.target,

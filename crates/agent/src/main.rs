@@ -8,9 +8,8 @@ fn main() {
     let args: Result<Vec<String>, _> = std::env::args_os()
         .skip(1)
         .map(|a| {
-            a.into_string().map_err(|a| {
-                AgentError::usage(format!("argument {a:?} is not valid UTF-8"))
-            })
+            a.into_string()
+                .map_err(|a| AgentError::usage(format!("argument {a:?} is not valid UTF-8")))
         })
         .collect();
     let outcome = args.and_then(cli::parse).and_then(|c| match c {

@@ -125,7 +125,10 @@ impl Meta {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("json.tmp");
     let fail = |e: std::io::Error| {
-        AgentError::new(exit::INTERNAL, format!("cannot write {}: {e}", path.display()))
+        AgentError::new(
+            exit::INTERNAL,
+            format!("cannot write {}: {e}", path.display()),
+        )
     };
     let mut f = std::fs::File::create(&tmp).map_err(fail)?;
     f.write_all(bytes).map_err(fail)?;

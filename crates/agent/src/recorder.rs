@@ -83,7 +83,10 @@ fn check_output(dir: &Path, force: bool) -> Result<()> {
 /// Creates `dir`; with --force, removes only what a recording consists of.
 fn prepare_output(dir: &Path) -> Result<()> {
     let fail = |e: std::io::Error| {
-        AgentError::new(exit::OUTPUT, format!("cannot prepare {}: {e}", dir.display()))
+        AgentError::new(
+            exit::OUTPUT,
+            format!("cannot prepare {}: {e}", dir.display()),
+        )
     };
     std::fs::create_dir_all(dir).map_err(fail)?;
     let _ = std::fs::remove_file(dir.join("meta.json"));
@@ -423,33 +426,47 @@ pub fn run(args: RecordArgs) -> Result<()> {
     };
     meta.write(&args.output)?;
 
-    let result = record_loop(&args, &mut st, &mut tracer, &signals, &mut launched, &watch, started, infer_loaded, agent_pid, start_mono, &mut meta);
+    let result = record_loop(
+        &args,
+        &mut st,
+        &mut tracer,
+        &signals,
+        &mut launched,
+        &watch,
+        started,
+        infer_loaded,
+        agent_pid,
+        start_mono,
+        &mut meta,
+    );
 
     // Finalise, whatever happened in the loop.
     let finalised_by = match &result {
         Ok(by) => Some(*by),
         Err(_) => None,
     };
-    let final_drain = st.poll(&mut tracer, Duration::ZERO, infer_loaded).and_then(|_| {
-        // The ringbuf may hold more than one poll returns.
-        for _ in 0..64 {
-            if !infer_loaded || !matches!(st.source, Source::Infer) {
-                break;
+    let final_drain = st
+        .poll(&mut tracer, Duration::ZERO, infer_loaded)
+        .and_then(|_| {
+            // The ringbuf may hold more than one poll returns.
+            for _ in 0..64 {
+                if !infer_loaded || !matches!(st.source, Source::Infer) {
+                    break;
+                }
+                st.buf.clear();
+                if tracer
+                    .poll_records(Duration::ZERO, &mut st.buf)
+                    .map_err(agent_error)?
+                    == 0
+                {
+                    break;
+                }
+                let records = std::mem::take(&mut st.buf);
+                st.push_inferred(&records)?;
+                st.buf = records;
             }
-            st.buf.clear();
-            if tracer
-                .poll_records(Duration::ZERO, &mut st.buf)
-                .map_err(agent_error)?
-                == 0
-            {
-                break;
-            }
-            let records = std::mem::take(&mut st.buf);
-            st.push_inferred(&records)?;
-            st.buf = records;
-        }
-        Ok(())
-    });
+            Ok(())
+        });
     let drops = st.drops(&tracer);
     let mode = st.mode_name();
     let marker_stats = match &mut st.source {
@@ -471,7 +488,6 @@ pub fn run(args: RecordArgs) -> Result<()> {
     if let Some(l) = launched.as_mut() {
         meta.target.exit_status = l.terminate(CHILD_GRACE);
     }
-    drop(tracer);
 
     let (summary, write_err) = match written {
         Ok(s) => (s, None),
@@ -495,7 +511,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
         notes.insert("bad_slot_states".into(), json!(s.bad_slot_states));
     }
     if inferred_discarded > 0 {
-        notes.insert("inferred_discarded_in_marker_mode".into(), json!(inferred_discarded));
+        notes.insert(
+            "inferred_discarded_in_marker_mode".into(),
+            json!(inferred_discarded),
+        );
     }
     notes.insert(
         "agent_cost_excludes".into(),
@@ -546,7 +565,10 @@ fn record_loop(
         }
         st.poll(tracer, args.poll, infer_loaded)?;
         let now = Instant::now();
-        if args.duration.is_some_and(|d| now.duration_since(started) >= d) {
+        if args
+            .duration
+            .is_some_and(|d| now.duration_since(started) >= d)
+        {
             break "duration";
         }
         if matches!(st.source, Source::Deciding { .. }) {

@@ -31,6 +31,9 @@ use tailscope_abi::{
 /// ignored.
 pub trait RegionMemory {
     fn len(&self) -> usize;
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
     fn read(&self, off: usize, buf: &mut [u8]);
     fn load_u64_acquire(&self, off: usize) -> u64;
     fn store_u64_release(&self, off: usize, v: u64);
@@ -141,7 +144,7 @@ impl RegionMemory for MappedRegion {
         // SAFETY: in bounds of the mapping (checked above).
         unsafe {
             let src = self.ptr.add(off);
-            if off % 8 == 0 && buf.len() % 8 == 0 {
+            if off.is_multiple_of(8) && buf.len().is_multiple_of(8) {
                 for (i, chunk) in buf.chunks_exact_mut(8).enumerate() {
                     let w = std::ptr::read_volatile(src.cast::<u64>().add(i));
                     chunk.copy_from_slice(&w.to_ne_bytes());
@@ -154,20 +157,20 @@ impl RegionMemory for MappedRegion {
         }
     }
     fn load_u64_acquire(&self, off: usize) -> u64 {
-        if !self.in_bounds(off, 8) || off % 8 != 0 {
+        if !self.in_bounds(off, 8) || !off.is_multiple_of(8) {
             return 0;
         }
         // SAFETY: aligned, in bounds; AtomicU64 has u64's layout.
         unsafe { (*self.ptr.add(off).cast::<AtomicU64>()).load(Ordering::Acquire) }
     }
     fn store_u64_release(&self, off: usize, v: u64) {
-        if self.in_bounds(off, 8) && off % 8 == 0 {
+        if self.in_bounds(off, 8) && off.is_multiple_of(8) {
             // SAFETY: as above.
             unsafe { (*self.ptr.add(off).cast::<AtomicU64>()).store(v, Ordering::Release) }
         }
     }
     fn store_u32(&self, off: usize, v: u32) {
-        if self.in_bounds(off, 4) && off % 4 == 0 {
+        if self.in_bounds(off, 4) && off.is_multiple_of(4) {
             // SAFETY: as above.
             unsafe { (*self.ptr.add(off).cast::<AtomicU32>()).store(v, Ordering::Release) }
         }
@@ -396,9 +399,7 @@ mod tests {
         }
     }
 
-    fn drain_all(
-        src: &mut MarkerSource<RefCell<Vec<u8>>>,
-    ) -> Vec<(ts_request_record, String)> {
+    fn drain_all(src: &mut MarkerSource<RefCell<Vec<u8>>>) -> Vec<(ts_request_record, String)> {
         let mut out = vec![];
         src.drain(|r: &ts_request_record, k: &str| {
             out.push((*r, k.to_string()));
@@ -440,7 +441,11 @@ mod tests {
         for i in 0..TS_RING_CAPACITY as u64 {
             synth::push_record(&mut src.mem.borrow_mut(), 0, &rec(100, 100 + i));
         }
-        assert!(!synth::push_record(&mut src.mem.borrow_mut(), 0, &rec(100, 9999)));
+        assert!(!synth::push_record(
+            &mut src.mem.borrow_mut(),
+            0,
+            &rec(100, 9999)
+        ));
         assert_eq!(drain_all(&mut src).len(), TS_RING_CAPACITY as usize);
         assert_eq!(src.stats().ring_full, 1);
         src.detach();
@@ -460,7 +465,11 @@ mod tests {
         b[k + 24..k + 30].copy_from_slice(b"\x1b[2J\xc3(");
         synth::write_u64(&mut b, header_offsets::KINDS_COUNT, u32::MAX as u64);
         // Slot 0: head far ahead of tail. Slot 1: head behind tail.
-        synth::write_u64(&mut b, slot_offset(0) + slot_offsets::RING_HEAD, u64::MAX - 3);
+        synth::write_u64(
+            &mut b,
+            slot_offset(0) + slot_offsets::RING_HEAD,
+            u64::MAX - 3,
+        );
         synth::write_u64(&mut b, slot_offset(1) + slot_offsets::RING_TAIL, 50);
         synth::write_u64(&mut b, slot_offset(1) + slot_offsets::RING_HEAD, 10);
         // Slot 2: absurd records among good ones.
@@ -486,8 +495,7 @@ mod tests {
         assert!(drain_all(&mut src).is_empty());
         assert_eq!(src.stats().ring_resyncs, 2);
         // A bad slot state is counted and skipped.
-        src.mem
-            .store_u32(slot_offset(0) + slot_offsets::STATE, 77);
+        src.mem.store_u32(slot_offset(0) + slot_offsets::STATE, 77);
         drain_all(&mut src);
         assert_eq!(src.stats().bad_slot_states, 1);
     }
@@ -496,7 +504,9 @@ mod tests {
     fn incompatible_region_is_refused() {
         let mut b = synth::region(2, 1);
         b[8..12].copy_from_slice(&3u32.to_le_bytes());
-        let e = MarkerSource::attach(RefCell::new(b), 7, None, 0).err().unwrap();
+        let e = MarkerSource::attach(RefCell::new(b), 7, None, 0)
+            .err()
+            .unwrap();
         assert_eq!(
             e.to_string(),
             "ABI version mismatch: region has 3, agent supports 1"

@@ -23,7 +23,9 @@ use arrow_schema::{DataType, Field, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
-use tailscope_abi::{ts_request_record, TS_REC_COUNTERS, TS_REC_INFERRED, TS_REC_SAMPLED, TS_REC_TORN};
+use tailscope_abi::{
+    ts_request_record, TS_REC_COUNTERS, TS_REC_INFERRED, TS_REC_SAMPLED, TS_REC_TORN,
+};
 
 use crate::error::{exit, AgentError, Result};
 
@@ -93,7 +95,9 @@ impl Default for WriterPolicy {
 fn properties() -> WriterProperties {
     let mut b = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
-        .set_compression(Compression::ZSTD(ZstdLevel::try_new(3).expect("valid level")))
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(3).expect("valid level"),
+        ))
         .set_dictionary_enabled(false)
         .set_statistics_enabled(EnabledStatistics::Chunk)
         .set_created_by(format!("tailscope-agent {}", env!("CARGO_PKG_VERSION")));
@@ -280,7 +284,11 @@ impl RequestWriter {
 
     /// Bytes on disk so far: closed files plus what the open one has flushed.
     pub fn bytes_written(&self) -> u64 {
-        self.summary.bytes + self.file.as_ref().map_or(0, |f| f.writer.bytes_written() as u64)
+        self.summary.bytes
+            + self
+                .file
+                .as_ref()
+                .map_or(0, |f| f.writer.bytes_written() as u64)
     }
 
     /// Time-based rotation; call regularly. The clock starts at the first
@@ -407,7 +415,10 @@ pub(crate) mod tests {
             .iter()
             .map(|c| (c.name.clone(), c.ty.clone()))
             .collect();
-        assert_eq!(ours, theirs, "writer columns differ from schema/recording.json");
+        assert_eq!(
+            ours, theirs,
+            "writer columns differ from schema/recording.json"
+        );
         // And the Arrow schema really has those types.
         let schema = requests_schema();
         for (field, spec) in schema.fields().iter().zip(&rec.tables.requests) {
@@ -424,10 +435,25 @@ pub(crate) mod tests {
             *rng
         };
         // Exponential-ish latency around 50 µs, counters consistent with it.
-        let latency = 20_000 + (next() % 60_000) + if next() % 100 == 0 { next() % 5_000_000 } else { 0 };
-        let runnable = if next() % 10 == 0 { next() % (latency / 2) } else { 0 };
-        let blocked = if next() % 4 == 0 { next() % (latency / 4) } else { 0 };
-        let oncpu = latency - runnable - blocked - (next() % 2000).min(latency - runnable - blocked);
+        let latency = 20_000
+            + (next() % 60_000)
+            + if next() % 100 == 0 {
+                next() % 5_000_000
+            } else {
+                0
+            };
+        let runnable = if next() % 10 == 0 {
+            next() % (latency / 2)
+        } else {
+            0
+        };
+        let blocked = if next() % 4 == 0 {
+            next() % (latency / 4)
+        } else {
+            0
+        };
+        let oncpu =
+            latency - runnable - blocked - (next() % 2000).min(latency - runnable - blocked);
         let irq = if next() % 20 == 0 { next() % 5_000 } else { 0 };
         ts_request_record {
             request_id: i,
@@ -510,9 +536,27 @@ pub(crate) mod tests {
         let mut i = 0;
         for b in &batches {
             let col = |n: &str| b.column_by_name(n).unwrap().clone();
-            let u64c = |n: &str| col(n).as_any().downcast_ref::<UInt64Array>().unwrap().clone();
-            let u32c = |n: &str| col(n).as_any().downcast_ref::<UInt32Array>().unwrap().clone();
-            let boolc = |n: &str| col(n).as_any().downcast_ref::<BooleanArray>().unwrap().clone();
+            let u64c = |n: &str| {
+                col(n)
+                    .as_any()
+                    .downcast_ref::<UInt64Array>()
+                    .unwrap()
+                    .clone()
+            };
+            let u32c = |n: &str| {
+                col(n)
+                    .as_any()
+                    .downcast_ref::<UInt32Array>()
+                    .unwrap()
+                    .clone()
+            };
+            let boolc = |n: &str| {
+                col(n)
+                    .as_any()
+                    .downcast_ref::<BooleanArray>()
+                    .unwrap()
+                    .clone()
+            };
             let kind = col("kind");
             let kind = kind.as_any().downcast_ref::<StringArray>().unwrap();
             for j in 0..b.num_rows() {
@@ -577,7 +621,8 @@ pub(crate) mod tests {
         let n = 1_000_000u64;
         for i in 0..n {
             let r = synthetic(i, &mut rng);
-            w.push(1234, if i % 5 == 0 { "SET" } else { "GET" }, &r).unwrap();
+            w.push(1234, if i % 5 == 0 { "SET" } else { "GET" }, &r)
+                .unwrap();
         }
         let s = w.finish().unwrap();
         let per = s.bytes as f64 / n as f64;
