@@ -127,6 +127,9 @@ pub struct Tracer {
     targets_fd: OwnedFd,
     stats_fd: Option<OwnedFd>,
     rb: *mut libbpf_sys::ring_buffer,
+    // Boxed: libbpf holds its address as the callback context, and the
+    // Tracer may move.
+    #[allow(clippy::box_collection)]
     rb_pending: Box<Vec<ts_request_record>>,
     skipped: Vec<String>,
     // Dropped after the Drop impl ran, links before objects.

@@ -86,7 +86,7 @@ fn warm_up(t: &Tracer) -> u32 {
     let tid = gettid();
     for _ in 0..100 {
         std::thread::sleep(Duration::from_millis(1));
-        if t.kcounters(tid).map_or(false, |k| k.switch_in_ns != 0) {
+        if t.kcounters(tid).is_some_and(|k| k.switch_in_ns != 0) {
             return tid;
         }
     }
