@@ -97,9 +97,13 @@ pub fn process_comm(pid: u32) -> Option<String> {
 /// `/proc/PID/cmdline` split at NULs.
 pub fn process_cmdline(pid: u32) -> Option<Vec<String>> {
     let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    // Each argument ends with a NUL; empty arguments ("") are kept.
+    let raw = raw.strip_suffix(&[0]).unwrap_or(&raw);
+    if raw.is_empty() {
+        return Some(vec![]);
+    }
     Some(
         raw.split(|&c| c == 0)
-            .filter(|s| !s.is_empty())
             .map(|s| String::from_utf8_lossy(s).into_owned())
             .collect(),
     )
