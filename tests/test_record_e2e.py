@@ -64,7 +64,7 @@ def load(port: int, rate: int, seconds: float, protocol: str = "redis") -> dict:
     out = Path(f"/tmp/ts-load-{port}.json")
     subprocess.run([str(LOADGEN), "--protocol", protocol, "--target", f"127.0.0.1:{port}",
                     "--rate", str(rate), "--duration", str(seconds), "--cpu", "1",
-                    "--connections", "4", "--json", str(out), "--quiet"], check=True)
+                    "--connections", "4", "--warmup", "0", "--json", str(out), "--quiet"], check=True)
     return json.loads(out.read_text())
 
 
@@ -164,10 +164,11 @@ def test_target_exit_finalises_recording(tmp_path):
     wait_port(port)
     load(port, 1000, 1.0, protocol="line")
     # Kill the target; the agent must notice, finalise, and exit cleanly.
-    out = subprocess.run(["pgrep", "-f", f"--port {port}"], capture_output=True, text=True)
-    for pid in out.stdout.split():
-        if int(pid) != agent.pid:
-            os.kill(int(pid), signal.SIGKILL)
+    out = subprocess.run(["pgrep", "-P", str(agent.pid)], capture_output=True, text=True)
+    children = [int(p) for p in out.stdout.split()]
+    assert children, "the launched server is not a child of the agent"
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
     assert agent.wait(timeout=30) == 0, agent.stderr.read().decode()
     meta, t = read_rec(rec)
     assert meta["finalised_by"] == "target-exit"

@@ -74,6 +74,9 @@ pub struct Args {
     /// Write the time series as CSV here (`-` for stdout).
     #[arg(long)]
     pub csv: Option<String>,
+    /// Do not print the human summary on stderr (errors still are).
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
 }
 
 impl Args {

@@ -21,7 +21,9 @@ fn main() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    eprint!("{}", report::human(&summary));
+    if !args.quiet {
+        eprint!("{}", report::human(&summary));
+    }
     let outputs = [
         (args.json.as_deref(), report::json as fn(&_) -> String),
         (args.csv.as_deref(), report::csv),
