@@ -78,6 +78,12 @@ struct req_state {
 	__u8 active;        /* a request is open */
 	__u8 sampled;       /* the pending read / open request is sampled */
 	__u32 enter_vol;    /* vol_switches at the read's sys_enter */
+	__u64 pending_sk;   /* struct sock * of the in-flight call */
+	__u8 from_arrival;  /* start/begin come from the socket's arrival */
+	__u8 _pad2[7];
+	__u64 last_end_ns;  /* end of the thread's previous request */
+	__u32 end_blocked;  /* blocked_count at that end */
+	__u32 _pad;
 	struct kc_snap begin;
 };
 
@@ -96,6 +102,36 @@ struct {
 	__type(value, struct req_state);
 } zero_state SEC(".maps");
 
+/* Data arrival on a watched TCP socket (tcp:tcp_probe, softirq context):
+ * when the first unread bytes landed, whether that request is sampled, and
+ * the reading thread's counters at that moment. A request then runs from
+ * the arrival of its bytes to the write that answers it, so time spent
+ * queued in the socket while the server was preempted or busy is part of
+ * it, as the client sees it. Sockets are watched once a target thread
+ * reads from them. */
+struct sock_state {
+	__u32 tid;          /* thread that last read this socket */
+	__u32 tgid;
+	__u64 arrival_ns;   /* first unread data arrived; 0: none pending */
+	__u8 sampled;
+	__u8 _pad[7];
+	struct kc_snap snap;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 65536);
+	__type(key, __u64); /* struct sock * */
+	__type(value, struct sock_state);
+} socks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct sock_state);
+} zero_sock SEC(".maps");
+
 static __always_inline void stat_inc(__u32 i)
 {
 	__u64 *v = bpf_map_lookup_elem(&infer_stats, &i);
@@ -104,7 +140,7 @@ static __always_inline void stat_inc(__u32 i)
 		*v += 1;
 }
 
-static __always_inline bool fd_is_socket(struct task_struct *task, long fd)
+static __always_inline bool fd_is_socket(struct task_struct *task, long fd, __u64 *skp)
 {
 	struct files_struct *files;
 	struct fdtable *fdt;
@@ -127,7 +163,14 @@ static __always_inline bool fd_is_socket(struct task_struct *task, long fd)
 	if (bpf_probe_read_kernel(&file, sizeof(file), &fda[fd]) || !file)
 		return false;
 	mode = BPF_CORE_READ(file, f_inode, i_mode);
-	return (mode & S_IFMT) == S_IFSOCK;
+	if ((mode & S_IFMT) != S_IFSOCK)
+		return false;
+	{
+		struct socket *sock = BPF_CORE_READ(file, private_data);
+
+		*skp = sock ? (__u64)BPF_CORE_READ(sock, sk) : 0;
+	}
+	return true;
 }
 
 /* Seqlock-consistent copy of the thread's counters, with the open on-CPU
@@ -158,6 +201,20 @@ static __always_inline void snapshot(__u32 tid, __u32 tgid, __u64 now, struct kc
 		s->migrations = e->migrations;
 		s->vol_switches = e->vol_switches;
 		s->invol_switches = e->invol_switches;
+		/* Close an open wait at `now` too (a snapshot taken from softirq
+		 * while the reader sleeps or waits for a CPU), so the difference
+		 * of two snapshots counts only the wait after the first. */
+		{
+			__u32 state = e->wait_state;
+			__u64 since = e->wait_since_ns;
+
+			if (!in && since && now > since) {
+				if (state == TS_WAIT_BLOCKED)
+					s->blocked_ns += now - since;
+				else if (state == TS_WAIT_RUNNABLE)
+					s->runnable_ns += now - since;
+			}
+		}
 		barrier(); /* x86 is TSO: a compiler barrier orders the loads */
 		if (!(seq0 & 1) && *(volatile __u32 *)&e->seq == seq0) {
 			s->valid = 1;
@@ -173,6 +230,7 @@ static __always_inline void on_enter(long fd, bool is_read)
 	__u64 id = bpf_get_current_pid_tgid();
 	__u32 tid = (__u32)id, tgid = id >> 32, zero = 0;
 	struct req_state *st;
+	__u64 sk = 0;
 
 	if (!is_target_tgid(tgid))
 		return;
@@ -191,9 +249,10 @@ static __always_inline void on_enter(long fd, bool is_read)
 	st->pending = 0;
 	if (is_read == (bool)st->active)
 		return; /* read inside a request, or write outside one */
-	if (!fd_is_socket(task, fd))
+	if (!fd_is_socket(task, fd, &sk))
 		return;
 	st->pending = is_read ? 1 : 2;
+	st->pending_sk = sk;
 	if (is_read) {
 		__u64 now = bpf_ktime_get_ns();
 
@@ -204,6 +263,51 @@ static __always_inline void on_enter(long fd, bool is_read)
 		st->sampled = bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
 		if (st->sampled)
 			snapshot(tid, tgid, now, &st->begin);
+		/* An event loop sleeps (epoll_wait, poll) until a request arrives,
+		 * then reads it. If the thread slept since its previous request
+		 * ended, this request has been waiting since that wakeup: start
+		 * it there, so the runnable wait between wakeup and CPU (what a
+		 * CPU hog inflates) is the request's, as the client sees it. */
+		if (e && e->blocked_count != st->end_blocked) {
+			__u64 woke = e->wait_since_ns, in = e->switch_in_ns;
+
+			if (woke > st->last_end_ns && in >= woke && woke <= now) {
+				st->enter_ns = woke;
+				if (st->sampled) {
+					snapshot(tid, tgid, in, &st->begin);
+					if (st->begin.runnable_ns >= in - woke)
+						st->begin.runnable_ns -= in - woke;
+					if (in > woke && st->begin.runnable_count)
+						st->begin.runnable_count--;
+				}
+			}
+		}
+		st->from_arrival = 0;
+		if (sk) {
+			struct sock_state *ss = bpf_map_lookup_elem(&socks, &sk);
+
+			if (!ss) {
+				struct sock_state *z = bpf_map_lookup_elem(&zero_sock, &zero);
+
+				if (z) {
+					z->tid = tid;
+					z->tgid = tgid;
+					z->arrival_ns = 0;
+					bpf_map_update_elem(&socks, &sk, z, BPF_NOEXIST);
+				}
+			} else {
+				ss->tid = tid;
+				ss->tgid = tgid;
+				if (ss->arrival_ns && ss->arrival_ns <= now) {
+					st->enter_ns = ss->arrival_ns;
+					st->sampled = ss->sampled;
+					if (ss->sampled)
+						__builtin_memcpy(&st->begin, &ss->snap,
+								 sizeof(st->begin));
+					st->from_arrival = 1;
+				}
+			}
+		}
 	}
 }
 
@@ -229,9 +333,15 @@ static __always_inline void on_exit(long ret, bool is_read)
 
 	if (is_read) { /* data arrived on a socket: a request begins */
 		struct ts_kcounters *e = kc_entry(tid, tgid, false);
+		__u64 sk = st->pending_sk;
+		struct sock_state *ss = sk ? bpf_map_lookup_elem(&socks, &sk) : NULL;
 
+		if (ss)
+			ss->arrival_ns = 0; /* consumed; the next bytes start the next one */
 		st->active = 1;
 		st->start_ns = st->enter_ns;
+		if (st->from_arrival)
+			goto begun;
 		/* A blocking read slept until the data came: the request starts
 		 * at that wakeup (wait_since_ns keeps it after the switch-in),
 		 * not at the sys_enter; the runnable wait after it is the
@@ -249,6 +359,7 @@ static __always_inline void on_exit(long ret, bool is_read)
 				}
 			}
 		}
+begun:
 		st->seq++;
 		stat_inc(STAT_SEEN);
 		if (st->sampled)
@@ -258,9 +369,15 @@ static __always_inline void on_exit(long ret, bool is_read)
 
 	/* data went out on a socket: the request ends */
 	st->active = 0;
+	now = bpf_ktime_get_ns();
+	st->last_end_ns = now;
+	{
+		struct ts_kcounters *e = kc_entry(tid, tgid, false);
+
+		st->end_blocked = e ? e->blocked_count : 0;
+	}
 	if (!st->sampled)
 		return;
-	now = bpf_ktime_get_ns();
 	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
 	if (!rec) {
 		stat_inc(STAT_DROPS);
@@ -328,5 +445,34 @@ int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
 
 	if (f)
 		on_exit(ret, f == 1);
+	return 0;
+}
+
+/* Bytes arrived on a TCP socket (softirq, any CPU). For a watched socket
+ * with nothing pending, remember when, decide sampling, and snapshot the
+ * reading thread's counters. Pure ACKs carry no data and are ignored. */
+SEC("tp_btf/tcp_probe")
+int BPF_PROG(tcp_probe, struct sock *sk, struct sk_buff *skb)
+{
+	__u64 key = (__u64)sk;
+	struct sock_state *ss = bpf_map_lookup_elem(&socks, &key);
+	unsigned char *data;
+	struct tcphdr th;
+	__u32 len;
+
+	if (!ss || ss->arrival_ns)
+		return 0;
+	len = BPF_CORE_READ(skb, len);
+	data = BPF_CORE_READ(skb, data);
+	if (bpf_probe_read_kernel(&th, sizeof(th), data))
+		return 0;
+	if (len <= (__u32)th.doff * 4)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+
+	ss->sampled = bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
+	if (ss->sampled)
+		snapshot(ss->tid, ss->tgid, now, &ss->snap);
+	ss->arrival_ns = now;
 	return 0;
 }

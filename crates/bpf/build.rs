@@ -18,7 +18,10 @@ fn main() {
     let out = PathBuf::from(env::var("OUT_DIR").unwrap());
 
     println!("cargo:rerun-if-changed={}", bpf_dir.display());
-    println!("cargo:rerun-if-changed={}", include.join("tailscope/abi.h").display());
+    println!(
+        "cargo:rerun-if-changed={}",
+        include.join("tailscope/abi.h").display()
+    );
     println!("cargo:rerun-if-env-changed=TAILSCOPE_VMLINUX_H");
     println!("cargo:rerun-if-env-changed=CLANG");
 
@@ -29,7 +32,9 @@ fn main() {
         let src = bpf_dir.join(format!("{name}.bpf.c"));
         let obj = out.join(format!("{name}.bpf.o"));
         let status = Command::new(&clang)
-            .args(["-target", "bpf", "-mcpu=v3", "-O2", "-g", "-Wall", "-Werror"])
+            .args([
+                "-target", "bpf", "-mcpu=v3", "-O2", "-g", "-Wall", "-Werror",
+            ])
             .arg("-D__TARGET_ARCH_x86")
             .arg(format!("-I{}", out.display()))
             .arg(format!("-I{}", include.display()))

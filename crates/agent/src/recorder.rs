@@ -16,7 +16,29 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::json;
-use tailscope_abi::region::validate_record;
+use tailscope_abi::region::{validate_record, RecordFault};
+
+/// Records whose kernel counters failed the sanity check (a counter larger
+/// than the latency): the row is kept with `counters_valid = false`, since
+/// its latency is still good, and the count goes to meta.json's notes.
+pub static COUNTERS_REJECTED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Validate a record; a record whose only fault is its counters loses the
+/// counters flag instead of being dropped. `Err` means drop it (corrupt).
+pub fn keep_record(
+    r: &mut ts_request_record,
+    slot_tid: Option<u32>,
+) -> std::result::Result<(), RecordFault> {
+    match validate_record(r, slot_tid) {
+        Ok(()) => Ok(()),
+        Err(RecordFault::CountersExceedLatency) => {
+            r.flags &= !tailscope_abi::TS_REC_COUNTERS;
+            COUNTERS_REJECTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Ok(())
+        }
+        Err(e) => Err(e),
+    }
+}
 use tailscope_abi::{ts_request_record, TS_DEFAULT_SAMPLE_PPM};
 
 use crate::cli::{Mode, RecordArgs, Target};
@@ -165,11 +187,12 @@ impl State {
 
     fn push_inferred(&mut self, records: &[ts_request_record]) -> Result<()> {
         for r in records {
-            if validate_record(r, None).is_err() {
+            let mut r = *r;
+            if keep_record(&mut r, None).is_err() {
                 self.corrupt_inferred += 1;
                 continue;
             }
-            self.writer.push(self.target_pid, "inferred", r)?;
+            self.writer.push(self.target_pid, "inferred", &r)?;
         }
         Ok(())
     }
@@ -505,6 +528,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
     meta.agent.cpu_percent_of_one_core = 100.0 * cpu / duration.as_secs_f64().max(1e-9);
     meta.agent.max_rss_kib = sys::self_max_rss_kib();
     let mut notes = serde_json::Map::new();
+    notes.insert(
+        "counters_rejected".into(),
+        json!(COUNTERS_REJECTED.load(std::sync::atomic::Ordering::Relaxed)),
+    );
     if let Some(s) = marker_stats {
         notes.insert("records_before_start".into(), json!(s.before_start));
         notes.insert("torn_records".into(), json!(s.torn));

@@ -18,8 +18,7 @@ use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
 
 use tailscope_abi::region::{
     header_offsets, parse_kinds_table, parse_record, parse_region_header, parse_slot, plan_drain,
-    record_offset_in_slot, slot_offset, slot_offsets, validate_record, AbiError, RegionHeader,
-    SLOT_PRODUCER_BYTES,
+    record_offset_in_slot, slot_offset, slot_offsets, AbiError, RegionHeader, SLOT_PRODUCER_BYTES,
 };
 use tailscope_abi::{
     ts_request_record, RECORD_SIZE, REGION_HEADER_SIZE, TS_REC_COUNTERS, TS_REC_TORN,
@@ -303,11 +302,11 @@ impl<M: RegionMemory> MarkerSource<M> {
             for k in 0..plan.count {
                 let off = base + record_offset_in_slot(plan.ring_index(k, TS_RING_CAPACITY));
                 self.mem.read(off, &mut rec_buf);
-                let Ok(r) = parse_record(&rec_buf) else {
+                let Ok(mut r) = parse_record(&rec_buf) else {
                     self.stats.corrupt_records += 1;
                     continue;
                 };
-                if validate_record(&r, Some(slot.tid)).is_err() {
+                if crate::recorder::keep_record(&mut r, Some(slot.tid)).is_err() {
                     self.stats.corrupt_records += 1;
                     continue;
                 }

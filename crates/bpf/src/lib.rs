@@ -34,8 +34,10 @@ use tailscope_abi::{
 #[repr(C, align(8))]
 struct Aligned<T: ?Sized>(T);
 
-static KCOUNTERS_OBJ: &Aligned<[u8]> =
-    &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/kcounters.bpf.o")));
+static KCOUNTERS_OBJ: &Aligned<[u8]> = &Aligned(*include_bytes!(concat!(
+    env!("OUT_DIR"),
+    "/kcounters.bpf.o"
+)));
 static INFER_OBJ: &Aligned<[u8]> =
     &Aligned(*include_bytes!(concat!(env!("OUT_DIR"), "/infer.bpf.o")));
 
@@ -97,7 +99,11 @@ pub struct BpfStats {
 pub enum TracerError {
     NotRoot(String),
     MissingCapability(String),
-    LoadFailed { program: String, reason: String, hint: String },
+    LoadFailed {
+        program: String,
+        reason: String,
+        hint: String,
+    },
     Attach(String),
     Io(String),
 }
@@ -107,7 +113,11 @@ impl std::fmt::Display for TracerError {
         match self {
             TracerError::NotRoot(s) => write!(f, "not root: {s}"),
             TracerError::MissingCapability(s) => write!(f, "missing capability: {s}"),
-            TracerError::LoadFailed { program, reason, hint } => write!(
+            TracerError::LoadFailed {
+                program,
+                reason,
+                hint,
+            } => write!(
                 f,
                 "BPF program {program} rejected by the kernel: {reason}; hint: {hint}"
             ),
@@ -154,7 +164,9 @@ fn capture_print(_level: PrintLevel, msg: String) {
     let mut log = LIBBPF_LOG.lock().unwrap_or_else(|e| e.into_inner());
     if log.len() > 1 << 20 {
         let cut = log.len() - (1 << 19);
-        let cut = (cut..log.len()).find(|&i| log.is_char_boundary(i)).unwrap_or(0);
+        let cut = (cut..log.len())
+            .find(|&i| log.is_char_boundary(i))
+            .unwrap_or(0);
         log.drain(..cut);
     }
     log.push_str(&msg);
@@ -195,7 +207,10 @@ fn explain_load_failure(log: &str) -> (Option<String>, Option<String>) {
             .map(String::from)
     });
     let reason = reason.or_else(|| {
-        log.lines().rev().find(|l| l.contains("failed")).map(|l| l.trim().to_string())
+        log.lines()
+            .rev()
+            .find(|l| l.contains("failed"))
+            .map(|l| l.trim().to_string())
     });
     (program, reason)
 }
@@ -206,7 +221,10 @@ fn load_error(what: &str, err: libbpf_rs::Error) -> TracerError {
     let reason = reason.unwrap_or_else(|| err.to_string());
     let hint = if reason.contains("EPERM") || reason.contains("Operation not permitted") {
         "run as root, or grant CAP_BPF+CAP_PERFMON (and raise RLIMIT_MEMLOCK on kernels < 5.11)"
-    } else if reason.contains("attach_btf_id") || reason.contains("btf_trace") || reason.contains("BTF") {
+    } else if reason.contains("attach_btf_id")
+        || reason.contains("btf_trace")
+        || reason.contains("BTF")
+    {
         "this kernel lacks a tracepoint or BTF the program needs (need CONFIG_DEBUG_INFO_BTF, kernel >= 5.8)"
     } else {
         "the verifier of this kernel rejects the program; see tailscope_bpf::last_libbpf_log() for the full log"
@@ -269,11 +287,19 @@ fn ensure_mounted(path: &str, fstype: &str, magic: i64) -> Result<(), TracerErro
     let src = CString::new(fstype).unwrap();
     let dst = CString::new(path).unwrap();
     let rc = unsafe {
-        libc::mount(src.as_ptr(), dst.as_ptr(), src.as_ptr(), 0, std::ptr::null())
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            src.as_ptr(),
+            0,
+            std::ptr::null(),
+        )
     };
     if rc != 0 {
         let e = std::io::Error::last_os_error();
-        return Err(TracerError::Io(format!("mount -t {fstype} {fstype} {path}: {e}")));
+        return Err(TracerError::Io(format!(
+            "mount -t {fstype} {fstype} {path}: {e}"
+        )));
     }
     Ok(())
 }
@@ -281,7 +307,10 @@ fn ensure_mounted(path: &str, fstype: &str, magic: i64) -> Result<(), TracerErro
 /// Names of the tracepoints this kernel has (tracefs events/*/*).
 fn available_tracepoints() -> Option<std::collections::HashSet<String>> {
     let mut set = std::collections::HashSet::new();
-    for sys in std::fs::read_dir(format!("{TRACEFS}/events")).ok()?.flatten() {
+    for sys in std::fs::read_dir(format!("{TRACEFS}/events"))
+        .ok()?
+        .flatten()
+    {
         if let Ok(evs) = std::fs::read_dir(sys.path()) {
             for ev in evs.flatten() {
                 set.insert(ev.file_name().to_string_lossy().into_owned());
@@ -307,7 +336,9 @@ fn open(bytes: &'static [u8], name: &str) -> Result<OpenObject, TracerError> {
 /// Skips programs whose tracepoint this kernel lacks (tp_btf programs would
 /// otherwise fail the whole object at load), when it is optional.
 fn disable_missing(open: &mut OpenObject, skipped: &mut Vec<String>) -> Result<(), TracerError> {
-    let Some(avail) = available_tracepoints() else { return Ok(()) };
+    let Some(avail) = available_tracepoints() else {
+        return Ok(());
+    };
     for mut p in open.progs_mut() {
         let section = p.section().to_string_lossy().into_owned();
         let tp = tp_of_section(&section).to_string();
@@ -340,7 +371,11 @@ fn map_fd(obj: &Object, name: &str) -> Result<OwnedFd, TracerError> {
 
 /// Attaches every loaded program; exits before entries, so that an entry
 /// never opens an interrupt frame whose exit we cannot see.
-fn attach_all(obj: &Object, links: &mut Vec<Link>, skipped: &mut Vec<String>) -> Result<(), TracerError> {
+fn attach_all(
+    obj: &Object,
+    links: &mut Vec<Link>,
+    skipped: &mut Vec<String>,
+) -> Result<(), TracerError> {
     let mut progs: Vec<_> = obj.progs_mut().collect();
     progs.sort_by_key(|p| !p.name().to_string_lossy().ends_with("_exit"));
     for p in progs {
@@ -387,7 +422,11 @@ fn remove_stale_pin() -> Result<(), TracerError> {
         .map_err(|e| TracerError::Io(format!("remove stale {TS_KC_PIN_PATH}: {e}")))
 }
 
-unsafe extern "C" fn on_record(ctx: *mut c_void, data: *mut c_void, size: libbpf_sys::size_t) -> c_int {
+unsafe extern "C" fn on_record(
+    ctx: *mut c_void,
+    data: *mut c_void,
+    size: libbpf_sys::size_t,
+) -> c_int {
     if (size as usize) >= RECORD_SIZE && !ctx.is_null() {
         let out = &mut *(ctx as *mut Vec<ts_request_record>);
         out.push(std::ptr::read_unaligned(data as *const ts_request_record));
@@ -592,7 +631,10 @@ impl Tracer {
     pub fn stats(&self) -> BpfStats {
         let h = self.kc_mem as *const ts_kc_header;
         let collisions = unsafe { std::ptr::read_volatile(std::ptr::addr_of!((*h).collisions)) };
-        let mut s = BpfStats { kc_collisions: collisions, ..Default::default() };
+        let mut s = BpfStats {
+            kc_collisions: collisions,
+            ..Default::default()
+        };
         if let Some(fd) = &self.stats_fd {
             s.inferred_requests_seen = percpu_sum(fd, STAT_SEEN);
             s.inferred_requests_sampled = percpu_sum(fd, STAT_SAMPLED);
@@ -672,9 +714,13 @@ impl Tracer {
                 let base = e as *mut u8;
                 std::ptr::write_bytes(base.add(8), 0, TS_KC_ENTRY_SIZE as usize - 8);
                 let t = std::sync::atomic::AtomicU32::from_ptr(std::ptr::addr_of_mut!((*e).tid));
-                if t
-                    .compare_exchange(tid, 0, std::sync::atomic::Ordering::AcqRel, std::sync::atomic::Ordering::Relaxed)
-                    .is_ok()
+                if t.compare_exchange(
+                    tid,
+                    0,
+                    std::sync::atomic::Ordering::AcqRel,
+                    std::sync::atomic::Ordering::Relaxed,
+                )
+                .is_ok()
                 {
                     freed += 1;
                 }
@@ -765,6 +811,9 @@ mod tests {
     #[test]
     fn tracepoint_from_section() {
         assert_eq!(tp_of_section("tp_btf/sched_switch"), "sched_switch");
-        assert_eq!(tp_of_section("tracepoint/syscalls/sys_enter_read"), "sys_enter_read");
+        assert_eq!(
+            tp_of_section("tracepoint/syscalls/sys_enter_read"),
+            "sys_enter_read"
+        );
     }
 }

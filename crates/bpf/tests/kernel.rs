@@ -53,7 +53,10 @@ fn pin_to(cpu: usize) {
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
-        assert_eq!(libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set), 0);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set),
+            0
+        );
     }
 }
 
@@ -76,8 +79,16 @@ struct Snap {
 fn snap(t: &Tracer, tid: u32) -> Snap {
     let kc = t.kcounters(tid).expect("thread has a kcounters entry");
     let at = mono_ns();
-    let open = if kc.switch_in_ns != 0 && at > kc.switch_in_ns { at - kc.switch_in_ns } else { 0 };
-    Snap { kc, oncpu: kc.oncpu_ns + open, at }
+    let open = if kc.switch_in_ns != 0 && at > kc.switch_in_ns {
+        at - kc.switch_in_ns
+    } else {
+        0
+    };
+    Snap {
+        kc,
+        oncpu: kc.oncpu_ns + open,
+        at,
+    }
 }
 
 /// Make sure the calling thread has been seen (entry claimed, on-CPU
@@ -108,7 +119,10 @@ fn header_and_pin() {
     // read the header through the pin, as a runtime would
     let h = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
     use libbpf_rs::MapCore;
-    let v = h.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY).unwrap().unwrap();
+    let v = h
+        .lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)
+        .unwrap()
+        .unwrap();
     let hdr: ts_kc_header = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
     assert_eq!(hdr.magic, TS_ABI_MAGIC);
     assert_eq!(hdr.abi_version, TS_ABI_VERSION);
@@ -118,8 +132,14 @@ fn header_and_pin() {
     assert_eq!(hdr.live, 1);
     eprintln!("skipped programs: {:?}", t.skipped_programs());
     drop(t);
-    assert!(!std::path::Path::new(TS_KC_PIN_PATH).exists(), "unpinned on drop");
-    let v = h.lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY).unwrap().unwrap();
+    assert!(
+        !std::path::Path::new(TS_KC_PIN_PATH).exists(),
+        "unpinned on drop"
+    );
+    let v = h
+        .lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)
+        .unwrap()
+        .unwrap();
     let hdr: ts_kc_header = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
     assert_eq!(hdr.live, 0, "live=0 after drop");
 }
@@ -139,8 +159,14 @@ fn busy_sleep_and_identity() {
             let (b, c1) = (snap(&t, tid), thread_cpu_ns());
             let d_on = (b.oncpu - a.oncpu) as f64;
             let d_cpu = (c1 - c0) as f64;
-            eprintln!("busy: oncpu {d_on:.0} thread-cpu {d_cpu:.0} wall {}", b.at - a.at);
-            assert!(within(d_on, d_cpu, 0.10), "oncpu {d_on} vs thread cpu {d_cpu}");
+            eprintln!(
+                "busy: oncpu {d_on:.0} thread-cpu {d_cpu:.0} wall {}",
+                b.at - a.at
+            );
+            assert!(
+                within(d_on, d_cpu, 0.10),
+                "oncpu {d_on} vs thread cpu {d_cpu}"
+            );
             assert!(d_on > 5e6, "busy thread got almost no CPU: {d_on}");
 
             // sleep 20 ms: blocked grows by ~20 ms, one voluntary switch
@@ -148,7 +174,10 @@ fn busy_sleep_and_identity() {
             std::thread::sleep(Duration::from_millis(20));
             let b = snap(&t, tid);
             let d_blk = (b.kc.blocked_ns - a.kc.blocked_ns) as f64;
-            eprintln!("sleep: blocked {d_blk:.0} runnable {}", b.kc.runnable_ns - a.kc.runnable_ns);
+            eprintln!(
+                "sleep: blocked {d_blk:.0} runnable {}",
+                b.kc.runnable_ns - a.kc.runnable_ns
+            );
             assert!(within(d_blk, 20e6, 0.10), "blocked {d_blk}");
             assert!(b.kc.vol_switches > a.kc.vol_switches);
             assert!(b.kc.blocked_count > a.kc.blocked_count);
@@ -160,11 +189,15 @@ fn busy_sleep_and_identity() {
                 std::thread::sleep(Duration::from_millis(2 + i % 3));
             }
             let b = snap(&t, tid);
-            let sum = (b.oncpu - a.oncpu) + (b.kc.runnable_ns - a.kc.runnable_ns)
+            let sum = (b.oncpu - a.oncpu)
+                + (b.kc.runnable_ns - a.kc.runnable_ns)
                 + (b.kc.blocked_ns - a.kc.blocked_ns);
             let wall = b.at - a.at;
             eprintln!("identity: on+runnable+blocked {sum} wall {wall}");
-            assert!(within(sum as f64, wall as f64, 0.05), "sum {sum} vs wall {wall}");
+            assert!(
+                within(sum as f64, wall as f64, 0.05),
+                "sum {sum} vs wall {wall}"
+            );
         });
     });
 }
@@ -191,7 +224,10 @@ fn preemption_counts_runnable() {
             stop.store(true, std::sync::atomic::Ordering::Relaxed);
             let d_run = b.kc.runnable_ns - a.kc.runnable_ns;
             let d_inv = b.kc.invol_switches - a.kc.invol_switches;
-            eprintln!("contended: runnable {d_run} invol {d_inv} oncpu {}", b.oncpu - a.oncpu);
+            eprintln!(
+                "contended: runnable {d_run} invol {d_inv} oncpu {}",
+                b.oncpu - a.oncpu
+            );
             assert!(d_run > 10_000_000, "runnable {d_run}");
             assert!(d_inv > 0);
             assert!(b.kc.runnable_count > a.kc.runnable_count);
@@ -210,12 +246,22 @@ fn faults_and_migrations() {
             const PAGES: usize = 512;
             let len = PAGES * 4096;
             let p = unsafe {
-                libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE,
-                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
             } as *mut u8;
             assert!(!p.is_null());
             unsafe { libc::madvise(p.cast(), len, libc::MADV_NOHUGEPAGE) };
-            let touch = || for i in 0..PAGES { unsafe { p.add(i * 4096).write_volatile(1) } };
+            let touch = || {
+                for i in 0..PAGES {
+                    unsafe { p.add(i * 4096).write_volatile(1) }
+                }
+            };
             touch();
             unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
             let a = snap(&t, tid);
@@ -223,7 +269,10 @@ fn faults_and_migrations() {
             let b = snap(&t, tid);
             let d = b.kc.fault_user_count - a.kc.fault_user_count;
             eprintln!("faults: {d} for {PAGES} pages");
-            assert!(d as usize >= PAGES && (d as usize) < PAGES + 32, "faults {d}");
+            assert!(
+                d as usize >= PAGES && (d as usize) < PAGES + 32,
+                "faults {d}"
+            );
             unsafe { libc::munmap(p.cast(), len) };
 
             let a = snap(&t, tid);
@@ -262,8 +311,14 @@ fn ipis_count_as_irq_time() {
     let t = tracer(TracerOptions::default());
     let len = 64 * 4096;
     let mem = unsafe {
-        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS, -1, 0)
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
     } as usize;
     // Dirty every page, so that write-protecting them changes PTEs and
     // needs a TLB shootdown on every CPU running this mm.
@@ -345,8 +400,12 @@ while True:
 }
 
 fn run_infer(ppm: u32, n: usize) -> (Vec<ts_request_record>, BpfStats, u32, Vec<u64>) {
-    let mut t = Tracer::load(&TracerOptions { infer: true, infer_sample_ppm: ppm, ..Default::default() })
-        .unwrap_or_else(|e| panic!("{e}"));
+    let mut t = Tracer::load(&TracerOptions {
+        infer: true,
+        infer_sample_ppm: ppm,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
     let (mut child, port) = echo_server();
     t.add_target(child.id()).unwrap();
     let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -365,10 +424,14 @@ fn run_infer(ppm: u32, n: usize) -> (Vec<ts_request_record>, BpfStats, u32, Vec<
     let mut recs = Vec::new();
     let deadline = Instant::now() + Duration::from_secs(2);
     while Instant::now() < deadline {
-        t.poll_records(Duration::from_millis(50), &mut recs).unwrap();
-        if recs.len() >= n * ppm as usize / 1_000_000 + 50 { break; }
+        t.poll_records(Duration::from_millis(50), &mut recs)
+            .unwrap();
+        if recs.len() >= n * ppm as usize / 1_000_000 + 50 {
+            break;
+        }
     }
-    t.poll_records(Duration::from_millis(10), &mut recs).unwrap();
+    t.poll_records(Duration::from_millis(10), &mut recs)
+        .unwrap();
     (recs, t.stats(), child.id(), rtts)
 }
 
@@ -385,18 +448,40 @@ fn infer_every_request() {
     assert_eq!(st.ringbuf_drops, 0);
     let mut ids = std::collections::HashSet::new();
     for (r, rtt) in recs.iter().zip(&rtts) {
-        assert_eq!(r.flags & (TS_REC_SAMPLED | TS_REC_INFERRED), TS_REC_SAMPLED | TS_REC_INFERRED);
-        assert!(r.flags & TS_REC_COUNTERS != 0, "counters snapshot missing: {r:?}");
+        assert_eq!(
+            r.flags & (TS_REC_SAMPLED | TS_REC_INFERRED),
+            TS_REC_SAMPLED | TS_REC_INFERRED
+        );
+        assert!(
+            r.flags & TS_REC_COUNTERS != 0,
+            "counters snapshot missing: {r:?}"
+        );
         assert_eq!(r.kind, 0);
         assert_eq!(r.request_id >> 32, r.tid as u64);
         assert_eq!(r.tid, pid, "single-threaded server: tid == pid");
         assert!(ids.insert(r.request_id));
-        assert!(r.latency_ns > 0 && r.latency_ns < *rtt, "latency {} rtt {rtt}", r.latency_ns);
-        assert!(r.oncpu_ns <= r.latency_ns + 1000, "oncpu {} > latency {}", r.oncpu_ns, r.latency_ns);
+        assert!(
+            r.latency_ns > 0 && r.latency_ns < *rtt,
+            "latency {} rtt {rtt}",
+            r.latency_ns
+        );
+        assert!(
+            r.oncpu_ns <= r.latency_ns + 1000,
+            "oncpu {} > latency {}",
+            r.oncpu_ns,
+            r.latency_ns
+        );
         assert!(r.cpu < 1024);
     }
-    let med = { let mut l: Vec<_> = recs.iter().map(|r| r.latency_ns).collect(); l.sort(); l[l.len() / 2] };
-    eprintln!("median inferred server latency {med} ns; first record {:?}", recs[0]);
+    let med = {
+        let mut l: Vec<_> = recs.iter().map(|r| r.latency_ns).collect();
+        l.sort();
+        l[l.len() / 2]
+    };
+    eprintln!(
+        "median inferred server latency {med} ns; first record {:?}",
+        recs[0]
+    );
 }
 
 #[test]
@@ -423,16 +508,25 @@ fn exit_and_gc_free_entries() {
     })
     .join()
     .unwrap();
-    assert!(t.kcounters(tid).is_none(), "sched_process_exit freed the exited thread's entry");
+    assert!(
+        t.kcounters(tid).is_none(),
+        "sched_process_exit freed the exited thread's entry"
+    );
 
     // An entry the exit handler missed (e.g. claimed by a runtime) is
     // reclaimed by gc: plant one for the dead tid through the pin.
     use libbpf_rs::MapCore;
     let m = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
     let idx = (tid & (TS_KC_ENTRIES - 1)).max(1);
-    let kc = ts_kcounters { tid, tgid: std::process::id(), oncpu_ns: 5, ..Default::default() };
+    let kc = ts_kcounters {
+        tid,
+        tgid: std::process::id(),
+        oncpu_ns: 5,
+        ..Default::default()
+    };
     let bytes = unsafe { std::slice::from_raw_parts(&kc as *const _ as *const u8, 128) };
-    m.update(&idx.to_ne_bytes(), bytes, libbpf_rs::MapFlags::ANY).unwrap();
+    m.update(&idx.to_ne_bytes(), bytes, libbpf_rs::MapFlags::ANY)
+        .unwrap();
     if idx == tid & (TS_KC_ENTRIES - 1) {
         assert!(t.kcounters(tid).is_some());
     }
@@ -458,15 +552,29 @@ fn unprivileged_load_fails_clearly() {
     require_root!();
     use std::os::unix::process::CommandExt;
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "unprivileged_load_fails_clearly", "--nocapture", "--test-threads=1"])
+        .args([
+            "--exact",
+            "unprivileged_load_fails_clearly",
+            "--nocapture",
+            "--test-threads=1",
+        ])
         .env("TS_UNPRIV_CHILD", "1")
         .uid(65534)
         .gid(65534)
         .output()
         .unwrap();
     let so = String::from_utf8_lossy(&out.stdout);
-    eprintln!("{}", so.lines().find(|l| l.contains("UNPRIV-ERROR")).unwrap_or(&so));
-    assert!(out.status.success() && so.contains("UNPRIV-ERROR: not root"), "{so}\n{}", String::from_utf8_lossy(&out.stderr));
+    eprintln!(
+        "{}",
+        so.lines()
+            .find(|l| l.contains("UNPRIV-ERROR"))
+            .unwrap_or(&so)
+    );
+    assert!(
+        out.status.success() && so.contains("UNPRIV-ERROR: not root"),
+        "{so}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]
@@ -482,7 +590,10 @@ fn forked_children_are_followed_and_exits_cleaned() {
     t.add_target(pid).unwrap();
     std::thread::sleep(Duration::from_millis(250));
     let children = std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap();
-    let kids: Vec<u32> = children.split_whitespace().map(|c| c.parse().unwrap()).collect();
+    let kids: Vec<u32> = children
+        .split_whitespace()
+        .map(|c| c.parse().unwrap())
+        .collect();
     eprintln!("sh {pid} children {kids:?}");
     assert!(!kids.is_empty());
     for k in &kids {
@@ -501,24 +612,35 @@ fn pingpong_ns(rounds: usize) -> f64 {
     // 2 wakeups, 4 syscalls per round
     let mut a = [0i32; 2];
     let mut b = [0i32; 2];
-    unsafe { libc::pipe(a.as_mut_ptr()); libc::pipe(b.as_mut_ptr()); }
+    unsafe {
+        libc::pipe(a.as_mut_ptr());
+        libc::pipe(b.as_mut_ptr());
+    }
     let (ar, aw, br, bw) = (a[0], a[1], b[0], b[1]);
     let h = std::thread::spawn(move || {
         pin_to(0);
         let mut c = 0u8;
         for _ in 0..rounds {
-            unsafe { libc::read(ar, &mut c as *mut u8 as *mut _, 1); libc::write(bw, &c as *const u8 as *const _, 1); }
+            unsafe {
+                libc::read(ar, &mut c as *mut u8 as *mut _, 1);
+                libc::write(bw, &c as *const u8 as *const _, 1);
+            }
         }
     });
     pin_to(0);
     let t0 = Instant::now();
     let mut c = 0u8;
     for _ in 0..rounds {
-        unsafe { libc::write(aw, &c as *const u8 as *const _, 1); libc::read(br, &mut c as *mut u8 as *mut _, 1); }
+        unsafe {
+            libc::write(aw, &c as *const u8 as *const _, 1);
+            libc::read(br, &mut c as *mut u8 as *mut _, 1);
+        }
     }
     let ns = t0.elapsed().as_nanos() as f64 / rounds as f64;
     h.join().unwrap();
-    for fd in [ar, aw, br, bw] { unsafe { libc::close(fd) }; }
+    for fd in [ar, aw, br, bw] {
+        unsafe { libc::close(fd) };
+    }
     ns
 }
 
@@ -540,15 +662,31 @@ fn overhead() {
     t.add_target(std::process::id()).unwrap();
     let tracked = best_of(5, || pingpong_ns(R));
     drop(t);
-    let mut t = Tracer::load(&TracerOptions { infer: true, ..Default::default() }).unwrap();
+    let mut t = Tracer::load(&TracerOptions {
+        infer: true,
+        ..Default::default()
+    })
+    .unwrap();
     let infer_untracked = best_of(5, || pingpong_ns(R));
     t.add_target(std::process::id()).unwrap();
     let infer_tracked = best_of(5, || pingpong_ns(R));
     drop(t);
     println!("pipe ping-pong round (2 ctx switches + 2 wakeups + 4 syscalls), best of 5 x {R}:");
     println!("  no BPF                         {base:8.0} ns");
-    println!("  kcounters, process untracked   {untracked:8.0} ns  (+{:.0})", untracked - base);
-    println!("  kcounters, process tracked     {tracked:8.0} ns  (+{:.0})", tracked - base);
-    println!("  +infer, untracked              {infer_untracked:8.0} ns  (+{:.0})", infer_untracked - base);
-    println!("  +infer, tracked (pipes: no req){infer_tracked:8.0} ns  (+{:.0})", infer_tracked - base);
+    println!(
+        "  kcounters, process untracked   {untracked:8.0} ns  (+{:.0})",
+        untracked - base
+    );
+    println!(
+        "  kcounters, process tracked     {tracked:8.0} ns  (+{:.0})",
+        tracked - base
+    );
+    println!(
+        "  +infer, untracked              {infer_untracked:8.0} ns  (+{:.0})",
+        infer_untracked - base
+    );
+    println!(
+        "  +infer, tracked (pipes: no req){infer_tracked:8.0} ns  (+{:.0})",
+        infer_tracked - base
+    );
 }

@@ -101,6 +101,14 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
             sorted_cache[key] = np.sort(latency if all_rec else latency[rec])
         lat_sorted = sorted_cache[key]
         imp = varmri.impact_sorted(lat_sorted, latency[high], p_target)
+        imp_membership = imp
+        if ev.is_length and high.any():
+            # An event cannot explain more of pTarget than the time it took:
+            # cap by p_target(L) - p_target(L with E's time taken out of H).
+            imp = min(imp, varmri.time_bounded_impact(
+                latency if all_rec else latency[rec],
+                values_full if all_rec else values_full[rec],
+                high if all_rec else high[rec], p_target))
         v_rec = float(lat_sorted[varmri.nearest_rank_index(lat_sorted.size, p_target)]) if n_rec else math.nan
         high_count = int(np.count_nonzero(high))
         ev_q = varmri.percentiles(sample, [0.5, p_target]) if sample.size else [math.nan, math.nan]
@@ -109,6 +117,7 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
             "label": ev.label,
             "unit": ev.unit,
             "impact_ns": imp,
+            "membership_impact_ns": imp_membership,
             "impact_pct_of_target": 100.0 * imp / v_target_all if v_target_all > 0 else math.nan,
             "threshold_value": thr.value,
             "threshold_percentile": thr.percentile,
@@ -141,8 +150,13 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
             pick = np.random.default_rng(seed + 1).integers(0, c.size, size=RULE2_SAMPLES)
             c, ln = c[pick], ln[pick]
         k, r2 = varmri.proportionality_r2(c, ln)
-        if not math.isnan(r2) and r2 > causality.RULE2_R2 and per_event[count]["high_count"] > 0:
-            folded.append({"event": count, "into": length, "k_per_ns": k, "r2": r2})
+        # A count and the length of the same kernel event are one phenomenon:
+        # the length (time) is what a slow request pays, so the count is
+        # always reported under it (Rule 2 generalised; see docs/analysis.md).
+        # r2 records how proportional they were.
+        folded.append({"event": count, "into": length, "k_per_ns": k,
+                       "r2": None if math.isnan(r2) else r2,
+                       "proportional": bool(not math.isnan(r2) and r2 > causality.RULE2_R2)})
     folded_names = {f["event"] for f in folded}
 
     # Jaccard over requests that recorded both: (H1 ∩ R2) vs (H2 ∩ R1), bit-packed.

@@ -400,6 +400,26 @@ def impact_sorted(sorted_latency: np.ndarray, high_latency: np.ndarray, p_target
 # -- correlation and causality (§5.2) ------------------------------------------------------
 
 
+def time_bounded_impact(latency: np.ndarray, event_ns: np.ndarray, high: np.ndarray,
+                        p_target: float) -> float:
+    """Upper bound on a length event's impact: how far pTarget drops if the high
+    requests had not spent the event's time.
+
+        Impact_time(E) = V(L) - V({ l_i - e_i·[i in H] })
+
+    where e_i is the event's length in request i. tailscope reports
+    min(VarMRI §5.1 impact, Impact_time): membership in a high set cannot
+    explain more of the tail than the time the event actually took (e.g. a
+    timer tick of 2 µs in every long request). Documented in docs/analysis.md.
+    """
+    if latency.size == 0:
+        return 0.0
+    v_all = percentile(latency, p_target)
+    cf = latency.astype(np.float64, copy=True)
+    cf[high] = np.maximum(cf[high] - event_ns[high].astype(np.float64), 0.0)
+    return float(v_all - percentile(cf, p_target))
+
+
 def jaccard(high_a: np.ndarray, high_b: np.ndarray, both: np.ndarray | None = None) -> float:
     """Jaccard similarity |Ha ∩ Hb| / |Ha ∪ Hb| of two high sets, over the requests that
     recorded both events (`both`, a bool mask; None = all), VarMRI §5.2. (The paper calls it
