@@ -485,11 +485,16 @@ mod tests {
         let mem = RefCell::new(b);
         let mut src = MarkerSource::attach(mem, 7, None, 0).unwrap();
         let out = drain_all(&mut src);
-        assert_eq!(out.len(), 1);
-        assert!(out[0].1.chars().all(|c| !c.is_control()));
+        // The record with impossible counters keeps its latency, loses its
+        // counters; the absurd and foreign ones are dropped and counted.
+        assert_eq!(out.len(), 2);
+        assert!(out.iter().all(|o| o.1.chars().all(|c| !c.is_control())));
+        let kept: Vec<_> = out.iter().filter(|o| o.0.request_id == 3).collect();
+        assert_eq!(kept.len(), 1);
+        assert_eq!(kept[0].0.flags & tailscope_abi::TS_REC_COUNTERS, 0);
         let s = src.stats();
         assert_eq!(s.ring_resyncs, 2);
-        assert_eq!(s.corrupt_records, 3);
+        assert_eq!(s.corrupt_records, 2);
         // Resynced: the next drain is clean.
         assert!(drain_all(&mut src).is_empty());
         assert_eq!(src.stats().ring_resyncs, 2);
