@@ -335,6 +335,15 @@ def find_threshold(sorted_values: np.ndarray, p_target: float, *, discrete: bool
     thr = choose_threshold(fit, work, p_target)
     if discrete and thr.method != "none":
         value = float(math.floor(thr.value))
+        # A joint can land a range inside the tread of the high count itself
+        # (e.g. 98% zeros, 2% exactly 1024: joint at p98.1, value 1024, empty H).
+        # If the floored value's CDF level is above the joint, the step is below
+        # it: step down to the next smaller observed count.
+        below = int(np.searchsorted(v, value, side="right"))
+        if below / v.size > thr.percentile + 1.0 / n_ranges:
+            lower = int(np.searchsorted(v, value, side="left"))
+            if lower > 0:
+                value = float(v[lower - 1])
         thr = Threshold(thr.percentile, value, thr.method if value < v[-1] else "none")
     return thr, fit, work
 
