@@ -47,6 +47,7 @@ demo: build
 	$(PY) scripts/demo.py
 
 bench: build
+	bench/memcached/build.sh
 	$(PY) bench/run.py
 
 lint: setup

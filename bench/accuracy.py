@@ -138,7 +138,7 @@ def run_one(cause: str, seed: int, port: int, seconds: float, tmp: Path) -> dict
         "top_pct": causes[0].get("impact_pct_of_target") if causes else 0.0,
         "ranking": [(c["event"], c.get("impact_pct_of_target")) for c in causes[:5]],
         "max_pct": max((c.get("impact_pct_of_target") or 0.0 for c in causes), default=0.0),
-        "requests": int(len(cols["latency_ns"])),
+        "requests": len(cols["latency_ns"]),
         "p99_us": float(np.percentile(cols["latency_ns"], 99) / 1e3) if len(cols["latency_ns"]) else None,
         "accounting_error": accounting_error(cols),
         "accounting_error_switched": accounting_error_switched(cols),

@@ -120,8 +120,8 @@ class Tracer:
             cmd = [str(AGENT), "record", "-o", str(self.out), "--force", "-p", str(pid),
                    "--sample", rate, "--mode", mode, "--quiet"]
         elif setup == "bpftrace":
-            prog = ('tracepoint:raw_syscalls:sys_enter /pid == %d/ '
-                    '{ printf("%%d %%d %%ld\\n", tid, args->id, nsecs); }' % pid)
+            prog = (f'tracepoint:raw_syscalls:sys_enter /pid == {pid}/ '
+                    '{ printf("%d %d %ld\\n", tid, args->id, nsecs); }')
             cmd = ["bpftrace", "-o", str(self.out), "-e", prog]
         elif setup == "perf":
             cmd = ["perf", "record", "-F", "4000", "-g", "-p", str(pid), "-o", str(self.out), "-q"]
@@ -227,7 +227,7 @@ def main() -> None:
                         shutil.rmtree(tmp / "trace", ignore_errors=True)
                     try:
                         runs[s].append(measure(workload, s, port, args.seconds, rate80, tmp))
-                    except Exception as e:  # noqa: BLE001 - a failed setup is reported, not fatal
+                    except Exception as e:
                         log(f"bench: {workload}/{s} run {r}: {e}")
                     log(f"bench: {workload} run {r + 1}/{args.runs} {s}: "
                         f"{runs[s][-1]['max_rps'] if runs[s] else 'failed'}")
@@ -277,7 +277,8 @@ def fmt(x, spec):
 def render(rows: list[dict], command: str) -> str:
     lines = ["# varmri: cost of recording (medians; ratios to no tracing)", "",
              f"Reproduce: `{command}` (part of `make bench`)", "",
-             "| workload | setup | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio | trace MB/s | B/recorded req |",
+             "| workload | setup | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio "
+             "| trace MB/s | B/recorded req |",
              "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("failed"):

@@ -197,3 +197,29 @@ def test_default_segment_seconds():
     s = V.default_segment_seconds(1_000_000, 100.0, 0.99)
     assert s in (0.5, 1.0)  # ≥ 2000 requests per segment at 10k req/s → ≥ 0.2 s; ≤ 200 segments → ≥ 0.5 s
     assert V.default_segment_seconds(10_000, 100.0, 0.999) == 200.0  # needs 20 000 per segment
+
+
+def test_time_bounded_impact_caps_membership_by_time():
+    """A 2 µs event in every slow request cannot explain their 1 ms: the time-bounded
+    impact is the drop in p99 when the event's time is taken out of the high set."""
+    rng = np.random.default_rng(3)
+    lat = rng.normal(100_000, 5_000, 10_000).clip(1)
+    lat[:200] += 1_000_000                      # 2% slow
+    ev = np.zeros_like(lat)
+    ev[:200] = 2_000                            # a tick in each slow request
+    high = ev > 0
+    membership = V.impact(lat, high, 0.99)
+    bounded = V.time_bounded_impact(lat, ev, high, 0.99)
+    assert membership > 900_000                 # removing the slow set removes the tail
+    assert 0 <= bounded <= 2_001                # but the event only took 2 µs of it
+    ev[:200] = 1_000_000                        # now the event is the whole excess
+    assert V.time_bounded_impact(lat, ev, high, 0.99) > 900_000
+
+
+def test_discrete_threshold_never_lands_on_the_high_count():
+    """98% zeros and 2% exactly 1024 faults: the high set is the 1024s, not empty."""
+    v = np.sort(np.r_[np.zeros(9800), np.full(200, 1024.0)])
+    thr, _, _ = V.find_threshold(v, 0.99, discrete=True)
+    assert thr.method != "none"
+    assert thr.value < 1024
+    assert np.count_nonzero(v > thr.value) == 200

@@ -63,6 +63,10 @@ def _cdf_points(sorted_values: np.ndarray) -> dict:
     return {"value": sorted_values[idx].tolist(), "percentile": ((idx + 1) / n).tolist()}
 
 
+# Events that measure the request's own work rather than interference.
+OWN_WORK_EVENTS = frozenset({"own_cpu_ns"})
+
+
 def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict[str, np.ndarray],
                 counters_valid: np.ndarray, p_target: float, v_target_all: float, *, seed: int = 0,
                 max_step_samples: int = MAX_STEP_SAMPLES, n_ranges: int = 1000,
@@ -195,12 +199,17 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
         return (0 if a == a else 1, -(a if a == a else 0.0), -(i if i == i else 0.0))
 
     causes.sort(key=key)
+    # The request's own on-CPU work is the baseline, not interference by a
+    # kernel event: report it beside the ranking, not in it (docs/analysis.md).
+    own_work = next((d for d in causes if d["event"] in OWN_WORK_EVENTS), None)
+    causes = [d for d in causes if d["event"] not in OWN_WORK_EVENTS]
     for r, d in enumerate(causes, 1):
         d["rank"] = r
     correlations = sorted(
         ({"a": a, "b": b, "jaccard": j} for (a, b), j in sim.items() if a < b and j >= 0.3),
         key=lambda x: -x["jaccard"])
-    return {"causes": causes, "folded": folded, "correlations": correlations[:20], "plots": plots}
+    return {"causes": causes, "own_work": own_work, "folded": folded,
+            "correlations": correlations[:20], "plots": plots}
 
 
 def time_breakdown(latency: np.ndarray, columns: dict[str, np.ndarray], counters_valid: np.ndarray,
@@ -340,7 +349,7 @@ def analyse(columns: dict[str, np.ndarray], meta: dict, *, nulls: dict[str, np.n
     if n == 0:
         result.update({
             "message": "no requests recorded" if kind is None else f"no requests of kind {kind}",
-            "why": _empty_why(meta, note), "headline": "", "causes": [], "folded": [],
+            "why": _empty_why(meta, note), "headline": "", "causes": [], "own_work": None, "folded": [],
             "correlations": [], "segments": None, "time_breakdown": None,
             "p50_ns": None, "p_target_ns": None,
             "health": health(meta, 0, 0, kind_counts, p_target, 0), "plots": {},

@@ -120,6 +120,19 @@ def _breakdown(r: dict) -> go.Figure:
     return fig
 
 
+def _own_work(r: dict) -> str:
+    w = r.get("own_work")
+    if not w:
+        return ""
+    by = w.get("explained_by")
+    return (f"<p><b>Own work</b> (not ranked: it is the requests' own computation, not a kernel "
+            f"event): requests whose on-CPU own work exceeded {E(fmt_ns(w['threshold_value']))} "
+            f"explain {E(fmt_ns(w['adjusted_impact_ns']))} "
+            f"({fmt_pct(w['adjusted_impact_pct_of_target'])} of {E(r['target_label'])})"
+            + (f", in part because of {E(by['label'])}" if by else "")
+            + ". Without a hardware PMU tailscope cannot split it further (instructions, cache misses).</p>")
+
+
 def _causes_table(r: dict, top: int) -> str:
     t = r["target_label"]
     head = ("<tr><th>#</th><th>event</th><th>impact</th><th>% of " + E(t) + "</th><th>adjusted</th>"
@@ -230,7 +243,7 @@ def render_html(result: dict, top: int = 10) -> str:
         f"<p class=muted>{r['requests']} requests"
         f"{' of kind ' + E(r['kind']) if r.get('kind') else ''}; target {E(r['target_label'])}; "
         f"{E(health_line(h))}</p>",
-        "<h2>Causes of the tail, ranked</h2>", _causes_table(r, top), fig(_causes_bar(r, top)),
+        "<h2>Causes of the tail, ranked</h2>", _causes_table(r, top), _own_work(r), fig(_causes_bar(r, top)),
         "<h2>Latency</h2>", fig(_latency_cdf(r)),
         "<h2>Over time</h2>", fig(_segments(r)), _segments_html(r),
         "<h2>Where slow requests' time went</h2>", fig(_breakdown(r)),

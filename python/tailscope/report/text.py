@@ -67,7 +67,19 @@ def headline(result: dict) -> str:
         parts = [f"{c['label']} ({fmt_ns(c['adjusted_impact_ns'])}, {fmt_pct(c['adjusted_impact_pct_of_target'])})"
                  for c in rest]
         s += " Next comes " + (", then ".join(parts)) + "."
-    return s
+    return s + own_work_sentence(result)
+
+
+def own_work_sentence(result: dict) -> str:
+    """The slow requests' own on-CPU work, reported beside the kernel-event causes."""
+    w = result.get("own_work")
+    if not w or (w.get("adjusted_impact_pct_of_target") or 0) < MIN_HEADLINE_PCT:
+        return ""
+    return (f" Separately, requests whose own on-CPU work exceeded {fmt_ns(w['threshold_value'])} "
+            f"explain {fmt_ns(w['adjusted_impact_ns'])} ({fmt_pct(w['adjusted_impact_pct_of_target'])}): "
+            "that is the requests' own computation, not a kernel event"
+            + (f" (explained in part by {w['explained_by']['label']})" if w.get("explained_by") else "")
+            + ".")
 
 
 def health_line(h: dict) -> str:
