@@ -223,8 +223,11 @@ def main() -> None:
             for r in range(args.runs):
                 for s in setups:
                     port += 1
-                    if s.startswith("tailscope"):
-                        shutil.rmtree(tmp / "trace", ignore_errors=True)
+                    trace = tmp / "trace"
+                    if trace.is_dir():
+                        shutil.rmtree(trace)
+                    elif trace.exists():
+                        trace.unlink()
                     try:
                         runs[s].append(measure(workload, s, port, args.seconds, rate80, tmp))
                     except Exception as e:

@@ -73,7 +73,7 @@ struct req_state {
 	__u64 seq;          /* requests begun by this thread */
 	__u64 enter_ns;     /* sys_enter of the pending read */
 	__u64 start_ns;     /* start of the open request */
-	__u8 pending;       /* 1: read in flight, 2: write in flight */
+	__u8 pending;       /* 1: read in flight, 2: write in flight, 3: read inside a request */
 	__u8 pending_sock;  /* the in-flight call is on a socket */
 	__u8 active;        /* a request is open */
 	__u8 sampled;       /* the pending read / open request is sampled */
@@ -247,8 +247,19 @@ static __always_inline void on_enter(long fd, bool is_read)
 			return;
 	}
 	st->pending = 0;
+	if (is_read && st->active) {
+		/* A read inside a request (an event loop reading another
+		 * connection): it joins this request, but its socket's arrival
+		 * must be consumed, or a later request on it would start at
+		 * this stale arrival. */
+		if (fd_is_socket(task, fd, &sk)) {
+			st->pending = 3;
+			st->pending_sk = sk;
+		}
+		return;
+	}
 	if (is_read == (bool)st->active)
-		return; /* read inside a request, or write outside one */
+		return; /* write outside a request */
 	if (!fd_is_socket(task, fd, &sk))
 		return;
 	st->pending = is_read ? 1 : 2;
@@ -325,6 +336,15 @@ static __always_inline void on_exit(long ret, bool is_read)
 	if (!is_target_tgid(tgid))
 		return;
 	st = bpf_map_lookup_elem(&req_states, &tid);
+	if (st && st->pending == 3 && is_read) {
+		__u64 sk = st->pending_sk;
+		struct sock_state *ss = ret > 0 && sk ? bpf_map_lookup_elem(&socks, &sk) : NULL;
+
+		st->pending = 0;
+		if (ss)
+			ss->arrival_ns = 0;
+		return;
+	}
 	if (!st || st->pending != (is_read ? 1 : 2))
 		return;
 	st->pending = 0;

@@ -102,11 +102,16 @@ pub fn process_cmdline(pid: u32) -> Option<Vec<String>> {
     if raw.is_empty() {
         return Some(vec![]);
     }
-    Some(
-        raw.split(|&c| c == 0)
-            .map(|s| String::from_utf8_lossy(s).into_owned())
-            .collect(),
-    )
+    let mut args: Vec<String> = raw
+        .split(|&c| c == 0)
+        .map(|s| String::from_utf8_lossy(s).into_owned())
+        .collect();
+    // Servers that rewrite their process title (redis, nginx, postgres) pad
+    // argv with NULs: drop the trailing empty arguments that leaves.
+    while args.len() > 1 && args.last().is_some_and(|a| a.is_empty()) {
+        args.pop();
+    }
+    Some(args)
 }
 
 /// A handle that says when a process (not our child) has exited: a pidfd

@@ -6,6 +6,7 @@ Renders only the dict from `tailscope.analysis.pipeline.analyse`.
 from __future__ import annotations
 
 import html
+import math
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -55,6 +56,15 @@ class _Figures:
         return out
 
 
+def _target_name(t) -> str:
+    """'redis-server (pid 8784): /usr/bin/redis-server *:6399' from meta's target."""
+    if not isinstance(t, dict):
+        return "recording"
+    args = [a for a in (t.get("cmdline") or []) if a]
+    name = f"{t.get('comm') or 'process'} (pid {t.get('pid')})"
+    return f"{name}: {' '.join(args)[:120]}" if args else name
+
+
 def _latency_cdf(r: dict) -> go.Figure:
     d = r["plots"]["latency_cdf"]
     fig = go.Figure(go.Scatter(x=[v / 1e3 for v in d["value"]], y=d["percentile"], mode="lines",
@@ -62,7 +72,12 @@ def _latency_cdf(r: dict) -> go.Figure:
     for label, v in (("p50", r["p50_ns"]), (r["target_label"], r["p_target_ns"])):
         fig.add_vline(x=v / 1e3, line_dash="dot", annotation_text=f"{label} {fmt_ns(v)}")
     fig.update_layout(title="Latency CDF", xaxis_title="latency (µs, log)", yaxis_title="fraction of requests")
-    fig.update_xaxes(type="log")
+    xs = [v / 1e3 for v in d["value"] if v > 0]
+    if xs:  # explicit range: vline annotations would otherwise stretch a log axis
+        lo, hi = math.log10(min(xs)), math.log10(max(max(xs), r["p_target_ns"] / 1e3))
+        fig.update_xaxes(type="log", range=[lo - 0.1, hi + 0.1])
+    else:
+        fig.update_xaxes(type="log")
     return fig
 
 
@@ -154,7 +169,8 @@ def _causes_table(r: dict, top: int) -> str:
             f"<td class=num>{fmt_pct(c['adjusted_impact_pct_of_target'])}</td><td>{thr}</td>"
             f"<td class=num>{c['high_count']} / {c['recorded_count']}</td><td>{note}</td></tr>")
     folded = "".join(
-        f"<li>{E(f['event'])} folded into {E(f['into'])} (proportional, R² = {f['r2']:.3f}; VarMRI rule 2)</li>"
+        f"<li>{E(f['event'])} is reported under {E(f['into'])}: the count of the same kernel event"
+        + (f" (R² = {f['r2']:.2f})" if f.get("r2") is not None else "") + "</li>"
         for f in r.get("folded", []))
     return (f"<table>{head}{''.join(rows)}</table>"
             + (f"<p class=muted>Not ranked separately:</p><ul>{folded}</ul>" if folded else ""))
@@ -231,7 +247,7 @@ segment says what is different when it is worst.</p>
 def render_html(result: dict, top: int = 10) -> str:
     r = result
     h = r["health"]
-    title = f"tailscope report: {(h.get('target') and compact(h.get('target'))) or 'recording'}"
+    title = f"tailscope report: {_target_name(h.get('target'))}"
     if r.get("empty"):
         body = (f"<div class=headline>{E(r['message'])}</div><p>{E(r['why'])}.</p>"
                 f"<h2>Recording health</h2>{_health_html(h, r)}")
