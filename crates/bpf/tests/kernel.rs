@@ -399,7 +399,9 @@ while True:
     (child, line.trim().parse().unwrap())
 }
 
-fn run_infer(ppm: u32, n: usize) -> (Vec<ts_request_record>, BpfStats, u32, Vec<u64>) {
+/// Records, stats, the server's pid, and each request's client-side
+/// (send time, round trip) in CLOCK_MONOTONIC ns.
+fn run_infer(ppm: u32, n: usize) -> (Vec<ts_request_record>, BpfStats, u32, Vec<(u64, u64)>) {
     let mut t = Tracer::load(&TracerOptions {
         infer: true,
         infer_sample_ppm: ppm,
@@ -417,7 +419,7 @@ fn run_infer(ppm: u32, n: usize) -> (Vec<ts_request_record>, BpfStats, u32, Vec<
         let t0 = mono_ns();
         c.write_all(&msg).unwrap();
         c.read_exact(&mut buf).unwrap();
-        rtts.push(mono_ns() - t0);
+        rtts.push((t0, mono_ns() - t0));
     }
     drop(c);
     child.wait().unwrap();
@@ -447,7 +449,8 @@ fn infer_every_request() {
     assert_eq!(st.inferred_requests_sampled, N as u64);
     assert_eq!(st.ringbuf_drops, 0);
     let mut ids = std::collections::HashSet::new();
-    for (r, rtt) in recs.iter().zip(&rtts) {
+    let mut over = 0;
+    for (r, &(t0, rtt)) in recs.iter().zip(&rtts) {
         assert_eq!(
             r.flags & (TS_REC_SAMPLED | TS_REC_INFERRED),
             TS_REC_SAMPLED | TS_REC_INFERRED
@@ -460,11 +463,27 @@ fn infer_every_request() {
         assert_eq!(r.request_id >> 32, r.tid as u64);
         assert_eq!(r.tid, pid, "single-threaded server: tid == pid");
         assert!(ids.insert(r.request_id));
+        // The request starts when its bytes land in the server's socket:
+        // inside the client's send..receive window, never before it.
         assert!(
-            r.latency_ns > 0 && r.latency_ns < *rtt,
+            r.start_ns >= t0 && r.start_ns < t0 + rtt,
+            "start {} outside the client's window [{t0}, {})",
+            r.start_ns,
+            t0 + rtt
+        );
+        // It ends when the server's write returns. On loopback the client
+        // can wake on the other CPU and see the reply before that return,
+        // so the server-side latency may exceed the round trip by the
+        // write's return path (a few µs), never by more.
+        assert!(r.latency_ns > 0, "{r:?}");
+        assert!(
+            r.latency_ns < rtt + 100_000,
             "latency {} rtt {rtt}",
             r.latency_ns
         );
+        if r.latency_ns >= rtt {
+            over += 1;
+        }
         assert!(
             r.oncpu_ns <= r.latency_ns + 1000,
             "oncpu {} > latency {}",
@@ -473,6 +492,10 @@ fn infer_every_request() {
         );
         assert!(r.cpu < 1024);
     }
+    assert!(
+        over * 10 < N,
+        "{over} of {N} server latencies exceed the client's round trip"
+    );
     let med = {
         let mut l: Vec<_> = recs.iter().map(|r| r.latency_ns).collect();
         l.sort();
