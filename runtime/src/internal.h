@@ -62,6 +62,11 @@ struct ts_thread {
 	uint64_t rng;             /* xorshift64* state */
 	struct ts_thread_slot *slot;
 	struct ts_kc_snap snap;   /* counters at begin */
+	/* LDB */
+	struct ts_shadow_stack *shadow; /* hooks' fast path; NULL: take the slow path */
+	struct ts_shadow_stack *shadow_slow; /* the stack, once attached */
+	uint32_t fn_clock;        /* stamp frame entries (TAILSCOPE_FN_CLOCK=1) */
+	uint32_t in_attach;       /* recursion guard for shadow_attach */
 };
 
 struct ts_process {
@@ -80,6 +85,7 @@ struct ts_process {
 	uint32_t kc_maps;         /* mappings made so far (bounded) */
 	uint64_t kc_next_try_ns;  /* rate limit for failed opens */
 	pthread_mutex_t kc_lock;  /* only ever trylock'ed */
+	uint32_t fn_clock;        /* TAILSCOPE_FN_CLOCK=1 */
 };
 
 extern struct ts_process ts_proc TS_HIDDEN;
@@ -101,6 +107,14 @@ uint32_t ts_current_ppm(void) TS_HIDDEN;
 void ts_sample_seed(struct ts_thread *t) TS_HIDDEN;
 void ts_sample_redraw(struct ts_thread *t) TS_HIDDEN;
 double ts_ln(double x) TS_HIDDEN;
+
+/* shadow.c */
+void ts_shadow_reset(struct ts_shadow_stack *s) TS_HIDDEN;
+void ts_shadow_detach(struct ts_thread *t) TS_HIDDEN;
+
+/* events.c */
+int ts_event_push3(struct ts_thread *t, const struct ts_event *ev, int n) TS_HIDDEN;
+uint64_t ts_mutex_thresh_ns(void) TS_HIDDEN;
 
 /* kcounters.c */
 int ts_kc_begin(struct ts_thread *t, uint64_t now) TS_HIDDEN;

@@ -110,6 +110,8 @@ static int region_create(void) {
 	h->max_slots = TS_MAX_SLOTS;
 	h->ring_capacity = TS_RING_CAPACITY;
 	h->record_size = sizeof(struct ts_request_record);
+	h->shadow_depth = TS_SHADOW_DEPTH;
+	h->event_ring_capacity = TS_EVENT_RING_CAPACITY;
 	h->pid = (uint32_t)pid;
 	h->sample_ppm_runtime = ts_proc.sample_ppm;
 	h->created_ns = ts_now_ns();
@@ -145,6 +147,7 @@ static void fork_child(void) {
 		uint32_t n = old->kinds_count;
 		if (n >= TS_MAX_KINDS) n = TS_MAX_KINDS - 1;
 		memcpy(ts_proc.hdr->kinds, old->kinds, sizeof(old->kinds));
+		ts_proc.hdr->features = old->features & TS_FEAT_LOCK_SHIM;
 		__atomic_store_n(&ts_proc.hdr->kinds_count, n, __ATOMIC_RELEASE);
 	}
 	munmap(old, old_size); /* the child has one thread: nobody else uses it */
@@ -158,6 +161,7 @@ static void process_init(void) {
 	}
 	ts_proc.sample_ppm = ts_parse_sample(getenv("TAILSCOPE_SAMPLE"),
 					     TS_DEFAULT_SAMPLE_PPM);
+	ts_proc.fn_clock = env_is_one("TAILSCOPE_FN_CLOCK");
 	if (pthread_key_create(&ts_proc.key, ts_slot_exit) != 0) {
 		ts_debug("disabled: pthread_key_create failed");
 		return;

@@ -42,6 +42,7 @@ static struct ts_thread_slot *slot_claim(void) {
 		if (st == TS_SLOT_FREE && slot_take(s, TS_SLOT_FREE)) return s;
 		if (st == TS_SLOT_EXITED &&
 		    __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) == s->ring_head &&
+		    __atomic_load_n(&s->ev_tail, __ATOMIC_ACQUIRE) == s->ev_head &&
 		    slot_take(s, TS_SLOT_EXITED))
 			return s;
 	}
@@ -60,6 +61,7 @@ int ts_thread_init(struct ts_thread *t) {
 		ts_debug("thread %u: no free slot (max %d)", t->tid, TS_MAX_SLOTS);
 		goto mute;
 	}
+	ts_shadow_reset(&s->shadow); /* before the tid: the observer keys on it */
 	s->tid = t->tid;
 	s->cur_active = 0;
 	t->slot = s;
@@ -87,6 +89,7 @@ void ts_slot_exit(void *slot) {
 	t->state = TS_THREAD_DEAD;
 	t->active = 0;
 	t->slot = NULL;
+	ts_shadow_detach(t); /* hooks in later destructors write nowhere shared */
 	t->countdown = TS_COUNTDOWN_NEVER;
 }
 
@@ -94,5 +97,5 @@ void ts_slot_exit(void *slot) {
  * region. Forget it; the thread re-registers in the child's region. */
 void ts_thread_reset_after_fork(struct ts_thread *t) {
 	if (ts_proc.enabled) pthread_setspecific(ts_proc.key, NULL);
-	memset(t, 0, sizeof(*t));
+	memset(t, 0, sizeof(*t)); /* shadow = NULL: re-attached in the child's region */
 }

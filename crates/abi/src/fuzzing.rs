@@ -7,7 +7,14 @@ use crate::region::{
     decode_kind_name, parse_record, parse_region_header, parse_slot, plan_drain,
     record_offset_in_slot, validate_record, SLOT_PRODUCER_BYTES,
 };
-use crate::{RECORD_SIZE, TS_KIND_NAME_LEN, TS_MAX_KINDS, TS_MAX_SLOTS, TS_RING_CAPACITY};
+use crate::shadow::{
+    common_prefix, parse_event, parse_frames, parse_shadow_head, stored_frames, validate_event,
+    SHADOW_HEAD_BYTES,
+};
+use crate::{
+    EVENT_SIZE, RECORD_SIZE, TS_EVENT_RING_CAPACITY, TS_KIND_NAME_LEN, TS_MAX_KINDS, TS_MAX_SLOTS,
+    TS_RING_CAPACITY, TS_SHADOW_DEPTH,
+};
 
 /// Feeds `data` to every parser in turn. Panics only if a promise breaks.
 pub fn exercise(data: &[u8]) {
@@ -43,6 +50,23 @@ pub fn exercise(data: &[u8]) {
         assert!(name.chars().all(|c| !c.is_control()));
         assert!(name.chars().count() < TS_KIND_NAME_LEN);
     }
+    // The input as a shadow stack: the frame count is clamped whatever the
+    // depth says, and diffing two copies is bounded.
+    if let Ok(h) = parse_shadow_head(data) {
+        let n = stored_frames(h.depth);
+        assert!(n <= TS_SHADOW_DEPTH);
+        let mut frames = Vec::new();
+        parse_frames(&data[SHADOW_HEAD_BYTES..], h.depth, &mut frames);
+        assert!(frames.len() <= n as usize);
+        let mut shifted = Vec::new();
+        parse_frames(&data[SHADOW_HEAD_BYTES.min(data.len())..], h.depth ^ 1, &mut shifted);
+        assert!(common_prefix(&frames, &shifted) <= frames.len().min(shifted.len()));
+    }
+    for chunk in data.chunks(EVENT_SIZE) {
+        if let Ok(e) = parse_event(chunk) {
+            let _ = validate_event(&e, e.tid ^ (chunk[0] as u32 & 1), 0, u64::MAX / 2);
+        }
+    }
     // The first 16 bytes as (head, tail): a drain step is always bounded.
     if data.len() >= 16 {
         let head = u64::from_le_bytes(data[0..8].try_into().unwrap());
@@ -59,6 +83,12 @@ pub fn exercise(data: &[u8]) {
             assert!(idx < TS_RING_CAPACITY);
             let off = record_offset_in_slot(idx);
             assert!(off + RECORD_SIZE <= crate::SLOT_SIZE);
+        }
+        let p = plan_drain(head, tail, TS_EVENT_RING_CAPACITY);
+        assert!(p.count <= TS_EVENT_RING_CAPACITY);
+        for k in 0..p.count {
+            let off = crate::shadow::event_offset_in_slot(p.ring_index(k, TS_EVENT_RING_CAPACITY));
+            assert!(off + EVENT_SIZE <= crate::SLOT_SIZE);
         }
     }
 }

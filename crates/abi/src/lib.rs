@@ -10,10 +10,11 @@
 
 pub mod fuzzing;
 pub mod region;
+pub mod shadow;
 pub mod synth;
 
 pub const TS_ABI_MAGIC: u64 = 0x3130_504f_4353_5354;
-pub const TS_ABI_VERSION: u32 = 1;
+pub const TS_ABI_VERSION: u32 = 2;
 
 pub const TS_KC_PIN_DIR: &str = "/sys/fs/bpf/tailscope";
 pub const TS_KC_PIN_PATH: &str = "/sys/fs/bpf/tailscope/kcounters";
@@ -37,6 +38,26 @@ pub const TS_REC_SAMPLED: u16 = 0x1;
 pub const TS_REC_INFERRED: u16 = 0x2;
 pub const TS_REC_COUNTERS: u16 = 0x4;
 pub const TS_REC_TORN: u16 = 0x8;
+
+pub const TS_SHADOW_DEPTH: u32 = 64;
+pub const TS_EVENT_RING_CAPACITY: u32 = 1024;
+pub const TS_MUTEX_THRESH_NS: u64 = 1000;
+
+pub const TS_FEAT_FN_HOOKS: u32 = 0x1;
+pub const TS_FEAT_LOCK_SHIM: u32 = 0x2;
+pub const TS_FEAT_FN_CLOCK: u32 = 0x4;
+
+pub const TS_LDB_LOCKS: u32 = 0x1;
+pub const TS_LDB_REQUESTS: u32 = 0x2;
+
+pub const TS_EV_FUNCTION: u32 = 1;
+pub const TS_EV_MUTEX_WAIT: u32 = 2;
+pub const TS_EV_MUTEX_LOCK: u32 = 3;
+pub const TS_EV_MUTEX_UNLOCK: u32 = 4;
+pub const TS_EV_REQ_START: u32 = 5;
+pub const TS_EV_REQ_BLOCK: u32 = 6;
+pub const TS_EV_REQ_END: u32 = 7;
+pub const TS_EV_REQ_END_ALL: u32 = 8;
 
 pub const TS_SLOT_FREE: u32 = 0;
 pub const TS_SLOT_LIVE: u32 = 1;
@@ -110,6 +131,40 @@ pub struct ts_request_record {
     pub cpu: u32,
 }
 
+/// One live call on a shadow stack.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ts_frame {
+    pub r#fn: u64,
+    pub site: u64,
+    pub id: u64,
+    pub sp: u64,
+    pub entry_ns: u64,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct ts_shadow_stack {
+    pub gen: u64,
+    pub depth: u32,
+    pub _pad0: u32,
+    pub truncated: u64,
+    pub resyncs: u64,
+    pub _pad1: [u64; 4],
+    pub frames: [ts_frame; TS_SHADOW_DEPTH as usize],
+}
+
+/// A lock or request event from a thread's event ring.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ts_event {
+    pub ts_ns: u64,
+    pub object: u64,
+    pub arg: u64,
+    pub r#type: u32,
+    pub tid: u32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy)]
 pub struct ts_thread_slot {
@@ -126,6 +181,13 @@ pub struct ts_thread_slot {
     pub ring_tail: u64,
     pub _pad_consumer: [u64; 7],
     pub ring: [ts_request_record; TS_RING_CAPACITY as usize],
+    pub shadow: ts_shadow_stack,
+    pub ev_head: u64,
+    pub ev_dropped: u64,
+    pub _pad_ev_producer: [u64; 6],
+    pub ev_tail: u64,
+    pub _pad_ev_consumer: [u64; 7],
+    pub events: [ts_event; TS_EVENT_RING_CAPACITY as usize],
 }
 
 #[repr(C)]
@@ -147,13 +209,21 @@ pub struct ts_region_header {
     pub created_ns: u64,
     pub slots_exhausted: u64,
     pub kinds: [[u8; TS_KIND_NAME_LEN]; TS_MAX_KINDS],
-    pub _reserved: [u8; 440],
+    pub shadow_depth: u32,
+    pub event_ring_capacity: u32,
+    pub features: u32,
+    pub ldb_flags: u32,
+    pub mutex_thresh_ns: u64,
+    pub _reserved: [u8; 416],
 }
 
 /// Byte offsets and sizes the rest of the agent relies on.
 pub const REGION_HEADER_SIZE: usize = core::mem::size_of::<ts_region_header>();
 pub const SLOT_SIZE: usize = core::mem::size_of::<ts_thread_slot>();
 pub const RECORD_SIZE: usize = core::mem::size_of::<ts_request_record>();
+pub const FRAME_SIZE: usize = core::mem::size_of::<ts_frame>();
+pub const EVENT_SIZE: usize = core::mem::size_of::<ts_event>();
+pub const SHADOW_SIZE: usize = core::mem::size_of::<ts_shadow_stack>();
 
 /// Total size of a region file with `max_slots` slots.
 pub const fn region_size(max_slots: usize) -> usize {
@@ -175,5 +245,8 @@ mod tests {
         );
         assert_eq!(RECORD_SIZE, 112);
         assert_eq!(REGION_HEADER_SIZE, 2048);
+        assert_eq!(FRAME_SIZE, 40);
+        assert_eq!(EVENT_SIZE, 32);
+        assert_eq!(SLOT_SIZE % 64, 0);
     }
 }

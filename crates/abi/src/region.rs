@@ -58,6 +58,12 @@ pub enum AbiError {
     },
     /// A slot's `state` is none of `TS_SLOT_*`.
     BadSlotState(u32),
+    /// `shadow_depth` or `event_ring_capacity` differ from this agent's.
+    BadLdbLayout {
+        field: &'static str,
+        region: u32,
+        expected: u32,
+    },
 }
 
 impl fmt::Display for AbiError {
@@ -91,6 +97,14 @@ impl fmt::Display for AbiError {
                 "region file is {file_len} bytes, its header promises {need}"
             ),
             AbiError::BadSlotState(s) => write!(f, "bad slot state {s}"),
+            AbiError::BadLdbLayout {
+                field,
+                region,
+                expected,
+            } => write!(
+                f,
+                "ABI layout mismatch: region {field} is {region}, agent expects {expected}"
+            ),
         }
     }
 }
@@ -150,6 +164,10 @@ pub struct RegionHeader {
     pub slots_exhausted: u64,
     /// Decoded, sanitised names; index = `ts_request_record.kind`.
     pub kinds: Vec<String>,
+    /// `TS_FEAT_*` the runtime announced (ABI 2).
+    pub features: u32,
+    /// `TS_LDB_*` as last written by an agent.
+    pub ldb_flags: u32,
 }
 
 /// Byte offsets of header fields the agent writes or re-reads in place.
@@ -161,6 +179,9 @@ pub mod header_offsets {
     pub const SLOTS_USED: usize = offset_of!(ts_region_header, slots_used);
     pub const SLOTS_EXHAUSTED: usize = offset_of!(ts_region_header, slots_exhausted);
     pub const KINDS: usize = offset_of!(ts_region_header, kinds);
+    pub const FEATURES: usize = offset_of!(ts_region_header, features);
+    pub const LDB_FLAGS: usize = offset_of!(ts_region_header, ldb_flags);
+    pub const MUTEX_THRESH_NS: usize = offset_of!(ts_region_header, mutex_thresh_ns);
 }
 
 /// Parses and validates a region header.
@@ -211,6 +232,27 @@ pub fn parse_region_header(bytes: &[u8], file_len: usize) -> Result<RegionHeader
     if !ring_capacity.is_power_of_two() || ring_capacity != TS_RING_CAPACITY {
         return Err(AbiError::BadRingCapacity(ring_capacity));
     }
+    for (field, off, expected) in [
+        (
+            "shadow_depth",
+            offset_of!(ts_region_header, shadow_depth),
+            crate::TS_SHADOW_DEPTH,
+        ),
+        (
+            "event_ring_capacity",
+            offset_of!(ts_region_header, event_ring_capacity),
+            crate::TS_EVENT_RING_CAPACITY,
+        ),
+    ] {
+        let region = u32_at(bytes, off);
+        if region != expected {
+            return Err(AbiError::BadLdbLayout {
+                field,
+                region,
+                expected,
+            });
+        }
+    }
     let max_slots = u32_at(bytes, offset_of!(ts_region_header, max_slots));
     if max_slots == 0 || max_slots > TS_MAX_SLOTS {
         return Err(AbiError::BadMaxSlots(max_slots));
@@ -236,6 +278,8 @@ pub fn parse_region_header(bytes: &[u8], file_len: usize) -> Result<RegionHeader
         created_ns: u64_at(bytes, offset_of!(ts_region_header, created_ns)),
         slots_exhausted: u64_at(bytes, offset_of!(ts_region_header, slots_exhausted)),
         kinds: parse_kinds_table(bytes),
+        features: u32_at(bytes, header_offsets::FEATURES),
+        ldb_flags: u32_at(bytes, header_offsets::LDB_FLAGS),
     })
 }
 
@@ -554,6 +598,14 @@ mod tests {
             RECORD_SIZE as u32,
         );
         put32(offset_of!(ts_region_header, pid), 42);
+        put32(
+            offset_of!(ts_region_header, shadow_depth),
+            crate::TS_SHADOW_DEPTH,
+        );
+        put32(
+            offset_of!(ts_region_header, event_ring_capacity),
+            crate::TS_EVENT_RING_CAPACITY,
+        );
         put32(offset_of!(ts_region_header, kinds_count), 2);
         b[..8].copy_from_slice(&TS_ABI_MAGIC.to_le_bytes());
         let k = header_offsets::KINDS + TS_KIND_NAME_LEN;
@@ -579,7 +631,7 @@ mod tests {
         let e = parse_region_header(&b, crate::region_size(4)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "ABI version mismatch: region has 3, agent supports 1"
+            "ABI version mismatch: region has 3, agent supports 2"
         );
     }
 

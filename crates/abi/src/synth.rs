@@ -18,7 +18,15 @@ fn put(b: &mut [u8], off: usize, v: &[u8]) {
 pub fn region(max_slots: u32, pid: u32) -> Vec<u8> {
     let mut b = vec![0u8; region_size(max_slots as usize)];
     put(&mut b, 0, &TS_ABI_MAGIC.to_le_bytes());
-    let fields: [(usize, u32); 7] = [
+    let fields: [(usize, u32); 9] = [
+        (
+            offset_of!(ts_region_header, shadow_depth),
+            crate::TS_SHADOW_DEPTH,
+        ),
+        (
+            offset_of!(ts_region_header, event_ring_capacity),
+            crate::TS_EVENT_RING_CAPACITY,
+        ),
         (offset_of!(ts_region_header, abi_version), TS_ABI_VERSION),
         (
             offset_of!(ts_region_header, header_size),
@@ -99,4 +107,37 @@ pub fn read_u64(b: &[u8], off: usize) -> u64 {
 /// Overwrites a little-endian u64 at `off` (to forge hostile values).
 pub fn write_u64(b: &mut [u8], off: usize, v: u64) {
     put(b, off, &v.to_le_bytes());
+}
+
+/// Writes a consistent shadow stack for slot `slot`: `frames` stored, logical
+/// `depth` (may exceed the frames given, as when truncated), seqlock `gen`.
+pub fn set_shadow(b: &mut [u8], slot: u32, gen: u64, depth: u32, frames: &[crate::ts_frame]) {
+    use crate::shadow::{frame_offset_in_slot, frame_to_bytes, ldb_offsets};
+    let base = slot_offset(slot);
+    write_u64(b, base + ldb_offsets::SHADOW_GEN, gen);
+    put(
+        b,
+        base + ldb_offsets::SHADOW + offset_of!(crate::ts_shadow_stack, depth),
+        &depth.to_le_bytes(),
+    );
+    for (i, f) in frames.iter().enumerate().take(crate::TS_SHADOW_DEPTH as usize) {
+        put(b, base + frame_offset_in_slot(i as u32), &frame_to_bytes(f));
+    }
+}
+
+/// Produces an event into slot `slot`'s event ring (drops when full).
+pub fn push_event(b: &mut [u8], slot: u32, e: &crate::ts_event) -> bool {
+    use crate::shadow::{event_offset_in_slot, event_to_bytes, ldb_offsets};
+    let base = slot_offset(slot);
+    let head = read_u64(b, base + ldb_offsets::EV_HEAD);
+    let tail = read_u64(b, base + ldb_offsets::EV_TAIL);
+    if head.wrapping_sub(tail) >= crate::TS_EVENT_RING_CAPACITY as u64 {
+        let d = read_u64(b, base + ldb_offsets::EV_DROPPED).wrapping_add(1);
+        write_u64(b, base + ldb_offsets::EV_DROPPED, d);
+        return false;
+    }
+    let idx = (head % crate::TS_EVENT_RING_CAPACITY as u64) as u32;
+    put(b, base + event_offset_in_slot(idx), &event_to_bytes(e));
+    write_u64(b, base + ldb_offsets::EV_HEAD, head.wrapping_add(1));
+    true
 }

@@ -171,3 +171,84 @@ fn drain_survives_forged_producer() {
         "corrupt {corrupt} resyncs {resyncs}"
     );
 }
+
+/// A consumer of the LDB parts of a slot (shadow stack seqlock read, event
+/// ring drain), over a slot whose producer writes garbage between steps. It
+/// must stay bounded, never emit an invalid event, and count the rest.
+#[test]
+fn ldb_reader_survives_forged_slot() {
+    use tailscope_abi::shadow::*;
+    let mut rng = Rng(seed() ^ 0x1db);
+    let mut region = synth::region(1, 77);
+    synth::claim_slot(&mut region, 0, 1000, TS_SLOT_LIVE);
+    let base = slot_offset(0);
+    let (mut consistent, mut torn, mut good_events, mut bad_events) = (0u64, 0u64, 0u64, 0u64);
+    let mut gen = 0u64;
+    for step in 0..40_000u64 {
+        match rng.below(5) {
+            0 | 1 => {
+                gen += 2;
+                let depth = rng.below(2 * TS_SHADOW_DEPTH as u64 + 3) as u32;
+                let frames: Vec<ts_frame> = (0..stored_frames(depth))
+                    .map(|i| ts_frame {
+                        r#fn: 0x1000 + i as u64,
+                        site: rng.next(),
+                        id: gen - 2 * i as u64,
+                        sp: rng.next(),
+                        entry_ns: 0,
+                    })
+                    .collect();
+                synth::set_shadow(&mut region, 0, gen, depth, &frames);
+                let e = ts_event {
+                    ts_ns: step,
+                    object: rng.next(),
+                    arg: 0,
+                    r#type: rng.below(10) as u32,
+                    tid: 1000,
+                };
+                synth::push_event(&mut region, 0, &e);
+            }
+            2 => {
+                // A writer caught mid-update (gen odd), then a byte of garbage.
+                synth::write_u64(&mut region, base + ldb_offsets::SHADOW_GEN, gen + 1);
+                let off = base + ldb_offsets::SHADOW + rng.below(SHADOW_SIZE as u64) as usize;
+                region[off] = rng.next() as u8;
+            }
+            3 => synth::write_u64(&mut region, base + ldb_offsets::EV_HEAD, rng.nasty_u64()),
+            _ => {
+                let at = base + ldb_offsets::EVENTS + rng.below((TS_EVENT_RING_CAPACITY as u64) * EVENT_SIZE as u64) as usize;
+                let n = 8.min(region.len() - at);
+                region[at..at + n].copy_from_slice(&rng.next().to_le_bytes()[..n]);
+            }
+        }
+        // Seqlock read of the stack.
+        let h = parse_shadow_head(&region[base + ldb_offsets::SHADOW..][..SHADOW_HEAD_BYTES]).unwrap();
+        let mut frames = vec![];
+        parse_frames(&region[base + ldb_offsets::SHADOW_FRAMES..][..SHADOW_SIZE - SHADOW_HEAD_BYTES], h.depth, &mut frames);
+        assert!(frames.len() <= TS_SHADOW_DEPTH as usize);
+        if h.busy() || synth::read_u64(&region, base + ldb_offsets::SHADOW_GEN) != h.gen {
+            torn += 1;
+        } else {
+            consistent += 1;
+        }
+        // Event drain.
+        let head = synth::read_u64(&region, base + ldb_offsets::EV_HEAD);
+        let tail = synth::read_u64(&region, base + ldb_offsets::EV_TAIL);
+        let plan = plan_drain(head, tail, TS_EVENT_RING_CAPACITY);
+        assert!(plan.count <= TS_EVENT_RING_CAPACITY);
+        for k in 0..plan.count {
+            let off = base + event_offset_in_slot(plan.ring_index(k, TS_EVENT_RING_CAPACITY));
+            let e = parse_event(&region[off..off + EVENT_SIZE]).unwrap();
+            match validate_event(&e, 1000, 0, 1 << 40) {
+                Ok(()) => {
+                    good_events += 1;
+                    assert!(event_name(e.r#type).is_some());
+                }
+                Err(_) => bad_events += 1,
+            }
+        }
+        synth::write_u64(&mut region, base + ldb_offsets::EV_TAIL, plan.new_tail);
+    }
+    assert!(consistent > 1000 && torn > 100, "consistent {consistent} torn {torn}");
+    assert!(good_events > 1000 && bad_events > 100, "good {good_events} bad {bad_events}");
+}

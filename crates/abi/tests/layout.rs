@@ -23,7 +23,8 @@ macro_rules! fields {
         $($(
             v.push((
                 stringify!($s),
-                stringify!($f),
+                // Raw identifiers (r#fn, r#type) name the C fields fn, type.
+                stringify!($f).trim_start_matches("r#"),
                 offset_of!($s, $f),
                 {
                     fn size_of_field<T>(_: fn(&$s) -> &T) -> usize { size_of::<T>() }
@@ -52,12 +53,17 @@ fn all_fields() -> Vec<Field> {
         }
         ts_thread_slot {
             tid, state, gen, cur_request_id, cur_start_ns, cur_kind, cur_active, ring_head,
-            dropped_ring_full, _pad_producer, ring_tail, _pad_consumer, ring,
+            dropped_ring_full, _pad_producer, ring_tail, _pad_consumer, ring, shadow, ev_head,
+            ev_dropped, _pad_ev_producer, ev_tail, _pad_ev_consumer, events,
         }
+        ts_frame { r#fn, site, id, sp, entry_ns }
+        ts_shadow_stack { gen, depth, _pad0, truncated, resyncs, _pad1, frames }
+        ts_event { ts_ns, object, arg, r#type, tid }
         ts_region_header {
             magic, abi_version, header_size, slot_size, max_slots, ring_capacity, record_size,
             pid, slots_used, sample_ppm_runtime, sample_ppm_agent, agent_pid, kinds_count,
-            created_ns, slots_exhausted, kinds, _reserved,
+            created_ns, slots_exhausted, kinds, shadow_depth, event_ring_capacity, features,
+            ldb_flags, mutex_thresh_ns, _reserved,
         }
     }
 }
@@ -69,6 +75,9 @@ fn struct_sizes() -> Vec<(&'static str, usize)> {
         ("ts_request_record", size_of::<ts_request_record>()),
         ("ts_thread_slot", size_of::<ts_thread_slot>()),
         ("ts_region_header", size_of::<ts_region_header>()),
+        ("ts_frame", size_of::<ts_frame>()),
+        ("ts_shadow_stack", size_of::<ts_shadow_stack>()),
+        ("ts_event", size_of::<ts_event>()),
     ]
 }
 
@@ -96,6 +105,22 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("TS_SLOT_FREE", TS_SLOT_FREE as u64),
         ("TS_SLOT_LIVE", TS_SLOT_LIVE as u64),
         ("TS_SLOT_EXITED", TS_SLOT_EXITED as u64),
+        ("TS_SHADOW_DEPTH", TS_SHADOW_DEPTH as u64),
+        ("TS_EVENT_RING_CAPACITY", TS_EVENT_RING_CAPACITY as u64),
+        ("TS_MUTEX_THRESH_NS", TS_MUTEX_THRESH_NS),
+        ("TS_FEAT_FN_HOOKS", TS_FEAT_FN_HOOKS as u64),
+        ("TS_FEAT_LOCK_SHIM", TS_FEAT_LOCK_SHIM as u64),
+        ("TS_FEAT_FN_CLOCK", TS_FEAT_FN_CLOCK as u64),
+        ("TS_LDB_LOCKS", TS_LDB_LOCKS as u64),
+        ("TS_LDB_REQUESTS", TS_LDB_REQUESTS as u64),
+        ("TS_EV_FUNCTION", TS_EV_FUNCTION as u64),
+        ("TS_EV_MUTEX_WAIT", TS_EV_MUTEX_WAIT as u64),
+        ("TS_EV_MUTEX_LOCK", TS_EV_MUTEX_LOCK as u64),
+        ("TS_EV_MUTEX_UNLOCK", TS_EV_MUTEX_UNLOCK as u64),
+        ("TS_EV_REQ_START", TS_EV_REQ_START as u64),
+        ("TS_EV_REQ_BLOCK", TS_EV_REQ_BLOCK as u64),
+        ("TS_EV_REQ_END", TS_EV_REQ_END as u64),
+        ("TS_EV_REQ_END_ALL", TS_EV_REQ_END_ALL as u64),
     ]
 }
 

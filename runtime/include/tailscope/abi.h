@@ -28,6 +28,12 @@
  *    struct ts_request_record. The thread produces (advances ring_head);
  *    the agent consumes (advances ring_tail).
  *
+ * 3. LDB (ABI 2), inside each thread slot of the region: a shadow stack
+ *    (struct ts_shadow_stack) that -finstrument-functions hooks keep under
+ *    a seqlock (gen odd while the owner changes it), scanned by the agent's
+ *    observer; and a second single-producer ring of struct ts_event (lock
+ *    and request hand-off events), drained by the agent (ev_tail).
+ *
  * Everything the agent reads here is written by a process it does not
  * trust: it bounds-checks every index and count, never follows a pointer,
  * and treats a nonsensical value as corruption to be counted, not a crash.
@@ -43,7 +49,7 @@
 #endif
 
 #define TS_ABI_MAGIC 0x3130504f43535354ULL /* "TSSCOP01" little-endian */
-#define TS_ABI_VERSION 1
+#define TS_ABI_VERSION 2
 
 /* ---- 1. kernel-counter array (BPF map, pinned) ------------------------ */
 
@@ -139,6 +145,60 @@ struct ts_request_record {
 	__u32 cpu;        /* CPU the request ended on */
 };
 
+/* ---- 3. LDB: shadow stacks, lock and request events ------------------- */
+
+#define TS_SHADOW_DEPTH 64          /* frames stored per thread; deeper calls are counted */
+#define TS_EVENT_RING_CAPACITY 1024 /* events per thread ring; power of two */
+#define TS_MUTEX_THRESH_NS 1000     /* default: log a lock when wait or hold exceeds 1 us */
+
+/* ts_region_header.features: set by the runtime */
+#define TS_FEAT_FN_HOOKS 0x1  /* an instrumented function ran (-finstrument-functions) */
+#define TS_FEAT_LOCK_SHIM 0x2 /* the pthread lock shim is linked in */
+#define TS_FEAT_FN_CLOCK 0x4  /* frames carry entry timestamps (TAILSCOPE_FN_CLOCK=1) */
+
+/* ts_region_header.ldb_flags: set by the agent while it records --functions */
+#define TS_LDB_LOCKS 0x1    /* the lock shim emits MUTEX_* events */
+#define TS_LDB_REQUESTS 0x2 /* tailscope_req_* emit REQ_* events */
+
+/* Record kinds (struct ts_event.type). FUNCTION is produced by the agent's
+ * observer from shadow stacks, never written into a ring. */
+#define TS_EV_FUNCTION 1
+#define TS_EV_MUTEX_WAIT 2   /* object = mutex; ts = when the wait began */
+#define TS_EV_MUTEX_LOCK 3   /* object = mutex; ts = when it was acquired */
+#define TS_EV_MUTEX_UNLOCK 4 /* object = mutex; ts = when it was released */
+#define TS_EV_REQ_START 5    /* object = request id; arg = queue (or 0) */
+#define TS_EV_REQ_BLOCK 6    /* object = request id; arg = queue */
+#define TS_EV_REQ_END 7      /* object = request id */
+#define TS_EV_REQ_END_ALL 8  /* all requests on this thread ended */
+
+/* One live call. `id` is the stack's gen at entry: unique per call on the
+ * thread, so two calls of one function from one call site (a loop) differ. */
+struct ts_frame {
+	__u64 fn;       /* address of the called function */
+	__u64 site;     /* return address into the caller (the call site) */
+	__u64 id;       /* shadow gen at entry */
+	__u64 sp;       /* stack address at entry (longjmp resync; data only) */
+	__u64 entry_ns; /* CLOCK_MONOTONIC at entry with TS_FEAT_FN_CLOCK, else 0 */
+};
+
+struct ts_shadow_stack {
+	__u64 gen;       /* seqlock: odd while the owner changes depth/frames */
+	__u32 depth;     /* logical depth; frames[0..min(depth, TS_SHADOW_DEPTH)) valid */
+	__u32 _pad0;
+	__u64 truncated; /* calls deeper than TS_SHADOW_DEPTH (not stored) */
+	__u64 resyncs;   /* frames dropped when an exit did not match (longjmp, exceptions) */
+	__u64 _pad1[4];  /* gen and depth alone on their cache line */
+	struct ts_frame frames[TS_SHADOW_DEPTH];
+};
+
+struct ts_event {
+	__u64 ts_ns;  /* CLOCK_MONOTONIC */
+	__u64 object; /* mutex address or request id (data only, never followed) */
+	__u64 arg;    /* queue address for REQ_START / REQ_BLOCK, else 0 */
+	__u32 type;   /* TS_EV_* */
+	__u32 tid;
+};
+
 /* slot state */
 #define TS_SLOT_FREE 0
 #define TS_SLOT_LIVE 1
@@ -160,6 +220,14 @@ struct ts_thread_slot {
 	__u64 ring_tail;        /* records consumed (monotonic) */
 	__u64 _pad_consumer[7];
 	struct ts_request_record ring[TS_RING_CAPACITY];
+	/* LDB (ABI 2). The shadow stack is written by the owning thread only. */
+	struct ts_shadow_stack shadow;
+	__u64 ev_head;          /* events produced (monotonic); release-stored */
+	__u64 ev_dropped;       /* events lost because the event ring was full */
+	__u64 _pad_ev_producer[6];
+	__u64 ev_tail;          /* events consumed; written by the agent */
+	__u64 _pad_ev_consumer[7];
+	struct ts_event events[TS_EVENT_RING_CAPACITY];
 };
 
 struct ts_region_header {
@@ -179,7 +247,13 @@ struct ts_region_header {
 	__u64 created_ns;       /* CLOCK_MONOTONIC at creation */
 	__u64 slots_exhausted;  /* threads that found no free slot */
 	char kinds[TS_MAX_KINDS][TS_KIND_NAME_LEN];
-	__u8 _reserved[440];
+	/* ABI 2 */
+	__u32 shadow_depth;     /* TS_SHADOW_DEPTH */
+	__u32 event_ring_capacity; /* TS_EVENT_RING_CAPACITY */
+	__u32 features;         /* TS_FEAT_*, set by the runtime */
+	__u32 ldb_flags;        /* TS_LDB_*, set by the agent */
+	__u64 mutex_thresh_ns;  /* agent override of TS_MUTEX_THRESH_NS; 0 = default */
+	__u8 _reserved[416];
 };
 
 #endif /* TAILSCOPE_ABI_H */

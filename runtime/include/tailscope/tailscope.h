@@ -21,6 +21,15 @@
  *                      bare integer > 1 (ppm). "1" means 100%, "0" nothing.
  *   TAILSCOPE_DISABLE  "1": do nothing at all (no shm region either).
  *   TAILSCOPE_DEBUG    "1": print lifecycle events and failures to stderr.
+ *   TAILSCOPE_FN_CLOCK "1": -finstrument-functions hooks stamp each frame
+ *                      with its entry time (exact starts, ~30 ns per call).
+ *
+ * Function-level latency (LDB): build with `tailscope flags` (or the
+ * tailscope-cc wrapper), which adds -finstrument-functions and links this
+ * library; its hooks keep a shadow stack per thread that
+ * `tailscope record --functions` scans. Linking the library also
+ * interposes pthread_mutex_lock/unlock/trylock and pthread_cond_wait to
+ * log lock waits and holds above 1 us while such a recording runs.
  */
 #ifndef TAILSCOPE_H
 #define TAILSCOPE_H
@@ -43,6 +52,19 @@ int tailscope_kind(const char *name);
 void tailscope_request_begin(uint64_t id);
 void tailscope_request_begin_kind(uint64_t id, int kind);
 void tailscope_request_end(uint64_t id);
+
+/* Requests handed between threads (LDB). Every call is recorded, not a
+ * sample, while an agent records with --functions; otherwise each is one
+ * load and a branch. `queue` is any address naming the software queue the
+ * request waits in (or NULL); it is recorded, never dereferenced.
+ *   start:   this thread starts or resumes work on request `id`;
+ *   block:   this thread parks `id` in `queue` (another thread resumes it);
+ *   end:     request `id` is finished;
+ *   end_all: every request this thread holds is finished. */
+void tailscope_req_start(uint64_t id, const void *queue);
+void tailscope_req_block(uint64_t id, const void *queue);
+void tailscope_req_end(uint64_t id);
+void tailscope_req_end_all(void);
 
 /* The sampling rate in effect (parts per million): the agent's override if
  * one is set, else the runtime's own. 0 when the runtime is disabled. */
