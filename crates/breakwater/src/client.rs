@@ -1,0 +1,446 @@
+//! The client layer: one logical client of one server.
+//!
+//! Each [`Client`] holds a [`ClientPolicy`] (for Breakwater: the credit
+//! pool it was granted by this server) and a local FIFO of requests waiting
+//! for a permit. A request is sent at once if the policy gives a permit;
+//! otherwise it waits in the queue until a response brings credit (or a rate
+//! limiter's timer fires) and fails with [`ClientError::Expired`] if its
+//! SLO passes first, without ever reaching the server. Each sent request
+//! carries the client id, its demand (the queue behind it), its remaining
+//! budget and its priority; each response's feedback goes back into the
+//! policy and releases waiters in FIFO order.
+//!
+//! The first request registers the client (piggybacked). A client with
+//! queued demand, no credit and nothing in flight sends a credit wait, which
+//! the server answers when it has credit for it (an explicit window update).
+//! [`Client::deregister`] returns unused credits when the client leaves.
+//!
+//! Invariants: a permit taken for a waiter that has meanwhile expired is
+//! given back; at most one credit wait per client is outstanding; a
+//! client's id never changes (re-registration resets the credit count).
+
+use crate::clock;
+use crate::policy::{Acquire, Arrival, ClientPolicy, Feedback, Kind, Nanos};
+use crate::rng::SplitMix64;
+use crate::server::BoxError;
+use crate::wire;
+use http::{Request, Response};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use tokio::sync::oneshot;
+use tower::{Layer, Service, ServiceExt};
+
+/// Why the client layer failed a request itself.
+#[derive(Debug)]
+pub enum ClientError {
+    /// It waited for a permit longer than its SLO and was never sent.
+    Expired,
+    /// The policy dropped it locally (DAGOR's threshold).
+    Dropped,
+}
+
+impl std::fmt::Display for ClientError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ClientError::Expired => {
+                f.write_str("request expired in the client queue (no credit within its SLO)")
+            }
+            ClientError::Dropped => f.write_str("request dropped by the client's overload control"),
+        }
+    }
+}
+
+impl std::error::Error for ClientError {}
+
+/// Put in a request's extensions to choose its priority (1..=128); without
+/// it the client draws one uniformly, as the thesis's DAGOR setup does.
+#[derive(Debug, Clone, Copy)]
+pub struct Priority(pub u8);
+
+/// In every response's extensions: when the request left this client
+/// (after any local queueing), on the [`clock`].
+#[derive(Debug, Clone, Copy)]
+pub struct SentAt(pub Nanos);
+
+/// Message counters shared by every client made from one layer.
+#[derive(Debug, Default)]
+pub struct ClientStats {
+    pub requests_sent: AtomicU64,
+    pub credit_waits_sent: AtomicU64,
+    pub expired: AtomicU64,
+    pub dropped: AtomicU64,
+    pub deregisters_sent: AtomicU64,
+}
+
+pub type PolicyFactory = Arc<dyn Fn() -> Box<dyn ClientPolicy> + Send + Sync>;
+
+/// Makes [`Client`]s; every [`Layer::layer`] call is a new logical client
+/// with its own id and policy state.
+#[derive(Clone)]
+pub struct ClientLayer {
+    factory: PolicyFactory,
+    slo_ns: Nanos,
+    stats: Arc<ClientStats>,
+}
+
+impl ClientLayer {
+    /// `slo` is how long a request may wait for a permit locally (and the
+    /// budget it advertises). Zero is refused.
+    pub fn new(
+        factory: PolicyFactory,
+        slo: std::time::Duration,
+    ) -> Result<Self, crate::ConfigError> {
+        if slo.is_zero() {
+            return Err(crate::ConfigError("client slo must be > 0".into()));
+        }
+        Ok(ClientLayer {
+            factory,
+            slo_ns: slo.as_nanos() as Nanos,
+            stats: Arc::new(ClientStats::default()),
+        })
+    }
+
+    pub fn stats(&self) -> Arc<ClientStats> {
+        self.stats.clone()
+    }
+}
+
+impl<S> Layer<S> for ClientLayer {
+    type Service = Client<S>;
+    fn layer(&self, inner: S) -> Client<S> {
+        let id = crate::rng::entropy() >> 1;
+        Client {
+            inner,
+            shared: Arc::new(Shared {
+                id,
+                slo_ns: self.slo_ns,
+                stats: self.stats.clone(),
+                state: Mutex::new(State {
+                    policy: (self.factory)(),
+                    queue: VecDeque::new(),
+                    inflight: 0,
+                    credit_wait: false,
+                    timer: false,
+                    rng: SplitMix64::new(id),
+                }),
+            }),
+        }
+    }
+}
+
+struct Waiter {
+    tx: oneshot::Sender<Result<Kind, ClientError>>,
+    priority: u8,
+    expiry: Nanos,
+}
+
+struct State {
+    policy: Box<dyn ClientPolicy>,
+    queue: VecDeque<Waiter>,
+    inflight: usize,
+    credit_wait: bool,
+    timer: bool,
+    rng: SplitMix64,
+}
+
+impl State {
+    /// Waiting requests that are still alive (the demand we report).
+    fn demand(&mut self, now: Nanos) -> u32 {
+        self.queue.retain(|w| !w.tx.is_closed() && w.expiry > now);
+        self.queue.len() as u32
+    }
+
+    /// Hand permits to waiters, oldest first, while the policy gives them.
+    fn release(&mut self, now: Nanos) {
+        while let Some(front) = self.queue.front() {
+            if front.tx.is_closed() || front.expiry <= now {
+                self.queue.pop_front();
+                continue;
+            }
+            match self.policy.try_acquire(now, front.priority) {
+                Acquire::Wait => break,
+                Acquire::Send(kind) => {
+                    let w = self.queue.pop_front().expect("front");
+                    if w.tx.send(Ok(kind)).is_err() {
+                        self.policy.release();
+                    }
+                }
+                Acquire::Drop => {
+                    let w = self.queue.pop_front().expect("front");
+                    let _ = w.tx.send(Err(ClientError::Dropped));
+                }
+            }
+        }
+    }
+}
+
+struct Shared {
+    id: u64,
+    slo_ns: Nanos,
+    stats: Arc<ClientStats>,
+    state: Mutex<State>,
+}
+
+impl Shared {
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One logical client; see the module docs. Cheap to clone (clones share
+/// the client's identity and credits).
+pub struct Client<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S: Clone> Clone for Client<S> {
+    fn clone(&self) -> Self {
+        Client {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> Client<S> {
+    pub fn id(&self) -> u64 {
+        self.shared.id
+    }
+
+    /// Tell the server this client is leaving and hand back its credits.
+    pub fn deregister<B, RB>(&self) -> BoxFuture<Result<(), BoxError>>
+    where
+        S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+        S::Error: Into<BoxError>,
+        S::Future: Send,
+        B: Default + Send + 'static,
+        RB: Send + 'static,
+    {
+        let shared = self.shared.clone();
+        let inner = self.inner.clone();
+        Box::pin(async move {
+            let mut req = Request::new(B::default());
+            wire::write_arrival(
+                req.headers_mut(),
+                &Arrival {
+                    client: shared.id,
+                    kind: Kind::Deregister,
+                    demand: 0,
+                    budget_ns: None,
+                    priority: 1,
+                },
+            );
+            shared
+                .stats
+                .deregisters_sent
+                .fetch_add(1, Ordering::Relaxed);
+            inner.oneshot(req).await.map_err(Into::into)?;
+            shared.lock().policy.reset();
+            Ok(())
+        })
+    }
+}
+
+/// After a state change: if requests wait, make sure something will wake
+/// them (a credit wait for Breakwater, a timer for a rate limiter).
+fn kick<S, B, RB>(shared: &Arc<Shared>, inner: &S, st: &mut State, now: Nanos)
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    B: Default + Send + 'static,
+    RB: Send + 'static,
+{
+    if st.demand(now) == 0 {
+        return;
+    }
+    if !st.credit_wait && st.policy.needs_credit_wait(st.inflight) {
+        st.credit_wait = true;
+        let demand = st.queue.len() as u32;
+        let shared = shared.clone();
+        let inner = inner.clone();
+        tokio::spawn(async move {
+            let mut req = Request::new(B::default());
+            wire::write_arrival(
+                req.headers_mut(),
+                &Arrival {
+                    client: shared.id,
+                    kind: Kind::CreditWait,
+                    demand,
+                    budget_ns: None,
+                    priority: 1,
+                },
+            );
+            shared
+                .stats
+                .credit_waits_sent
+                .fetch_add(1, Ordering::Relaxed);
+            let result = inner.clone().oneshot(req).await.map_err(Into::into);
+            if result.is_err() {
+                // Do not spin on a broken connection.
+                tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+            }
+            let now = clock::now();
+            let mut st = shared.lock();
+            st.credit_wait = false;
+            if let Ok(resp) = &result {
+                feedback(&mut st, now, resp);
+            }
+            st.release(now);
+            kick(&shared, &inner, &mut st, now);
+        });
+    }
+    if !st.timer {
+        if let Some(at) = st.policy.next_permit_at(now) {
+            st.timer = true;
+            let shared = shared.clone();
+            let inner = inner.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep_until(clock::instant(at).into()).await;
+                let now = clock::now();
+                let mut st = shared.lock();
+                st.timer = false;
+                st.release(now);
+                kick(&shared, &inner, &mut st, now);
+            });
+        }
+    }
+}
+
+fn feedback<RB>(st: &mut State, now: Nanos, resp: &Response<RB>) {
+    let fb = wire::parse_feedback(resp.headers());
+    if fb != Feedback::None {
+        st.policy.on_feedback(now, fb);
+    }
+    let unregistered = resp
+        .headers()
+        .get(wire::REJECT)
+        .is_some_and(|v| v.as_bytes() == b"unregistered");
+    if unregistered {
+        st.policy.reset();
+    }
+}
+
+impl<S, B, RB> Service<Request<B>> for Client<S>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    B: Default + Send + 'static,
+    RB: Send + 'static,
+{
+    type Response = Response<RB>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<RB>, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        // Readiness of the connection is checked per request (oneshot):
+        // this layer queues, so it is always ready to accept.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut req: Request<B>) -> Self::Future {
+        let shared = self.shared.clone();
+        let inner = self.inner.clone();
+        let now = clock::now();
+        let expiry = now + shared.slo_ns;
+        let (priority, decision) = {
+            let mut st = shared.lock();
+            let priority = match req.extensions().get::<Priority>() {
+                Some(p) => p.0.clamp(1, 128),
+                None => 1 + st.rng.below(128) as u8,
+            };
+            let decision = if st.queue.is_empty() {
+                st.policy.try_acquire(now, priority)
+            } else {
+                Acquire::Wait // FIFO: do not overtake waiters
+            };
+            let decision = match decision {
+                Acquire::Send(kind) => Ok(kind),
+                Acquire::Drop => Err(None),
+                Acquire::Wait => {
+                    let (tx, rx) = oneshot::channel();
+                    st.queue.push_back(Waiter {
+                        tx,
+                        priority,
+                        expiry,
+                    });
+                    kick(&shared, &inner, &mut st, now);
+                    Err(Some(rx))
+                }
+            };
+            (priority, decision)
+        };
+        Box::pin(async move {
+            let kind = match decision {
+                Ok(kind) => kind,
+                Err(None) => {
+                    shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                    return Err(ClientError::Dropped.into());
+                }
+                Err(Some(rx)) => {
+                    let deadline = clock::instant(expiry).into();
+                    match tokio::time::timeout_at(deadline, rx).await {
+                        Ok(Ok(Ok(kind))) => kind,
+                        Ok(Ok(Err(e))) => {
+                            shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
+                            return Err(e.into());
+                        }
+                        _ => {
+                            shared.stats.expired.fetch_add(1, Ordering::Relaxed);
+                            return Err(ClientError::Expired.into());
+                        }
+                    }
+                }
+            };
+            let sent_at = clock::now();
+            let demand = {
+                let mut st = shared.lock();
+                st.inflight += 1;
+                st.demand(sent_at)
+            };
+            wire::write_arrival(
+                req.headers_mut(),
+                &Arrival {
+                    client: shared.id,
+                    kind,
+                    demand,
+                    budget_ns: Some(expiry.saturating_sub(sent_at)),
+                    priority,
+                },
+            );
+            shared.stats.requests_sent.fetch_add(1, Ordering::Relaxed);
+            let result = inner.clone().oneshot(req).await.map_err(Into::into);
+            let now = clock::now();
+            {
+                let mut st = shared.lock();
+                st.inflight -= 1;
+                match &result {
+                    Ok(resp) => {
+                        feedback(&mut st, now, resp);
+                        let ok = resp.status().is_success();
+                        st.policy.on_response(now, now - sent_at, ok);
+                    }
+                    Err(_) => {
+                        if kind == Kind::Register {
+                            st.policy.reset();
+                        }
+                        st.policy.on_response(now, now - sent_at, false);
+                    }
+                }
+                st.release(now);
+                kick(&shared, &inner, &mut st, now);
+            }
+            let mut resp = result?;
+            resp.extensions_mut().insert(SentAt(sent_at));
+            Ok(resp)
+        })
+    }
+}

@@ -1,0 +1,144 @@
+//! Pick a control by name, with parameters derived from the SLO the way the
+//! thesis tunes them, and build both of its halves. The example server, the
+//! load generator and the simulator all go through this, so "breakwater"
+//! means the same thing in all three.
+
+use crate::policy::breakwater::{Breakwater, BreakwaterClient, BreakwaterConfig, Signal};
+use crate::policy::dagor::{Dagor, DagorClient, DagorConfig};
+use crate::policy::gradient::{Gradient, GradientConfig};
+use crate::policy::none::{NoControl, Unlimited};
+use crate::policy::seda::{SedaClient, SedaConfig, SedaServer};
+use crate::policy::{ClientPolicy, ConfigError, Nanos, Policy};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ControlKind {
+    None,
+    Breakwater,
+    BreakwaterEfficiency,
+    Seda,
+    Dagor,
+    Gradient,
+}
+
+impl ControlKind {
+    pub const ALL: [ControlKind; 6] = [
+        ControlKind::None,
+        ControlKind::Breakwater,
+        ControlKind::BreakwaterEfficiency,
+        ControlKind::Seda,
+        ControlKind::Dagor,
+        ControlKind::Gradient,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ControlKind::None => "none",
+            ControlKind::Breakwater => "breakwater",
+            ControlKind::BreakwaterEfficiency => "breakwater-efficiency",
+            ControlKind::Seda => "seda",
+            ControlKind::Dagor => "dagor",
+            ControlKind::Gradient => "gradient",
+        }
+    }
+}
+
+impl std::str::FromStr for ControlKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        ControlKind::ALL
+            .into_iter()
+            .find(|k| k.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<_> = ControlKind::ALL.iter().map(|k| k.name()).collect();
+                format!("unknown control {s:?} (known: {})", names.join(", "))
+            })
+    }
+}
+
+/// Everything needed to build a control's two halves.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct ControlSpec {
+    pub kind: ControlKind,
+    /// End-to-end SLO; the other times derive from it.
+    pub slo_ns: Nanos,
+    /// Server cores (workers): Breakwater's C_min, gradient's floor.
+    pub cores: u64,
+    /// Network RTT: Breakwater's update period.
+    pub rtt_ns: Nanos,
+    /// Breakwater ablation switches.
+    pub overcommit: bool,
+    pub aqm: bool,
+    /// SEDA: additive increase (req/s per adjustment) and starting rate per
+    /// client. Tune to the per-client share of capacity.
+    pub seda_adj_i: f64,
+    pub seda_initial_rate: f64,
+    /// DAGOR_q; default 35% of the SLO (the thesis's 70 µs of 200 µs).
+    pub dagor_q_ns: Option<Nanos>,
+}
+
+impl ControlSpec {
+    pub fn new(kind: ControlKind, slo_ns: Nanos, cores: u64) -> Self {
+        ControlSpec {
+            kind,
+            slo_ns,
+            cores,
+            rtt_ns: 100_000,
+            overcommit: true,
+            aqm: true,
+            seda_adj_i: 1.0,
+            seda_initial_rate: 100.0,
+            dagor_q_ns: None,
+        }
+    }
+
+    pub fn breakwater_config(&self) -> BreakwaterConfig {
+        let mut c = BreakwaterConfig::for_slo(self.slo_ns, self.cores);
+        c.rtt_ns = self.rtt_ns;
+        c.overcommit = self.overcommit;
+        c.aqm = self.aqm;
+        if self.kind == ControlKind::BreakwaterEfficiency {
+            c.signal = Signal::Efficiency;
+        }
+        c
+    }
+
+    /// The server half. Zero or negative settings are refused here.
+    pub fn server(&self) -> Result<Box<dyn Policy>, ConfigError> {
+        if self.slo_ns == 0 {
+            return Err(ConfigError("slo must be > 0".into()));
+        }
+        if self.cores == 0 {
+            return Err(ConfigError("cores must be > 0".into()));
+        }
+        Ok(match self.kind {
+            ControlKind::None => Box::new(NoControl),
+            ControlKind::Breakwater | ControlKind::BreakwaterEfficiency => {
+                Box::new(Breakwater::new(self.breakwater_config())?)
+            }
+            ControlKind::Seda => Box::new(SedaServer),
+            ControlKind::Dagor => Box::new(Dagor::new(DagorConfig::new(
+                self.dagor_q_ns.unwrap_or(self.slo_ns * 7 / 20),
+            ))?),
+            ControlKind::Gradient => {
+                Box::new(Gradient::new(GradientConfig::new(self.cores as f64))?)
+            }
+        })
+    }
+
+    /// The client half.
+    pub fn client(&self) -> Result<Box<dyn ClientPolicy>, ConfigError> {
+        Ok(match self.kind {
+            ControlKind::None | ControlKind::Gradient => Box::new(Unlimited),
+            ControlKind::Breakwater | ControlKind::BreakwaterEfficiency => {
+                Box::new(BreakwaterClient::new())
+            }
+            ControlKind::Seda => Box::new(SedaClient::new(SedaConfig::new(
+                self.slo_ns,
+                self.seda_adj_i,
+                self.seda_initial_rate,
+            ))?),
+            ControlKind::Dagor => Box::new(DagorClient::default()),
+        })
+    }
+}

@@ -1,0 +1,697 @@
+//! Breakwater: server-driven credits, demand speculation with
+//! overcommitment, lazy distribution, and AQM (thesis ch. 2), plus Protego's
+//! performance-driven efficiency signal (Algorithm 1).
+//!
+//! **Credit pool.** `C_total` is how many requests the server is willing to
+//! have outstanding (unused at clients, in flight, queued or running). Every
+//! `rtt` it moves by AIMD on the measured queueing delay `d_m`
+//! (Eq. 2.1–2.3):
+//!
+//! ```text
+//! d_m <  d_t:  C_total += max(α·n_c, 1)
+//! d_m >= d_t:  C_total *= max(1 − β·(d_m − d_t)/d_t, 0.5)
+//! C_min (= cores) <= C_total <= 64·n_c
+//! ```
+//!
+//! With the efficiency signal it instead follows Algorithm 1 every four
+//! end-to-end RTTs (see [`Breakwater::efficiency_step`]).
+//!
+//! **Credits issued.** `C_issued = Σ_x (unused_x + inflight_x)`: a credit is
+//! issued when granted, turns from unused to in flight when its request
+//! arrives, and comes back when the response (or reject) goes out. The
+//! property tests recompute this sum after every event.
+//!
+//! **Lazy distribution** (Eq. 2.4–2.6). Credits are only decided when there
+//! is a response to send to client `x`:
+//!
+//! ```text
+//! C_oc  = max((C_total − C_issued)/n_c, 1)            (0 without overcommit)
+//! C_issued <  C_total:  c_new = min(demand_x + C_oc, c_x + C_avail)
+//! C_issued >= C_total:  c_new = min(demand_x + C_oc, c_x − 1)   (revoke)
+//! ```
+//!
+//! The window goes back as a cumulative edge, `limit_x = received_x + c_new`:
+//! absolute, so it is idempotent. Requests a client sent on a credit that
+//! was revoked while they were on the wire are honoured (up to the highest
+//! edge ever sent to it), and anything beyond that is refused, because
+//! clients are not trusted. A client's reported demand is clamped to
+//! `C_total`, so a liar can take at most the free credits of the pool: the
+//! pool itself never grows past `C_total` by a grant.
+//!
+//! **AQM.** A credited request whose remaining budget (the server's queue
+//! budget, tightened by the client's own remaining time) is smaller than the
+//! current queue delay is refused at once, and its credit comes back.
+//!
+//! **Explicit updates.** A client with demand but no credit and nothing in
+//! flight parks a credit wait; ticks answer parked clients in FIFO order as
+//! soon as credits are available. Clients silent for `client_idle` lose
+//! their unused credits and are forgotten.
+
+use super::{
+    fraction, positive_f64, positive_u64, Acquire, Arrival, ClientId, ClientPolicy, Completion,
+    ConfigError, Feedback, Kind, Nanos, Policy, PolicyStats, QueueView, RejectReason, Verdict,
+};
+use std::collections::{HashMap, VecDeque};
+
+/// Which overload signal drives `C_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Signal {
+    /// Request queueing delay (CPU congestion): AIMD every RTT.
+    Delay,
+    /// Protego's performance-driven efficiency (lock contention): Algorithm 1
+    /// every 4 end-to-end RTTs.
+    Efficiency,
+}
+
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct BreakwaterConfig {
+    pub signal: Signal,
+    /// d_t: the queueing delay the pool aims at (thesis: 40% of the SLO).
+    pub target_delay_ns: Nanos,
+    /// α: additive increase per client (thesis: 0.1%).
+    pub alpha: f64,
+    /// β: multiplicative decrease per unit of relative excess delay (2%).
+    pub beta: f64,
+    /// How often the pool is updated: the network RTT.
+    pub rtt_ns: Nanos,
+    /// C_min: never fewer credits than this (the thesis: the core count).
+    pub min_credits: u64,
+    /// C_max = this × n_c (thesis: 64).
+    pub max_credits_per_client: u64,
+    /// AQM: the most a request may wait in the queue (thesis: target delay
+    /// minus the p99 service and network times). Default: half the SLO.
+    pub queue_budget_ns: Nanos,
+    /// Demand speculation with overcommitment (C_oc ≥ 1). Off: C_oc = 0, so
+    /// clients get exactly their demand and must ask (credit waits) for more.
+    pub overcommit: bool,
+    /// Drop on queue delay > budget.
+    pub aqm: bool,
+    /// t_e: efficiency threshold (10%).
+    pub efficiency_threshold: f64,
+    /// t_d: maximum drop rate (100%).
+    pub max_drop_rate: f64,
+    /// a: additive step of the efficiency signal; `None` uses max(α·n_c, 1).
+    pub efficiency_step: Option<f64>,
+    /// d: multiplicative decrement of the efficiency signal.
+    pub efficiency_decrease: f64,
+    /// Unused credits of a client silent this long are revoked.
+    pub client_idle_ns: Nanos,
+}
+
+impl BreakwaterConfig {
+    /// The thesis's defaults for an SLO and a core count: d_t = 40% of the
+    /// SLO, α = 0.1%, β = 2%, C_min = cores, C_max = 64·n_c, queue budget =
+    /// SLO/2, RTT 100 µs, t_e = 10%, t_d = 100%.
+    pub fn for_slo(slo_ns: Nanos, cores: u64) -> Self {
+        BreakwaterConfig {
+            signal: Signal::Delay,
+            target_delay_ns: slo_ns * 2 / 5,
+            alpha: 0.001,
+            beta: 0.02,
+            rtt_ns: 100_000,
+            min_credits: cores,
+            max_credits_per_client: 64,
+            queue_budget_ns: slo_ns / 2,
+            overcommit: true,
+            aqm: true,
+            efficiency_threshold: 0.1,
+            max_drop_rate: 1.0,
+            efficiency_step: None,
+            efficiency_decrease: 0.02,
+            client_idle_ns: 1_000_000_000,
+        }
+    }
+
+    /// Refuse values the control cannot work with, naming the field.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        positive_u64("target_delay", self.target_delay_ns)?;
+        fraction("alpha", self.alpha, true)?;
+        fraction("beta", self.beta, true)?;
+        positive_u64("rtt", self.rtt_ns)?;
+        positive_u64("min_credits", self.min_credits)?;
+        positive_u64("max_credits_per_client", self.max_credits_per_client)?;
+        positive_u64("queue_budget", self.queue_budget_ns)?;
+        fraction("efficiency_threshold", self.efficiency_threshold, true)?;
+        fraction("max_drop_rate", self.max_drop_rate, true)?;
+        if let Some(a) = self.efficiency_step {
+            positive_f64("efficiency_step", a)?;
+        }
+        fraction("efficiency_decrease", self.efficiency_decrease, false)?;
+        positive_u64("client_idle", self.client_idle_ns)?;
+        Ok(())
+    }
+}
+
+/// What the server knows about one client.
+#[derive(Debug, Clone, Default)]
+struct ClientState {
+    /// Credited requests received since registration.
+    received: u64,
+    /// Cumulative edge last granted: unused = limit − received.
+    limit: u64,
+    /// Highest edge ever sent: requests up to it are honoured.
+    high_water: u64,
+    /// Admitted requests whose response has not gone out.
+    inflight: u64,
+    demand: u64,
+    last_seen: Nanos,
+    parked: bool,
+}
+
+impl ClientState {
+    fn unused(&self) -> u64 {
+        self.limit.saturating_sub(self.received)
+    }
+}
+
+/// Efficiency-signal bookkeeping (Algorithm 1).
+#[derive(Debug, Clone, Default)]
+struct Efficiency {
+    in_cur: u64,
+    out_cur: u64,
+    drop_cur: u64,
+    in_last: u64,
+    out_last: u64,
+    iteration_start: Nanos,
+    /// EWMA of server sojourn, for the end-to-end RTT.
+    sojourn_ewma_ns: f64,
+}
+
+/// Which branch of Algorithm 1 fired (for tests and traces).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EfficiencyBranch {
+    /// drop_cur > t_d · in_cur: decrease.
+    DropCap,
+    /// Δin·Δout > 0 and |Δout| > t_e·|Δin|: increase.
+    Efficient,
+    /// Δin·Δout > 0 but |Δout| <= t_e·|Δin|: decrease.
+    Inefficient,
+    /// Δin·Δout <= 0: decrease.
+    NoCorrelation,
+}
+
+#[derive(Debug, Clone)]
+pub struct Breakwater {
+    config: BreakwaterConfig,
+    c_total: f64,
+    issued: u64,
+    clients: HashMap<ClientId, ClientState>,
+    parked: VecDeque<ClientId>,
+    last_update: Option<Nanos>,
+    last_idle_scan: Nanos,
+    eff: Efficiency,
+    /// Grants made on responses / explicit updates, for message counts.
+    pub explicit_updates: u64,
+    last_grant: Option<GrantRecord>,
+}
+
+/// The inputs and result of the latest lazy-distribution decision, so tests
+/// can check `unused ≤ demand + C_oc` at the moment it must hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GrantRecord {
+    pub client: ClientId,
+    pub demand: u64,
+    pub c_oc: u64,
+    pub unused_before: u64,
+    pub unused_after: u64,
+}
+
+impl Breakwater {
+    pub fn new(config: BreakwaterConfig) -> Result<Self, ConfigError> {
+        config.validate()?;
+        Ok(Breakwater {
+            c_total: config.min_credits as f64,
+            config,
+            issued: 0,
+            clients: HashMap::new(),
+            parked: VecDeque::new(),
+            last_update: None,
+            last_idle_scan: 0,
+            eff: Efficiency::default(),
+            explicit_updates: 0,
+            last_grant: None,
+        })
+    }
+
+    pub fn config(&self) -> &BreakwaterConfig {
+        &self.config
+    }
+
+    /// C_total (fractional; grants use its floor).
+    pub fn c_total(&self) -> f64 {
+        self.c_total
+    }
+
+    /// C_issued.
+    pub fn issued(&self) -> u64 {
+        self.issued
+    }
+
+    pub fn clients(&self) -> usize {
+        self.clients.len()
+    }
+
+    /// Σ_x (unused_x + inflight_x), recomputed: must equal [`Self::issued`].
+    pub fn issued_recount(&self) -> u64 {
+        self.clients.values().map(|c| c.unused() + c.inflight).sum()
+    }
+
+    /// Server's view of the unused credits of `client`.
+    pub fn unused(&self, client: ClientId) -> Option<u64> {
+        self.clients.get(&client).map(ClientState::unused)
+    }
+
+    pub fn last_grant(&self) -> Option<GrantRecord> {
+        self.last_grant
+    }
+
+    pub fn demand(&self, client: ClientId) -> Option<u64> {
+        self.clients.get(&client).map(|c| c.demand)
+    }
+
+    fn n_c(&self) -> u64 {
+        (self.clients.len() as u64).max(1)
+    }
+
+    fn total(&self) -> u64 {
+        self.c_total as u64
+    }
+
+    fn c_max(&self) -> f64 {
+        (self.config.max_credits_per_client * self.n_c()).max(self.config.min_credits) as f64
+    }
+
+    fn clamp_total(&mut self) {
+        self.c_total = self
+            .c_total
+            .max(self.config.min_credits as f64)
+            .min(self.c_max());
+    }
+
+    /// A = max(α·n_c, 1) (Eq. 2.3).
+    fn additive_step(&self) -> f64 {
+        (self.config.alpha * self.n_c() as f64).max(1.0)
+    }
+
+    /// C_oc = max((C_total − C_issued)/n_c, 1) (Eq. 2.4), 0 without overcommit.
+    pub fn overcommit_per_client(&self) -> u64 {
+        if !self.config.overcommit {
+            return 0;
+        }
+        (self.total().saturating_sub(self.issued) / self.n_c()).max(1)
+    }
+
+    /// Eq. 2.1/2.2 on a measured queueing delay. Public for tests.
+    pub fn delay_step(&mut self, d_m: Nanos) {
+        let d_t = self.config.target_delay_ns;
+        if d_m < d_t {
+            self.c_total += self.additive_step();
+        } else {
+            let excess = (d_m - d_t) as f64 / d_t as f64;
+            self.c_total *= (1.0 - self.config.beta * excess).max(0.5);
+        }
+        self.clamp_total();
+    }
+
+    /// Algorithm 1 on one iteration's counts; rolls the counts over. Public
+    /// for the branch-table test.
+    pub fn efficiency_step(&mut self) -> EfficiencyBranch {
+        let e = &mut self.eff;
+        let (t_e, t_d) = (self.config.efficiency_threshold, self.config.max_drop_rate);
+        let d_in = e.in_cur as f64 - e.in_last as f64;
+        let d_out = e.out_cur as f64 - e.out_last as f64;
+        let branch = if e.drop_cur as f64 > t_d * e.in_cur as f64 {
+            EfficiencyBranch::DropCap
+        } else if d_in * d_out > 0.0 {
+            if d_out.abs() > t_e * d_in.abs() {
+                EfficiencyBranch::Efficient
+            } else {
+                EfficiencyBranch::Inefficient
+            }
+        } else {
+            EfficiencyBranch::NoCorrelation
+        };
+        e.in_last = e.in_cur;
+        e.out_last = e.out_cur;
+        e.in_cur = 0;
+        e.out_cur = 0;
+        e.drop_cur = 0;
+        if branch == EfficiencyBranch::Efficient {
+            let a = self
+                .config
+                .efficiency_step
+                .unwrap_or_else(|| self.additive_step());
+            self.c_total += a;
+        } else {
+            self.c_total *= 1.0 - self.config.efficiency_decrease;
+        }
+        self.clamp_total();
+        branch
+    }
+
+    /// Set the current iteration's counts (tests of the branch table).
+    pub fn set_efficiency_counts(
+        &mut self,
+        in_last: u64,
+        out_last: u64,
+        in_cur: u64,
+        out_cur: u64,
+        drop_cur: u64,
+    ) {
+        self.eff.in_last = in_last;
+        self.eff.out_last = out_last;
+        self.eff.in_cur = in_cur;
+        self.eff.out_cur = out_cur;
+        self.eff.drop_cur = drop_cur;
+    }
+
+    pub fn set_c_total(&mut self, c: f64) {
+        self.c_total = c;
+        self.clamp_total();
+    }
+
+    /// Run the pool update if its period has passed.
+    fn maybe_update(&mut self, now: Nanos, queue: &QueueView) {
+        let Some(last) = self.last_update else {
+            self.last_update = Some(now);
+            self.eff.iteration_start = now;
+            return;
+        };
+        match self.config.signal {
+            Signal::Delay => {
+                if now.saturating_sub(last) >= self.config.rtt_ns {
+                    self.delay_step(queue.delay(now));
+                    self.last_update = Some(now);
+                }
+            }
+            Signal::Efficiency => {
+                let e2e = self.eff.sojourn_ewma_ns + self.config.rtt_ns as f64;
+                let period = (4.0 * e2e) as Nanos;
+                if now.saturating_sub(self.eff.iteration_start) >= period {
+                    self.efficiency_step();
+                    self.eff.iteration_start = now;
+                    self.last_update = Some(now);
+                }
+            }
+        }
+    }
+
+    /// Lazy distribution (Eq. 2.5/2.6) for one client: set its new unused
+    /// credits and return its new edge.
+    fn grant(&mut self, id: ClientId) -> u64 {
+        let total = self.total();
+        let c_oc = self.overcommit_per_client();
+        let issued = self.issued;
+        let Some(c) = self.clients.get_mut(&id) else {
+            return 0;
+        };
+        let c_x = c.unused();
+        let want = c.demand.saturating_add(c_oc);
+        let c_new = if issued < total {
+            want.min(c_x + (total - issued))
+        } else {
+            want.min(c_x.saturating_sub(1))
+        };
+        self.issued = self.issued - c_x + c_new;
+        c.limit = c.received + c_new;
+        c.high_water = c.high_water.max(c.limit);
+        self.last_grant = Some(GrantRecord {
+            client: id,
+            demand: c.demand,
+            c_oc,
+            unused_before: c_x,
+            unused_after: c_new,
+        });
+        c.limit
+    }
+
+    fn register(&mut self, now: Nanos, id: ClientId) {
+        let c = self.clients.entry(id).or_default();
+        // A (re-)registration restarts the client's count: drop its unused
+        // credits, keep what it has in flight.
+        let unused = c.unused();
+        c.received = 0;
+        c.limit = 0;
+        c.high_water = 0;
+        c.last_seen = now;
+        self.issued -= unused;
+    }
+
+    fn return_inflight(&mut self, id: ClientId) {
+        if let Some(c) = self.clients.get_mut(&id) {
+            if c.inflight > 0 {
+                c.inflight -= 1;
+                self.issued -= 1;
+            }
+        }
+    }
+
+    /// Forget clients silent for `client_idle` (revoking unused credits).
+    fn expire_idle(&mut self, now: Nanos) {
+        let idle = self.config.client_idle_ns;
+        if now.saturating_sub(self.last_idle_scan) < idle / 4 {
+            return;
+        }
+        self.last_idle_scan = now;
+        let mut revoked = 0;
+        self.clients.retain(|_, c| {
+            if now.saturating_sub(c.last_seen) < idle || c.parked {
+                return true;
+            }
+            revoked += c.unused();
+            c.limit = c.received;
+            c.inflight > 0
+        });
+        self.issued -= revoked;
+    }
+}
+
+impl Policy for Breakwater {
+    fn name(&self) -> &'static str {
+        match self.config.signal {
+            Signal::Delay => "breakwater",
+            Signal::Efficiency => "breakwater-efficiency",
+        }
+    }
+
+    fn requires_metadata(&self) -> bool {
+        true
+    }
+
+    fn on_arrival(&mut self, now: Nanos, msg: &Arrival, queue: &QueueView) -> Verdict {
+        self.maybe_update(now, queue);
+        let cap = self.total();
+        match msg.kind {
+            Kind::Deregister => {
+                if let Some(c) = self.clients.get_mut(&msg.client) {
+                    let unused = c.unused();
+                    c.limit = c.received;
+                    self.issued -= unused;
+                    if c.inflight == 0 && !c.parked {
+                        self.clients.remove(&msg.client);
+                    }
+                }
+                return Verdict::Answer;
+            }
+            Kind::Register => self.register(now, msg.client),
+            Kind::Request | Kind::CreditWait => {
+                if !self.clients.contains_key(&msg.client) {
+                    return Verdict::Reject(RejectReason::Unregistered);
+                }
+            }
+        }
+        let c = self.clients.get_mut(&msg.client).expect("registered above");
+        c.last_seen = now;
+        c.demand = u64::from(msg.demand).min(cap);
+        match msg.kind {
+            Kind::CreditWait => {
+                // The client holds no credit (else it would not ask), so any
+                // unused credit on our books is stale: grant afresh.
+                if c.parked {
+                    return Verdict::Park;
+                }
+                self.grant(msg.client);
+                let c = &self.clients[&msg.client];
+                if c.unused() > 0 {
+                    return Verdict::Answer;
+                }
+                self.clients.get_mut(&msg.client).expect("known").parked = true;
+                self.parked.push_back(msg.client);
+                return Verdict::Park;
+            }
+            Kind::Register => {
+                // Count the piggybacked request, then grant it a window.
+                // The request needs one credit of that window.
+                c.demand = c.demand.saturating_add(1).min(cap.max(1));
+                self.grant(msg.client);
+                let c = self.clients.get_mut(&msg.client).expect("known");
+                if c.unused() == 0 {
+                    c.received += 1;
+                    c.limit = c.received;
+                    c.high_water = c.high_water.max(c.limit);
+                    c.demand = c.demand.saturating_sub(1);
+                    return Verdict::Reject(RejectReason::NoCredit);
+                }
+                c.demand = c.demand.saturating_sub(1);
+            }
+            Kind::Request => {
+                let c = self.clients.get_mut(&msg.client).expect("known");
+                if c.received >= c.high_water {
+                    // Count it anyway, so an honest client that lost a race
+                    // stays in step with us; it gets nothing for it.
+                    c.received += 1;
+                    c.limit = c.limit.max(c.received);
+                    c.high_water = c.high_water.max(c.limit);
+                    return Verdict::Reject(RejectReason::NoCredit);
+                }
+            }
+            Kind::Deregister => unreachable!("answered above"),
+        }
+        // Spend one credit: unused -> in flight. A credit revoked while the
+        // request was on the wire (received >= limit) is honoured as an
+        // overdraft and counted as issued again.
+        let c = self.clients.get_mut(&msg.client).expect("known");
+        if c.received >= c.limit {
+            self.issued += 1;
+            c.limit = c.received + 1;
+        }
+        c.received += 1;
+        c.inflight += 1;
+        self.eff.in_cur += 1;
+        if self.config.aqm {
+            let budget = msg.budget_ns.map_or(self.config.queue_budget_ns, |b| {
+                b.min(self.config.queue_budget_ns)
+            });
+            let delay = queue.delay(now);
+            if delay > budget {
+                self.return_inflight(msg.client);
+                self.eff.drop_cur += 1;
+                return Verdict::Reject(RejectReason::QueueDelay {
+                    delay_ns: delay,
+                    budget_ns: budget,
+                });
+            }
+        }
+        Verdict::Admit
+    }
+
+    fn on_complete(&mut self, now: Nanos, done: &Completion, queue: &QueueView) -> Feedback {
+        self.return_inflight(done.client);
+        if done.ok {
+            self.eff.out_cur += 1;
+        } else {
+            self.eff.drop_cur += 1;
+        }
+        let w = 1.0 / 16.0;
+        self.eff.sojourn_ewma_ns = if self.eff.sojourn_ewma_ns == 0.0 {
+            done.sojourn_ns as f64
+        } else {
+            (1.0 - w) * self.eff.sojourn_ewma_ns + w * done.sojourn_ns as f64
+        };
+        self.maybe_update(now, queue);
+        self.feedback(now, done.client)
+    }
+
+    fn feedback(&mut self, _now: Nanos, client: ClientId) -> Feedback {
+        if !self.clients.contains_key(&client) {
+            return Feedback::None;
+        }
+        Feedback::CreditLimit(self.grant(client))
+    }
+
+    fn on_tick(&mut self, now: Nanos, queue: &QueueView, explicit: &mut Vec<(ClientId, Feedback)>) {
+        self.maybe_update(now, queue);
+        self.expire_idle(now);
+        while let Some(&id) = self.parked.front() {
+            if self.issued >= self.total() {
+                break;
+            }
+            self.parked.pop_front();
+            let Some(c) = self.clients.get_mut(&id) else {
+                continue;
+            };
+            c.parked = false;
+            let limit = self.grant(id);
+            self.explicit_updates += 1;
+            explicit.push((id, Feedback::CreditLimit(limit)));
+        }
+    }
+
+    fn stats(&self) -> PolicyStats {
+        PolicyStats {
+            control: self.c_total,
+            issued: self.issued,
+            clients: self.clients.len(),
+        }
+    }
+}
+
+/// The client half: spend credits, queue when there are none, register on
+/// the first request, ask for credit when drained.
+#[derive(Debug, Clone, Default)]
+pub struct BreakwaterClient {
+    registered: bool,
+    registering: bool,
+    /// Credited requests sent since registration (the server's `received`).
+    sent: u64,
+    /// Latest edge from the server.
+    limit: u64,
+}
+
+impl BreakwaterClient {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Credits the client may spend now.
+    pub fn available(&self) -> u64 {
+        self.limit.saturating_sub(self.sent)
+    }
+}
+
+impl ClientPolicy for BreakwaterClient {
+    fn name(&self) -> &'static str {
+        "breakwater"
+    }
+
+    fn try_acquire(&mut self, _now: Nanos, _priority: u8) -> Acquire {
+        if !self.registered {
+            if self.registering {
+                return Acquire::Wait;
+            }
+            self.registering = true;
+            self.sent = 1;
+            self.limit = 1;
+            return Acquire::Send(Kind::Register);
+        }
+        if self.limit > self.sent {
+            self.sent += 1;
+            Acquire::Send(Kind::Request)
+        } else {
+            Acquire::Wait
+        }
+    }
+
+    fn release(&mut self) {
+        self.sent = self.sent.saturating_sub(1);
+    }
+
+    fn on_feedback(&mut self, _now: Nanos, feedback: Feedback) {
+        if let Feedback::CreditLimit(limit) = feedback {
+            if self.registering {
+                self.registering = false;
+                self.registered = true;
+            }
+            self.limit = limit;
+        }
+    }
+
+    fn needs_credit_wait(&self, inflight: usize) -> bool {
+        self.registered && inflight == 0 && self.available() == 0
+    }
+
+    fn reset(&mut self) {
+        *self = BreakwaterClient::default();
+    }
+}

@@ -1,0 +1,494 @@
+//! The server layer: admission control in front of an explicit FIFO
+//! dispatcher and a fixed pool of worker threads.
+//!
+//! Why a dispatcher: the overload signal is the queueing delay, `now −
+//! enqueue time of the oldest queued request`. It is only exact if the
+//! queue is ours. So `call` never runs the inner service: it parses the
+//! control metadata, asks the [`Policy`], and either answers at once (a
+//! reject, a malformed request, a credit wait) or appends the request to the
+//! FIFO with its timestamp. `workers` OS threads pop the FIFO in order and
+//! run the inner service to completion (each on its own single-threaded
+//! tokio runtime, so handlers may still `.await`). A request is therefore
+//! always in exactly one place: the FIFO (queued, timestamped) or a worker
+//! (running).
+//!
+//! Invariants, in tower's style:
+//! - The policy lock is taken before the FIFO lock, never the other way.
+//! - Every admitted request reaches `on_complete` exactly once, whether the
+//!   inner service answers, fails or the pool shuts down, so credits and
+//!   concurrency slots always come back.
+//! - A reject is answered from `call` itself, without touching the FIFO or
+//!   a worker: failures are immediate.
+//! - `poll_ready` is always ready: this layer sheds, it never back-pressures.
+//!
+//! The feedback (the credit window) is written into the response headers
+//! by the worker that completes the request, at that moment (lazy credit
+//! distribution). Parked credit waits are answered by a ticker thread that
+//! runs [`Policy::on_tick`] every `tick`.
+
+use crate::asqm::QueueBudget;
+use crate::clock;
+use crate::policy::{Completion, Feedback, Nanos, Policy, PolicyStats, QueueView, Verdict};
+use crate::wire;
+use http::{HeaderValue, Request, Response, StatusCode};
+use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::sync::oneshot;
+use tower::{Layer, Service, ServiceExt};
+
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Pool settings. Policy settings live in the policy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerConfig {
+    /// Worker threads (the `k` of M/G/k). At least 1.
+    pub workers: usize,
+    /// Period of the ticker that answers parked credit waits.
+    pub tick: Duration,
+}
+
+impl Default for ServerConfig {
+    fn default() -> Self {
+        ServerConfig {
+            workers: 1,
+            tick: Duration::from_millis(1),
+        }
+    }
+}
+
+/// Counters of what the layer did; read with [`Server::stats`].
+#[derive(Debug, Default)]
+struct Counters {
+    arrivals: AtomicU64,
+    admitted: AtomicU64,
+    completed_ok: AtomicU64,
+    completed_failed: AtomicU64,
+    rejected: AtomicU64,
+    malformed: AtomicU64,
+    credit_waits: AtomicU64,
+    explicit_updates: AtomicU64,
+    deregisters: AtomicU64,
+}
+
+/// A snapshot of the counters and the policy's state.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ServerStats {
+    pub policy: &'static str,
+    pub arrivals: u64,
+    pub admitted: u64,
+    pub completed_ok: u64,
+    pub completed_failed: u64,
+    /// Refused by the policy (no credit, AQM, threshold, limit).
+    pub rejected: u64,
+    /// Refused for missing or malformed metadata.
+    pub malformed: u64,
+    pub credit_waits: u64,
+    pub explicit_updates: u64,
+    pub deregisters: u64,
+    pub queue_len: usize,
+    #[serde(flatten)]
+    pub control: PolicyStats,
+}
+
+type Reply<RB> = oneshot::Sender<Result<Response<RB>, BoxError>>;
+
+struct Job<B, RB> {
+    request: Request<B>,
+    client: u64,
+    arrived: Nanos,
+    enqueued: Nanos,
+    budget_ns: Nanos,
+    reply: Reply<RB>,
+}
+
+struct Fifo<B, RB> {
+    jobs: VecDeque<Job<B, RB>>,
+    closed: bool,
+}
+
+struct Shared<B, RB> {
+    policy: Mutex<Box<dyn Policy>>,
+    fifo: Mutex<Fifo<B, RB>>,
+    work: Condvar,
+    busy: AtomicUsize,
+    workers: usize,
+    parked: Mutex<HashMap<u64, Vec<oneshot::Sender<Feedback>>>>,
+    counters: Counters,
+    name: &'static str,
+    requires_metadata: bool,
+}
+
+impl<B, RB> Shared<B, RB> {
+    fn view(&self, fifo: &Fifo<B, RB>) -> QueueView {
+        QueueView {
+            oldest_enqueue: fifo.jobs.front().map(|j| j.enqueued),
+            len: fifo.jobs.len(),
+            busy: self.busy.load(Ordering::Relaxed),
+            workers: self.workers,
+        }
+    }
+
+    fn lock_policy(&self) -> std::sync::MutexGuard<'_, Box<dyn Policy>> {
+        self.policy.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lock_fifo(&self) -> std::sync::MutexGuard<'_, Fifo<B, RB>> {
+        self.fifo.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Closes the FIFO (so workers exit) when the last [`Server`] clone goes.
+struct PoolGuard<B, RB>(Arc<Shared<B, RB>>);
+
+impl<B, RB> Drop for PoolGuard<B, RB> {
+    fn drop(&mut self) {
+        self.0.lock_fifo().closed = true;
+        self.0.work.notify_all();
+    }
+}
+
+/// Adds Breakwater (or a baseline) in front of a service. See the module
+/// docs. `B` and `RB` are the request and response body types (usually
+/// inferred). [`Layer::layer`] starts the worker pool and takes the policy
+/// out of the layer, so build one layer per service.
+pub struct ServerLayer<B, RB> {
+    policy: Mutex<Option<Box<dyn Policy>>>,
+    config: ServerConfig,
+    _bodies: std::marker::PhantomData<fn(B) -> RB>,
+}
+
+impl<B, RB> ServerLayer<B, RB> {
+    /// Refuses a zero worker count or tick.
+    pub fn new(policy: Box<dyn Policy>, config: ServerConfig) -> Result<Self, crate::ConfigError> {
+        if config.workers == 0 {
+            return Err(crate::ConfigError("workers must be > 0".into()));
+        }
+        if config.tick.is_zero() {
+            return Err(crate::ConfigError("tick must be > 0".into()));
+        }
+        Ok(ServerLayer {
+            policy: Mutex::new(Some(policy)),
+            config,
+            _bodies: std::marker::PhantomData,
+        })
+    }
+}
+
+impl<S, B, RB> Layer<S> for ServerLayer<B, RB>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: 'static,
+    B: Send + 'static,
+    RB: Default + Send + 'static,
+{
+    type Service = Server<B, RB>;
+
+    fn layer(&self, inner: S) -> Server<B, RB> {
+        let policy = self
+            .policy
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+            .expect("ServerLayer::layer called twice: build one layer per service");
+        Server::start(inner, policy, self.config.clone())
+    }
+}
+
+/// The running layer: a cheap-to-clone handle on the dispatcher.
+pub struct Server<B, RB> {
+    shared: Arc<Shared<B, RB>>,
+    _guard: Arc<PoolGuard<B, RB>>,
+}
+
+impl<B, RB> Clone for Server<B, RB> {
+    fn clone(&self) -> Self {
+        Server {
+            shared: self.shared.clone(),
+            _guard: self._guard.clone(),
+        }
+    }
+}
+
+impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
+    /// Wrap `inner` directly (the layer does this). Spawns `workers` worker
+    /// threads and one ticker thread.
+    pub fn start<S>(inner: S, policy: Box<dyn Policy>, config: ServerConfig) -> Self
+    where
+        S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+        S::Error: Into<BoxError>,
+        S::Future: 'static,
+    {
+        let workers = config.workers.max(1);
+        let shared = Arc::new(Shared {
+            name: policy.name(),
+            requires_metadata: policy.requires_metadata(),
+            policy: Mutex::new(policy),
+            fifo: Mutex::new(Fifo {
+                jobs: VecDeque::new(),
+                closed: false,
+            }),
+            work: Condvar::new(),
+            busy: AtomicUsize::new(0),
+            workers,
+            parked: Mutex::new(HashMap::new()),
+            counters: Counters::default(),
+        });
+        for i in 0..workers {
+            let shared = shared.clone();
+            let svc = inner.clone();
+            std::thread::Builder::new()
+                .name(format!("bw-worker-{i}"))
+                .spawn(move || worker(shared, svc))
+                .expect("spawn worker thread");
+        }
+        let weak = Arc::downgrade(&shared);
+        std::thread::Builder::new()
+            .name("bw-ticker".into())
+            .spawn(move || ticker(weak, config.tick))
+            .expect("spawn ticker thread");
+        Server {
+            _guard: Arc::new(PoolGuard(shared.clone())),
+            shared,
+        }
+    }
+
+    pub fn stats(&self) -> ServerStats {
+        let c = &self.shared.counters;
+        let control = self.shared.lock_policy().stats();
+        let queue_len = self.shared.lock_fifo().jobs.len();
+        ServerStats {
+            policy: self.shared.name,
+            arrivals: c.arrivals.load(Ordering::Relaxed),
+            admitted: c.admitted.load(Ordering::Relaxed),
+            completed_ok: c.completed_ok.load(Ordering::Relaxed),
+            completed_failed: c.completed_failed.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            malformed: c.malformed.load(Ordering::Relaxed),
+            credit_waits: c.credit_waits.load(Ordering::Relaxed),
+            explicit_updates: c.explicit_updates.load(Ordering::Relaxed),
+            deregisters: c.deregisters.load(Ordering::Relaxed),
+            queue_len,
+            control,
+        }
+    }
+}
+
+fn respond<RB: Default>(status: StatusCode, reject: Option<&str>, fb: Feedback) -> Response<RB> {
+    let mut r = Response::new(RB::default());
+    *r.status_mut() = status;
+    if let Some(token) = reject {
+        if let Ok(v) = HeaderValue::from_str(token) {
+            r.headers_mut().insert(wire::REJECT, v);
+        }
+    }
+    wire::write_feedback(r.headers_mut(), fb);
+    r
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<B, RB> Service<Request<B>> for Server<B, RB>
+where
+    B: Send + 'static,
+    RB: Default + Send + 'static,
+{
+    type Response = Response<RB>;
+    type Error = BoxError;
+    type Future = BoxFuture<Result<Response<RB>, BoxError>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let shared = &self.shared;
+        let now = clock::now();
+        shared.counters.arrivals.fetch_add(1, Ordering::Relaxed);
+        let arrival = match wire::parse_arrival(request.headers()) {
+            Ok(Some(a)) => a,
+            Ok(None) if !shared.requires_metadata => crate::policy::Arrival::request(0),
+            Ok(None) => return ready_err(shared, wire::WireError::Missing),
+            Err(e) => return ready_err(shared, e),
+        };
+        let mut policy = shared.lock_policy();
+        let mut fifo = shared.lock_fifo();
+        let view = shared.view(&fifo);
+        match policy.on_arrival(now, &arrival, &view) {
+            Verdict::Admit => {
+                let budget_ns = arrival.budget_ns.unwrap_or(u64::MAX);
+                let (tx, rx) = oneshot::channel();
+                fifo.jobs.push_back(Job {
+                    request,
+                    client: arrival.client,
+                    arrived: now,
+                    enqueued: now,
+                    budget_ns,
+                    reply: tx,
+                });
+                drop(fifo);
+                drop(policy);
+                shared.work.notify_one();
+                shared.counters.admitted.fetch_add(1, Ordering::Relaxed);
+                Box::pin(async move {
+                    rx.await
+                        .unwrap_or_else(|_| Err("breakwater worker pool shut down".into()))
+                })
+            }
+            Verdict::Reject(reason) => {
+                drop(fifo);
+                let fb = policy.feedback(now, arrival.client);
+                drop(policy);
+                shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                let (status, token) = wire::reject_status(&reason);
+                ready(respond(status, Some(token), fb))
+            }
+            Verdict::Answer => {
+                drop(fifo);
+                let fb = policy.feedback(now, arrival.client);
+                drop(policy);
+                let counter = match arrival.kind {
+                    crate::Kind::Deregister => &shared.counters.deregisters,
+                    _ => &shared.counters.credit_waits,
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
+                ready(respond(StatusCode::NO_CONTENT, None, fb))
+            }
+            Verdict::Park => {
+                drop(fifo);
+                let (tx, rx) = oneshot::channel();
+                shared
+                    .parked
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .entry(arrival.client)
+                    .or_default()
+                    .push(tx);
+                drop(policy);
+                shared.counters.credit_waits.fetch_add(1, Ordering::Relaxed);
+                Box::pin(async move {
+                    let fb = rx.await.unwrap_or(Feedback::None);
+                    Ok(respond(StatusCode::NO_CONTENT, None, fb))
+                })
+            }
+        }
+    }
+}
+
+fn ready<RB: Send + 'static>(r: Response<RB>) -> BoxFuture<Result<Response<RB>, BoxError>> {
+    Box::pin(std::future::ready(Ok(r)))
+}
+
+fn ready_err<B, RB: Default + Send + 'static>(
+    shared: &Shared<B, RB>,
+    e: wire::WireError,
+) -> BoxFuture<Result<Response<RB>, BoxError>> {
+    shared.counters.malformed.fetch_add(1, Ordering::Relaxed);
+    ready(respond(e.status(), Some(&e.token()), Feedback::None))
+}
+
+/// One worker: pop, run to completion, report, repeat.
+fn worker<B, RB, S>(shared: Arc<Shared<B, RB>>, mut svc: S)
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    RB: Default,
+{
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("worker runtime");
+    loop {
+        let mut job = {
+            let mut fifo = shared.lock_fifo();
+            loop {
+                if let Some(job) = fifo.jobs.pop_front() {
+                    shared.busy.fetch_add(1, Ordering::Relaxed);
+                    break job;
+                }
+                if fifo.closed {
+                    return;
+                }
+                fifo = shared.work.wait(fifo).unwrap_or_else(|p| p.into_inner());
+            }
+        };
+        let start = clock::now();
+        let waited = start.saturating_sub(job.enqueued);
+        shared.lock_policy().on_start(start, waited);
+        job.request.extensions_mut().insert(QueueBudget {
+            remaining_ns: job.budget_ns.saturating_sub(waited),
+        });
+        let result = rt.block_on(async {
+            let ready = svc.ready().await.map_err(Into::into)?;
+            ready.call(job.request).await.map_err(Into::into)
+        });
+        let now = clock::now();
+        let ok = matches!(&result, Ok(r) if !r.status().is_server_error());
+        let done = Completion {
+            client: job.client,
+            ok,
+            sojourn_ns: now.saturating_sub(job.arrived),
+        };
+        let fb = {
+            let mut policy = shared.lock_policy();
+            let view = shared.view(&shared.lock_fifo());
+            policy.on_complete(now, &done, &view)
+        };
+        shared.busy.fetch_sub(1, Ordering::Relaxed);
+        let counter = if ok {
+            &shared.counters.completed_ok
+        } else {
+            &shared.counters.completed_failed
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        let result = match result {
+            Ok(mut r) => {
+                wire::write_feedback(r.headers_mut(), fb);
+                Ok(r)
+            }
+            Err(e) => Err(e),
+        };
+        let _ = job.reply.send(result);
+    }
+}
+
+/// Periodic policy work: pool updates on an idle server, idle clients, and
+/// explicit window updates for parked credit waits.
+fn ticker<B, RB>(shared: Weak<Shared<B, RB>>, tick: Duration) {
+    let mut explicit = Vec::new();
+    loop {
+        std::thread::sleep(tick);
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        if shared.lock_fifo().closed {
+            return;
+        }
+        let now = clock::now();
+        {
+            let mut policy = shared.lock_policy();
+            let view = shared.view(&shared.lock_fifo());
+            policy.on_tick(now, &view, &mut explicit);
+        }
+        if explicit.is_empty() {
+            continue;
+        }
+        let mut parked = shared.parked.lock().unwrap_or_else(|p| p.into_inner());
+        for (client, fb) in explicit.drain(..) {
+            if let Some(waiters) = parked.remove(&client) {
+                shared
+                    .counters
+                    .explicit_updates
+                    .fetch_add(1, Ordering::Relaxed);
+                for w in waiters {
+                    let _ = w.send(fb);
+                }
+            }
+        }
+    }
+}

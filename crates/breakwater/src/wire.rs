@@ -1,0 +1,251 @@
+//! The control metadata on the wire: HTTP/2 headers (gRPC metadata is the
+//! same thing), one small decimal per header.
+//!
+//! | header | direction | meaning |
+//! |---|---|---|
+//! | `bw-client` | request | client id (u64) |
+//! | `bw-kind` | request | `request` (default), `register`, `wait`, `deregister` |
+//! | `bw-demand` | request | requests queued at the client behind this one |
+//! | `bw-budget-us` | request | the client's remaining time for this request (relative) |
+//! | `bw-priority` | request | DAGOR priority, 1 (most important) ..= 128 |
+//! | `bw-credit-limit` | response | cumulative credit edge (absolute) |
+//! | `bw-threshold` | response | DAGOR admission threshold |
+//! | `bw-reject` | response | why a request was refused (with its status) |
+//!
+//! A message without `bw-client` is "missing metadata" (428 where the
+//! policy requires it); a header that does not parse is "malformed" (400).
+
+use crate::policy::{Arrival, Feedback, Kind, Nanos, RejectReason};
+use http::{HeaderMap, HeaderValue, StatusCode};
+
+pub const CLIENT: &str = "bw-client";
+pub const KIND: &str = "bw-kind";
+pub const DEMAND: &str = "bw-demand";
+pub const BUDGET_US: &str = "bw-budget-us";
+pub const PRIORITY: &str = "bw-priority";
+pub const CREDIT_LIMIT: &str = "bw-credit-limit";
+pub const THRESHOLD: &str = "bw-threshold";
+pub const REJECT: &str = "bw-reject";
+
+/// Bad control metadata on a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WireError {
+    Missing,
+    Malformed { header: &'static str, value: String },
+}
+
+impl WireError {
+    pub fn status(&self) -> StatusCode {
+        match self {
+            WireError::Missing => StatusCode::PRECONDITION_REQUIRED,
+            WireError::Malformed { .. } => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// The `bw-reject` token.
+    pub fn token(&self) -> String {
+        match self {
+            WireError::Missing => "missing-credit-metadata".into(),
+            WireError::Malformed { header, .. } => format!("malformed-{header}"),
+        }
+    }
+}
+
+impl std::fmt::Display for WireError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WireError::Missing => write!(f, "request carries no {CLIENT} header (no credit)"),
+            WireError::Malformed { header, value } => {
+                write!(f, "malformed {header} header: {value:?}")
+            }
+        }
+    }
+}
+
+fn number<T: std::str::FromStr>(
+    headers: &HeaderMap,
+    name: &'static str,
+) -> Result<Option<T>, WireError> {
+    let Some(v) = headers.get(name) else {
+        return Ok(None);
+    };
+    let bad = || WireError::Malformed {
+        header: name,
+        value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
+    };
+    let s = v.to_str().map_err(|_| bad())?;
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(bad());
+    }
+    s.parse::<T>().map(Some).map_err(|_| bad())
+}
+
+/// Parse a request's metadata. `Ok(None)`: no metadata at all.
+pub fn parse_arrival(headers: &HeaderMap) -> Result<Option<Arrival>, WireError> {
+    let Some(client) = number::<u64>(headers, CLIENT)? else {
+        let any = [KIND, DEMAND, BUDGET_US, PRIORITY]
+            .iter()
+            .any(|h| headers.contains_key(*h));
+        return if any {
+            Err(WireError::Missing)
+        } else {
+            Ok(None)
+        };
+    };
+    let kind = match headers.get(KIND).map(HeaderValue::as_bytes) {
+        None | Some(b"request") => Kind::Request,
+        Some(b"register") => Kind::Register,
+        Some(b"wait") => Kind::CreditWait,
+        Some(b"deregister") => Kind::Deregister,
+        Some(other) => {
+            return Err(WireError::Malformed {
+                header: KIND,
+                value: String::from_utf8_lossy(other).into_owned(),
+            })
+        }
+    };
+    let demand = number::<u32>(headers, DEMAND)?.unwrap_or(0);
+    let budget_ns = number::<u64>(headers, BUDGET_US)?.map(|us| us.saturating_mul(1000));
+    let priority = match number::<u8>(headers, PRIORITY)? {
+        None => 1,
+        Some(p @ 1..=128) => p,
+        Some(p) => {
+            return Err(WireError::Malformed {
+                header: PRIORITY,
+                value: p.to_string(),
+            })
+        }
+    };
+    Ok(Some(Arrival {
+        client,
+        kind,
+        demand,
+        budget_ns,
+        priority,
+    }))
+}
+
+/// Write a request's metadata.
+pub fn write_arrival(headers: &mut HeaderMap, a: &Arrival) {
+    let kind = match a.kind {
+        Kind::Request => "request",
+        Kind::Register => "register",
+        Kind::CreditWait => "wait",
+        Kind::Deregister => "deregister",
+    };
+    headers.insert(CLIENT, HeaderValue::from(a.client));
+    headers.insert(KIND, HeaderValue::from_static(kind));
+    headers.insert(DEMAND, HeaderValue::from(a.demand));
+    if let Some(b) = a.budget_ns {
+        headers.insert(BUDGET_US, HeaderValue::from(b / 1000));
+    }
+    headers.insert(PRIORITY, HeaderValue::from(u16::from(a.priority)));
+}
+
+pub fn write_feedback(headers: &mut HeaderMap, fb: Feedback) {
+    match fb {
+        Feedback::None => {}
+        Feedback::CreditLimit(l) => {
+            headers.insert(CREDIT_LIMIT, HeaderValue::from(l));
+        }
+        Feedback::Threshold(t) => {
+            headers.insert(THRESHOLD, HeaderValue::from(u16::from(t)));
+        }
+    }
+}
+
+/// Read the feedback on a response; a malformed value is ignored (the
+/// client keeps its last state rather than trusting garbage).
+pub fn parse_feedback(headers: &HeaderMap) -> Feedback {
+    if let Ok(Some(l)) = number::<u64>(headers, CREDIT_LIMIT) {
+        return Feedback::CreditLimit(l);
+    }
+    if let Ok(Some(t)) = number::<u8>(headers, THRESHOLD) {
+        return Feedback::Threshold(t);
+    }
+    Feedback::None
+}
+
+/// Status and `bw-reject` token of a refusal.
+pub fn reject_status(reason: &RejectReason) -> (StatusCode, &'static str) {
+    match reason {
+        RejectReason::NoCredit => (StatusCode::TOO_MANY_REQUESTS, "no-credit"),
+        RejectReason::Unregistered => (StatusCode::TOO_MANY_REQUESTS, "unregistered"),
+        RejectReason::QueueDelay { .. } => (StatusCode::SERVICE_UNAVAILABLE, "queue-delay"),
+        RejectReason::Priority { .. } => (StatusCode::SERVICE_UNAVAILABLE, "priority"),
+        RejectReason::Limit => (StatusCode::SERVICE_UNAVAILABLE, "limit"),
+    }
+}
+
+/// The `bw-reject` token a handler uses when ASQM refused it a lock.
+pub const REJECT_LOCK: &str = "lock-congested";
+
+/// Convert a budget in ns to the header's microseconds.
+pub fn budget_us(ns: Nanos) -> u64 {
+    ns / 1000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.insert(*k, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn round_trip() {
+        let a = Arrival {
+            client: 42,
+            kind: Kind::Register,
+            demand: 7,
+            budget_ns: Some(1_500_000),
+            priority: 9,
+        };
+        let mut h = HeaderMap::new();
+        write_arrival(&mut h, &a);
+        assert_eq!(parse_arrival(&h), Ok(Some(a)));
+        let mut h = HeaderMap::new();
+        write_feedback(&mut h, Feedback::CreditLimit(123));
+        assert_eq!(parse_feedback(&h), Feedback::CreditLimit(123));
+    }
+
+    #[test]
+    fn missing_and_malformed_are_distinct_statuses() {
+        assert_eq!(parse_arrival(&HeaderMap::new()), Ok(None));
+        let missing = parse_arrival(&headers(&[(DEMAND, "3")])).unwrap_err();
+        assert_eq!(missing.status(), StatusCode::PRECONDITION_REQUIRED);
+        for (h, v) in [
+            (CLIENT, "abc"),
+            (CLIENT, "-1"),
+            (CLIENT, ""),
+            (CLIENT, "99999999999999999999999"),
+        ] {
+            let e = parse_arrival(&headers(&[(h, v)])).unwrap_err();
+            assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{h}={v}");
+        }
+        for (h, v) in [
+            (DEMAND, "x"),
+            (BUDGET_US, "1.5"),
+            (PRIORITY, "0"),
+            (PRIORITY, "200"),
+            (KIND, "grab"),
+        ] {
+            let e = parse_arrival(&headers(&[(CLIENT, "1"), (h, v)])).unwrap_err();
+            assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{h}={v}");
+            assert!(e.token().starts_with("malformed-"), "{}", e.token());
+        }
+    }
+
+    #[test]
+    fn garbage_feedback_is_ignored() {
+        assert_eq!(
+            parse_feedback(&headers(&[(CREDIT_LIMIT, "lots")])),
+            Feedback::None
+        );
+    }
+}

@@ -1,0 +1,703 @@
+//! Invariants of the policy core: credit conservation, the bounds on the
+//! pool, per-client unused ≤ demand + C_oc, the AIMD steps, Algorithm 1's
+//! branch table, the AQM drop rule, lying demand, clock skew and
+//! construction-time rejection of bad configuration. Randomised tests run
+//! many seeded event sequences through the real policy.
+
+use breakwater::control::{ControlKind, ControlSpec};
+use breakwater::policy::breakwater::{
+    Breakwater, BreakwaterClient, BreakwaterConfig, EfficiencyBranch, Signal,
+};
+use breakwater::policy::dagor::{Dagor, DagorClient, DagorConfig};
+use breakwater::policy::gradient::{Gradient, GradientConfig};
+use breakwater::policy::seda::{SedaClient, SedaConfig};
+use breakwater::rng::SplitMix64;
+use breakwater::{
+    Acquire, Arrival, ClientPolicy, Completion, Feedback, Kind, Policy, QueueView, RejectReason,
+    Verdict,
+};
+
+const SLO: u64 = 1_000_000; // 1 ms
+
+fn bw() -> Breakwater {
+    Breakwater::new(BreakwaterConfig::for_slo(SLO, 4)).unwrap()
+}
+
+fn msg(client: u64, kind: Kind, demand: u32) -> Arrival {
+    Arrival {
+        client,
+        kind,
+        demand,
+        budget_ns: None,
+        priority: 1,
+    }
+}
+
+fn empty() -> QueueView {
+    QueueView {
+        workers: 4,
+        ..QueueView::default()
+    }
+}
+
+fn queue_with_delay(now: u64, delay: u64) -> QueueView {
+    QueueView {
+        oldest_enqueue: Some(now - delay),
+        len: 1,
+        busy: 4,
+        workers: 4,
+    }
+}
+
+/// Check every structural invariant of the pool.
+fn check(p: &Breakwater, clients: &[u64]) {
+    assert_eq!(p.issued(), p.issued_recount(), "credit conservation");
+    let c = p.c_total();
+    let cfg = p.config();
+    let n_c = (p.clients() as u64).max(1);
+    assert!(c >= cfg.min_credits as f64, "C_total {c} below C_min");
+    let c_max = (cfg.max_credits_per_client * n_c).max(cfg.min_credits) as f64;
+    assert!(c <= c_max + 1e-9, "C_total {c} above C_max {c_max}");
+    for &x in clients {
+        if let Some(u) = p.unused(x) {
+            assert!(
+                u <= c.floor() as u64 + p.issued(),
+                "unused {u} of client {x} absurd"
+            );
+        }
+    }
+}
+
+/// A response to client `x` must leave it at most demand + C_oc unused.
+fn grant_and_check(p: &mut Breakwater, now: u64, x: u64) -> Feedback {
+    let fb = p.feedback(now, x);
+    if p.unused(x).is_some() {
+        let g = p.last_grant().expect("a grant was made");
+        assert_eq!(g.client, x);
+        assert!(g.unused_after <= g.demand + g.c_oc, "client {x}: {g:?}");
+        assert_eq!(p.unused(x), Some(g.unused_after));
+    }
+    fb
+}
+
+#[test]
+fn random_event_sequences_conserve_credits_and_respect_bounds() {
+    for seed in 0..200u64 {
+        let mut rng = SplitMix64::new(seed);
+        let mut cfg = BreakwaterConfig::for_slo(SLO, 1 + rng.below(8));
+        cfg.overcommit = rng.below(4) != 0;
+        cfg.aqm = rng.below(4) != 0;
+        cfg.client_idle_ns = 5_000_000;
+        let mut p = Breakwater::new(cfg).unwrap();
+        let ids: Vec<u64> = (0..1 + rng.below(40)).collect();
+        // Requests admitted and not yet completed, by client.
+        let mut running: Vec<u64> = Vec::new();
+        let mut now = 1_000u64;
+        for _ in 0..3000 {
+            now += rng.below(50_000);
+            let x = ids[rng.below(ids.len() as u64) as usize];
+            let delay = if rng.below(3) == 0 {
+                rng.below(2 * SLO)
+            } else {
+                0
+            };
+            let q = if delay > 0 && delay < now {
+                queue_with_delay(now, delay)
+            } else {
+                empty()
+            };
+            let demand = match rng.below(10) {
+                0 => u32::MAX, // a liar
+                d => d as u32,
+            };
+            match rng.below(10) {
+                0 => {
+                    p.on_arrival(now, &msg(x, Kind::Register, demand), &q);
+                }
+                1..=4 => {
+                    let mut m = msg(x, Kind::Request, demand);
+                    if rng.below(5) == 0 {
+                        m.budget_ns = Some(rng.below(SLO));
+                    }
+                    if p.on_arrival(now, &m, &q) == Verdict::Admit {
+                        running.push(x);
+                    } else {
+                        grant_and_check(&mut p, now, x);
+                    }
+                }
+                5 | 6 if !running.is_empty() => {
+                    let i = rng.below(running.len() as u64) as usize;
+                    let y = running.swap_remove(i);
+                    let done = Completion {
+                        client: y,
+                        ok: rng.below(10) != 0,
+                        sojourn_ns: rng.below(SLO),
+                    };
+                    p.on_complete(now, &done, &q);
+                    if let Some(g) = p.last_grant().filter(|g| g.client == y) {
+                        assert!(g.unused_after <= g.demand + g.c_oc, "{g:?}");
+                        assert_eq!(p.unused(y), Some(g.unused_after));
+                    }
+                }
+                7 => {
+                    p.on_arrival(now, &msg(x, Kind::CreditWait, demand.max(1)), &q);
+                }
+                8 => {
+                    let mut out = Vec::new();
+                    p.on_tick(now, &q, &mut out);
+                    for (_, fb) in out {
+                        assert!(matches!(fb, Feedback::CreditLimit(_)));
+                    }
+                }
+                _ => {
+                    if rng.below(20) == 0 {
+                        p.on_arrival(now, &msg(x, Kind::Deregister, 0), &q);
+                    }
+                }
+            }
+            check(&p, &ids);
+        }
+    }
+}
+
+#[test]
+fn grants_never_push_issued_past_c_total() {
+    // Eq. 2.5 gives at most C_avail; Eq. 2.6 only takes back.
+    let mut p = bw();
+    let q = empty();
+    for x in 0..50 {
+        p.on_arrival(10, &msg(x, Kind::Register, 3), &q);
+    }
+    p.set_c_total(30.0);
+    let before_total = p.c_total() as u64;
+    for round in 0..5 {
+        for x in 0..50 {
+            let issued_before = p.issued();
+            grant_and_check(&mut p, 20 + round, x);
+            assert!(
+                p.issued() <= before_total.max(issued_before),
+                "{} > {}",
+                p.issued(),
+                before_total
+            );
+        }
+    }
+}
+
+#[test]
+fn equations_2_5_and_2_6() {
+    let mut p = bw(); // C_total starts at C_min = 4
+    let q = empty();
+    // Registration with demand 2 (plus the piggybacked request): n_c = 1,
+    // C_oc = (4 - 0)/1 = 4, c_new = min(3 + 4, 0 + 4) = 4; one is spent.
+    assert_eq!(
+        p.on_arrival(0, &msg(1, Kind::Register, 2), &q),
+        Verdict::Admit
+    );
+    assert_eq!(p.unused(1), Some(3));
+    assert_eq!(p.issued(), 4);
+    // C_issued = C_total now: a response revokes one (Eq. 2.6, c_x − 1).
+    let fb = p.on_complete(
+        1,
+        &Completion {
+            client: 1,
+            ok: true,
+            sojourn_ns: 1,
+        },
+        &q,
+    );
+    // The completion returned its credit (issued 3 < 4): Eq. 2.5 again,
+    // c_new = min(demand 2 + C_oc 1, 3 + 1) = 3.
+    assert_eq!(p.unused(1), Some(3));
+    assert_eq!(fb, Feedback::CreditLimit(1 + 3));
+    // Shrink the pool below what is issued: the next response revokes.
+    p.set_c_total(1.0);
+    assert_eq!(p.c_total(), 4.0, "clamped to C_min");
+}
+
+#[test]
+fn revocation_when_over_pool() {
+    let mut cfg = BreakwaterConfig::for_slo(SLO, 1);
+    cfg.rtt_ns = 1;
+    let mut p = Breakwater::new(cfg).unwrap();
+    let q = empty();
+    for x in 0..3 {
+        p.on_arrival(0, &msg(x, Kind::Register, 10), &q);
+    }
+    p.set_c_total(64.0);
+    for x in 0..3 {
+        p.feedback(1, x);
+    }
+    let issued = p.issued();
+    assert!(issued > 1);
+    // Congestion halves the pool (d_m far above d_t); a response to a
+    // client with unused credits then takes one back (Eq. 2.6).
+    p.set_c_total(1.0);
+    let u0 = p.unused(0).unwrap();
+    assert!(u0 > 0);
+    p.feedback(2, 0);
+    // Eq. 2.6: c_new = min(demand + C_oc, c_x − 1), here demand 0, C_oc 1.
+    let g = p.last_grant().unwrap();
+    assert_eq!((g.demand, g.c_oc), (0, 1));
+    assert_eq!(p.unused(0), Some(1.min(u0 - 1)));
+    assert_eq!(p.issued(), issued - (u0 - 1));
+}
+
+#[test]
+fn aimd_steps_follow_equations_2_1_to_2_3() {
+    let mut p = bw();
+    let q = empty();
+    for x in 0..2000 {
+        p.on_arrival(0, &msg(x, Kind::Register, 0), &q);
+    }
+    p.set_c_total(1000.0);
+    // Below target: += max(α·n_c, 1) = max(0.001·2000, 1) = 2.
+    p.delay_step(0);
+    assert_eq!(p.c_total(), 1002.0);
+    // Above target: *= max(1 − β·(d_m − d_t)/d_t, 0.5); d_t = 400 µs.
+    p.delay_step(600_000); // excess 0.5 → × 0.99
+    assert!((p.c_total() - 1002.0 * 0.99).abs() < 1e-9);
+    let before = p.c_total();
+    p.delay_step(100_000_000); // huge excess → floor of × 0.5
+    assert!((p.c_total() - before * 0.5).abs() < 1e-9);
+    for _ in 0..100 {
+        p.delay_step(100_000_000);
+    }
+    assert_eq!(p.c_total(), 4.0, "C_min = cores");
+    // With one client, the ceiling is C_max = 64 · n_c ... with 2000 it is
+    // 128000; the additive step is 1 for small n_c.
+    let mut small = bw();
+    small.on_arrival(0, &msg(7, Kind::Register, 0), &q);
+    for _ in 0..1000 {
+        small.delay_step(0);
+    }
+    assert_eq!(small.c_total(), 64.0);
+}
+
+#[test]
+fn pool_updates_once_per_rtt() {
+    let mut p = bw(); // rtt 100 µs
+    let q = empty();
+    p.on_arrival(0, &msg(1, Kind::Register, 0), &q);
+    let c0 = p.c_total();
+    p.on_arrival(50_000, &msg(1, Kind::Request, 0), &q);
+    assert_eq!(p.c_total(), c0, "no update within one RTT");
+    p.on_arrival(100_000, &msg(1, Kind::Request, 0), &q);
+    assert_eq!(p.c_total(), c0 + 1.0);
+}
+
+#[test]
+fn efficiency_branch_table() {
+    // (in_last, out_last, in_cur, out_cur, drop_cur) -> branch, C up?
+    let cases = [
+        ((100, 90, 120, 110, 0), EfficiencyBranch::Efficient, true),
+        ((100, 90, 120, 91, 0), EfficiencyBranch::Inefficient, false), // Δout 1 <= 0.1·20
+        ((100, 90, 120, 92, 0), EfficiencyBranch::Inefficient, false), // Δout 2 == t_e·Δin: not >
+        ((100, 90, 120, 93, 0), EfficiencyBranch::Efficient, true),
+        ((120, 110, 100, 90, 0), EfficiencyBranch::Efficient, true), // both fell
+        (
+            (100, 90, 120, 80, 0),
+            EfficiencyBranch::NoCorrelation,
+            false,
+        ),
+        (
+            (100, 90, 100, 95, 0),
+            EfficiencyBranch::NoCorrelation,
+            false,
+        ), // Δin = 0
+        ((100, 90, 120, 110, 121), EfficiencyBranch::DropCap, false), // drops > t_d·in
+        ((100, 90, 120, 110, 120), EfficiencyBranch::Efficient, true), // == t_d·in: not >
+    ];
+    for ((il, ol, ic, oc, dc), branch, up) in cases {
+        let mut cfg = BreakwaterConfig::for_slo(SLO, 4);
+        cfg.signal = Signal::Efficiency;
+        let mut p = Breakwater::new(cfg).unwrap();
+        p.set_c_total(50.0);
+        p.set_efficiency_counts(il, ol, ic, oc, dc);
+        assert_eq!(p.efficiency_step(), branch, "{:?}", (il, ol, ic, oc, dc));
+        if up {
+            assert_eq!(p.c_total(), 51.0);
+        } else {
+            assert!((p.c_total() - 50.0 * 0.98).abs() < 1e-9);
+        }
+    }
+}
+
+#[test]
+fn aqm_drops_exactly_when_queue_delay_exceeds_budget() {
+    let mut p = bw(); // queue budget = SLO/2 = 500 µs
+    let now = 10_000_000;
+    p.on_arrival(0, &msg(1, Kind::Register, 50), &empty());
+    p.set_c_total(64.0);
+    p.feedback(1, 1);
+    let at_budget = queue_with_delay(now, 500_000);
+    assert_eq!(
+        p.on_arrival(now, &msg(1, Kind::Request, 5), &at_budget),
+        Verdict::Admit
+    );
+    let issued = p.issued();
+    let unused = p.unused(1).unwrap();
+    let over = queue_with_delay(now, 500_001);
+    match p.on_arrival(now, &msg(1, Kind::Request, 5), &over) {
+        Verdict::Reject(RejectReason::QueueDelay {
+            delay_ns,
+            budget_ns,
+        }) => {
+            assert_eq!((delay_ns, budget_ns), (500_001, 500_000));
+        }
+        v => panic!("expected an AQM drop, got {v:?}"),
+    }
+    // The credit was spent on arrival and returned by the drop: the pool
+    // has one fewer outstanding, and the books still balance.
+    assert_eq!(p.unused(1), Some(unused - 1));
+    assert_eq!(p.issued(), issued - 1);
+    assert_eq!(p.issued(), p.issued_recount());
+    // A client's own smaller remaining budget tightens the rule.
+    let mut m = msg(1, Kind::Request, 5);
+    m.budget_ns = Some(100_000);
+    assert!(matches!(
+        p.on_arrival(now, &m, &queue_with_delay(now, 100_001)),
+        Verdict::Reject(RejectReason::QueueDelay { .. })
+    ));
+    // ...but cannot loosen it.
+    m.budget_ns = Some(10 * SLO);
+    assert!(matches!(
+        p.on_arrival(now, &m, &queue_with_delay(now, 600_000)),
+        Verdict::Reject(RejectReason::QueueDelay { .. })
+    ));
+    // Without AQM nothing is dropped for delay.
+    let mut cfg = BreakwaterConfig::for_slo(SLO, 4);
+    cfg.aqm = false;
+    let mut p = Breakwater::new(cfg).unwrap();
+    p.on_arrival(0, &msg(1, Kind::Register, 5), &empty());
+    p.feedback(1, 1);
+    assert_eq!(
+        p.on_arrival(
+            now,
+            &msg(1, Kind::Request, 5),
+            &queue_with_delay(now, 9 * SLO)
+        ),
+        Verdict::Admit
+    );
+}
+
+#[test]
+fn requests_without_credit_are_refused() {
+    let mut p = bw();
+    let q = empty();
+    assert_eq!(
+        p.on_arrival(0, &msg(9, Kind::Request, 0), &q),
+        Verdict::Reject(RejectReason::Unregistered)
+    );
+    // Register with no demand: C_oc = 4, but only demand 1 (the request)
+    // + C_oc ... then spend everything and one more.
+    p.on_arrival(0, &msg(9, Kind::Register, 0), &q);
+    let mut admitted = 1;
+    while p.on_arrival(1, &msg(9, Kind::Request, 0), &q) == Verdict::Admit {
+        admitted += 1;
+        assert!(admitted < 100, "credits never ran out");
+    }
+    assert_eq!(
+        p.on_arrival(1, &msg(9, Kind::Request, 0), &q),
+        Verdict::Reject(RejectReason::NoCredit)
+    );
+    assert_eq!(p.issued(), p.issued_recount());
+}
+
+#[test]
+fn lying_demand_is_bounded_by_the_pool() {
+    let mut p = bw();
+    let q = empty();
+    for x in 0..10 {
+        p.on_arrival(0, &msg(x, Kind::Register, 1), &q);
+    }
+    p.set_c_total(40.0);
+    // Client 0 claims an absurd demand on every message.
+    for round in 0..50u64 {
+        p.on_arrival(round, &msg(0, Kind::CreditWait, u32::MAX), &q);
+        p.feedback(round, 0);
+        let total = p.c_total() as u64;
+        assert!(
+            p.issued() <= total,
+            "issued {} > C_total {total}",
+            p.issued()
+        );
+        assert!(p.unused(0).unwrap() <= total);
+        assert!(p.demand(0).unwrap() <= total, "demand clamped to C_total");
+    }
+}
+
+#[test]
+fn clock_skew_and_steps_back_are_harmless() {
+    // The same scenario on two server clocks an hour apart gives the same
+    // decisions: nothing compares client and server times.
+    let offsets = [0u64, 3_600_000_000_000];
+    let mut runs = Vec::new();
+    for off in offsets {
+        let mut p = bw();
+        let mut verdicts = Vec::new();
+        let mut m = msg(1, Kind::Register, 3);
+        m.budget_ns = Some(300_000);
+        verdicts.push(p.on_arrival(off + 1_000_000, &m, &empty()));
+        for i in 0..20u64 {
+            let now = off + 1_000_000 + i * 60_000;
+            let q = queue_with_delay(now, (i % 7) * 100_000);
+            let mut m = msg(1, Kind::Request, 2);
+            m.budget_ns = Some(400_000);
+            verdicts.push(p.on_arrival(now, &m, &q));
+            p.feedback(now, 1);
+        }
+        runs.push((verdicts, p.c_total(), p.issued()));
+    }
+    assert_eq!(runs[0], runs[1]);
+    // A clock that steps back: no panic, delay counts as zero.
+    let mut p = bw();
+    p.on_arrival(5_000_000, &msg(1, Kind::Register, 3), &empty());
+    let q = QueueView {
+        oldest_enqueue: Some(9_000_000),
+        len: 1,
+        busy: 1,
+        workers: 4,
+    };
+    assert_eq!(q.delay(4_000_000), 0);
+    p.on_arrival(4_000_000, &msg(1, Kind::Request, 3), &q);
+    let mut out = Vec::new();
+    p.on_tick(1, &q, &mut out);
+    assert_eq!(p.issued(), p.issued_recount());
+}
+
+#[test]
+fn zero_or_negative_configuration_is_rejected_at_construction() {
+    let base = BreakwaterConfig::for_slo(SLO, 4);
+    let cases: Vec<(&str, Box<dyn Fn(&mut BreakwaterConfig)>)> = vec![
+        ("target_delay", Box::new(|c| c.target_delay_ns = 0)),
+        ("alpha", Box::new(|c| c.alpha = 0.0)),
+        ("alpha", Box::new(|c| c.alpha = -0.1)),
+        ("beta", Box::new(|c| c.beta = -1.0)),
+        ("beta", Box::new(|c| c.beta = f64::NAN)),
+        ("rtt", Box::new(|c| c.rtt_ns = 0)),
+        ("min_credits", Box::new(|c| c.min_credits = 0)),
+        (
+            "max_credits_per_client",
+            Box::new(|c| c.max_credits_per_client = 0),
+        ),
+        ("queue_budget", Box::new(|c| c.queue_budget_ns = 0)),
+        (
+            "efficiency_threshold",
+            Box::new(|c| c.efficiency_threshold = 0.0),
+        ),
+        ("max_drop_rate", Box::new(|c| c.max_drop_rate = 1.5)),
+        (
+            "efficiency_step",
+            Box::new(|c| c.efficiency_step = Some(-2.0)),
+        ),
+        (
+            "efficiency_decrease",
+            Box::new(|c| c.efficiency_decrease = 1.0),
+        ),
+        ("client_idle", Box::new(|c| c.client_idle_ns = 0)),
+    ];
+    for (field, mutate) in cases {
+        let mut c = base.clone();
+        mutate(&mut c);
+        let err = Breakwater::new(c).unwrap_err().to_string();
+        assert!(err.starts_with(field), "{field}: {err}");
+        assert!(!err.contains('\n'));
+    }
+    assert!(Dagor::new(DagorConfig {
+        alpha: 0.0,
+        ..DagorConfig::new(1)
+    })
+    .is_err());
+    assert!(Dagor::new(DagorConfig::new(0)).is_err());
+    assert!(SedaClient::new(SedaConfig {
+        adj_d: 1.0,
+        ..SedaConfig::new(SLO, 1.0, 1.0)
+    })
+    .is_err());
+    assert!(SedaClient::new(SedaConfig::new(SLO, -1.0, 1.0)).is_err());
+    assert!(Gradient::new(GradientConfig::new(0.0)).is_err());
+    for kind in ControlKind::ALL {
+        assert!(
+            ControlSpec::new(kind, 0, 1).server().is_err(),
+            "{kind:?} slo 0"
+        );
+        assert!(
+            ControlSpec::new(kind, SLO, 0).server().is_err(),
+            "{kind:?} cores 0"
+        );
+        assert!(ControlSpec::new(kind, SLO, 1).server().is_ok());
+        assert!(ControlSpec::new(kind, SLO, 1).client().is_ok());
+    }
+}
+
+#[test]
+fn client_spends_credits_and_registers_once() {
+    let mut c = BreakwaterClient::new();
+    assert_eq!(c.try_acquire(0, 1), Acquire::Send(Kind::Register));
+    assert_eq!(
+        c.try_acquire(0, 1),
+        Acquire::Wait,
+        "one registration in flight"
+    );
+    c.on_feedback(1, Feedback::CreditLimit(3)); // received 1, 2 more
+    assert_eq!(c.try_acquire(1, 1), Acquire::Send(Kind::Request));
+    assert_eq!(c.try_acquire(1, 1), Acquire::Send(Kind::Request));
+    assert_eq!(c.try_acquire(1, 1), Acquire::Wait);
+    assert!(c.needs_credit_wait(0));
+    assert!(!c.needs_credit_wait(1), "a response is coming");
+    // A stale (lower) absolute edge is applied as is: no credit is minted.
+    c.on_feedback(2, Feedback::CreditLimit(2));
+    assert_eq!(c.available(), 0);
+    c.on_feedback(2, Feedback::CreditLimit(5));
+    assert_eq!(c.available(), 2);
+    c.on_feedback(2, Feedback::CreditLimit(5)); // duplicate: idempotent
+    assert_eq!(c.available(), 2);
+}
+
+#[test]
+fn client_and_server_agree_on_credits_end_to_end() {
+    // Drive one honest client against the server policy directly: it never
+    // gets a NoCredit reject, and both sides count the same.
+    let mut p = bw();
+    let mut c = BreakwaterClient::new();
+    let q = empty();
+    let mut inflight = Vec::new();
+    let mut rng = SplitMix64::new(3);
+    for step in 0..5000u64 {
+        let now = step * 1000;
+        if rng.below(2) == 0 {
+            if let Acquire::Send(kind) = c.try_acquire(now, 1) {
+                match p.on_arrival(now, &msg(1, kind, rng.below(5) as u32), &q) {
+                    Verdict::Admit => inflight.push(now),
+                    Verdict::Reject(r) => {
+                        assert_ne!(r, RejectReason::NoCredit, "honest client refused");
+                        c.on_feedback(now, p.feedback(now, 1));
+                    }
+                    v => panic!("{v:?}"),
+                }
+            }
+        } else if !inflight.is_empty() {
+            inflight.remove(0);
+            let fb = p.on_complete(
+                now,
+                &Completion {
+                    client: 1,
+                    ok: true,
+                    sojourn_ns: 10,
+                },
+                &q,
+            );
+            c.on_feedback(now, fb);
+        }
+        if c.needs_credit_wait(inflight.len()) {
+            if p.on_arrival(now, &msg(1, Kind::CreditWait, 1), &q) == Verdict::Answer {
+                c.on_feedback(now, p.feedback(now, 1));
+            } else {
+                let mut out = Vec::new();
+                p.on_tick(now + 1, &q, &mut out);
+                for (_, fb) in out {
+                    c.on_feedback(now, fb);
+                }
+            }
+        }
+        assert_eq!(p.issued(), p.issued_recount());
+    }
+}
+
+#[test]
+fn dagor_threshold_falls_under_delay_and_recovers() {
+    let mut d = Dagor::new(DagorConfig::new(100_000)).unwrap();
+    let q = empty();
+    let mut rng = SplitMix64::new(1);
+    let mut now = 0;
+    for _ in 0..20_000 {
+        now += 1000;
+        let m = Arrival {
+            priority: 1 + rng.below(128) as u8,
+            ..Arrival::request(1)
+        };
+        if d.on_arrival(now, &m, &q) == Verdict::Admit {
+            d.on_start(now, 500_000); // long queueing: overloaded
+        }
+    }
+    let low = d.threshold();
+    assert!(low < 64, "threshold {low} did not fall");
+    for _ in 0..200_000 {
+        now += 1000;
+        let m = Arrival {
+            priority: 1 + rng.below(128) as u8,
+            ..Arrival::request(1)
+        };
+        if d.on_arrival(now, &m, &q) == Verdict::Admit {
+            d.on_start(now, 0);
+        }
+    }
+    assert!(d.threshold() > low, "threshold did not recover");
+    let mut c = DagorClient::default();
+    c.on_feedback(0, Feedback::Threshold(10));
+    assert_eq!(c.try_acquire(0, 11), Acquire::Drop);
+    assert_eq!(c.try_acquire(0, 10), Acquire::Send(Kind::Request));
+}
+
+#[test]
+fn seda_rate_follows_p99() {
+    let mut s = SedaClient::new(SedaConfig::new(SLO, 10.0, 100.0)).unwrap();
+    for i in 0..100 {
+        s.on_response(i, SLO / 2, true);
+    }
+    assert_eq!(s.rate(), 110.0);
+    for i in 0..100 {
+        s.on_response(200 + i, 2 * SLO, true);
+    }
+    assert!((s.rate() - 110.0 / 1.04).abs() < 1e-9);
+    // The bucket refuses beyond the rate.
+    let mut sent = 0;
+    for i in 0..1000u64 {
+        if s.try_acquire(i * 1_000, 1) != Acquire::Drop {
+            sent += 1;
+        }
+    }
+    assert!(sent <= 2, "sent {sent} in 1 ms at ~106/s");
+}
+
+#[test]
+fn gradient_limit_shrinks_when_latency_inflates() {
+    let mut g = Gradient::new(GradientConfig::new(4.0)).unwrap();
+    let q = empty();
+    let start = g.limit();
+    // Fill to the limit, then complete with latencies 10x the long average.
+    for _ in 0..2000 {
+        while g.on_arrival(0, &Arrival::request(1), &q) == Verdict::Admit {}
+        g.on_complete(
+            0,
+            &Completion {
+                client: 1,
+                ok: true,
+                sojourn_ns: 100_000,
+            },
+            &q,
+        );
+    }
+    for _ in 0..200 {
+        while g.on_arrival(0, &Arrival::request(1), &q) == Verdict::Admit {}
+        g.on_complete(
+            0,
+            &Completion {
+                client: 1,
+                ok: true,
+                sojourn_ns: 5_000_000,
+            },
+            &q,
+        );
+    }
+    assert!(
+        g.limit() < start.max(20.0),
+        "limit {} did not shrink",
+        g.limit()
+    );
+    assert_eq!(
+        g.on_arrival(0, &Arrival::request(1), &q),
+        Verdict::Reject(RejectReason::Limit)
+    );
+}
