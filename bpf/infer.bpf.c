@@ -1,26 +1,35 @@
 // SPDX-License-Identifier: Apache-2.0
-/* infer.bpf.c — zero-instrumentation request inference from socket syscalls.
+/* infer.bpf.c — zero-instrumentation request inference from socket I/O.
  *
  * For a binary without libtailscope (stock redis, memcached, nginx), a
- * request on a target thread is the span
- *     from  sys_enter of the first read-family call (read, recvfrom,
- *           recvmsg, readv) on a socket fd that returns > 0,
- *     to    sys_exit of the next write-family call (write, sendto, sendmsg,
- *           writev) on a socket fd that returns > 0,
- * by the same thread. Reads while a request is open do not start another
- * one (pipelined requests merge; see bpf/README.md for the failure modes).
+ * request is tracked per connection (per struct sock):
+ *     it starts when its bytes land in the server's socket (tcp:tcp_probe),
+ *     is opened by the first data-bearing receive on that socket
+ *     (sock:sock_recv_length, ret > 0), and
+ *     ends at the next data-bearing send on the same socket
+ *     (sock:sock_send_length, ret > 0).
+ * Keeping the state per socket, not per thread, keeps an event loop's batch
+ * apart: redis reads A, reads B, then writes A and B; A and B are two
+ * requests, each from its own arrival to its own reply.
  *
- * The sampling decision is drawn at the read's sys_enter, and a sampled
- * request snapshots the thread's kcounters entry there (the in-progress
- * on-CPU interval included, as the runtime does) and again at the write's
- * sys_exit; the difference goes out as a struct ts_request_record on a
- * ringbuf. A full ringbuf is counted, never waited on.
+ * The sock tracepoints fire inside sock_recvmsg/sock_sendmsg, so only
+ * socket I/O pays (read, recv*, write, send*, readv, writev on sockets);
+ * other syscalls cost nothing. Per-socket state lives in socket local
+ * storage (freed with the socket), per-thread state in task local storage.
  *
- * Raw syscall tracepoints (tp_btf/sys_enter, sys_exit) with a switch on
- * the x86-64 syscall number: they run on every syscall of every process,
- * but measured ~10x cheaper per syscall here (~90 ns vs ~1 us) than the classic
- * tracepoints (syscalls:sys_enter_read, ...), which go through the perf
- * buffer. The loader attaches them only when inference is enabled.
+ * Which sockets carry requests: a TCP socket whose local port is a
+ * listening port (the server side of a connection), tracked in
+ * `server_ports` (set from /proc by the loader at attach and by
+ * sock:inet_sock_set_state for listeners created later); any Unix socket.
+ * Other sockets (the target's own client connections to a database or an
+ * upstream, UDP) are ignored.
+ *
+ * The sampling decision is drawn at arrival (or at the opening receive when
+ * the arrival was not seen), and a sampled request snapshots the reading
+ * thread's kcounters entry at its start (the in-progress on-CPU interval and
+ * any open wait closed at that instant) and again at its end; the difference
+ * goes out as a struct ts_request_record on a ringbuf. A full ringbuf is
+ * counted, never waited on.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -35,11 +44,15 @@ char LICENSE[] SEC("license") = "GPL";
 const volatile struct {
 	__u32 sample_ppm;
 	__u32 _pad;
-} infer_cfg = { .sample_ppm = TS_PPM };
+} infer_cfg = {.sample_ppm = TS_PPM};
 
 #define barrier() asm volatile("" ::: "memory")
-#define S_IFMT 00170000
-#define S_IFSOCK 0140000
+#define AF_UNIX 1
+#define AF_INET 2
+#define AF_INET6 10
+#define IPPROTO_TCP 6
+#define MSG_PEEK 2
+#define TCP_LISTEN 10
 
 /* stats[] indexes (per-CPU; the loader sums) */
 #define STAT_SEEN 0
@@ -60,6 +73,15 @@ struct {
 	__uint(max_entries, 4 << 20); /* resized by the loader */
 } records SEC(".maps");
 
+/* Local TCP ports something listens on (1: yes). Filled by the loader from
+ * /proc/<pid>/net/tcp{,6} and by inet_sock_set_state(* -> LISTEN). */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 65536);
+	__type(key, __u32);
+	__type(value, __u8);
+} server_ports SEC(".maps");
+
 /* A counter snapshot: the cumulative fields of ts_kcounters. */
 struct kc_snap {
 	__u64 oncpu_ns, runnable_ns, blocked_ns, irq_ns, softirq_ns;
@@ -69,68 +91,47 @@ struct kc_snap {
 	__u32 valid; /* 0: no entry; 1: consistent; 2: torn */
 };
 
-struct req_state {
-	__u64 seq;          /* requests begun by this thread */
-	__u64 enter_ns;     /* sys_enter of the pending read */
-	__u64 start_ns;     /* start of the open request */
-	__u8 pending;       /* 1: read in flight, 2: write in flight, 3: read inside a request */
-	__u8 pending_sock;  /* the in-flight call is on a socket */
-	__u8 active;        /* a request is open */
-	__u8 sampled;       /* the pending read / open request is sampled */
-	__u32 enter_vol;    /* vol_switches at the read's sys_enter */
-	__u64 pending_sk;   /* struct sock * of the in-flight call */
-	__u8 from_arrival;  /* start/begin come from the socket's arrival */
-	__u8 _pad2[7];
-	__u64 last_end_ns;  /* end of the thread's previous request */
-	__u32 end_blocked;  /* blocked_count at that end */
-	__u32 _pad;
+/* Per connection. */
+struct sk_req {
+	__u32 tid; /* thread that last received on it (0: none yet) */
+	__u32 tgid;
+	__u64 arrival_ns; /* of the pending arrival, if it is sampled */
+	__u64 start_ns;   /* start of the open request, if it is sampled */
+	__u64 request_id; /* of the open request, if it is sampled */
+	__u8 ignore;      /* not the server side of a connection */
+	__u8 active;      /* a request is open */
+	__u8 sampled;     /* the open request is sampled (holds a ref on ref_tid) */
+	__u8 arr_pending; /* bytes landed that no receive has consumed yet */
+	__u8 arr_sampled; /* the pending arrival is sampled (holds a ref on arr_tid) */
+	__u8 fallback;    /* the open request started without a seen arrival */
+	__u8 _pad[2];
+	__u32 arr_tid; /* whose counters arr_snap holds */
+	__u32 ref_tid; /* whose sampled_refs the open sampled request holds */
+	struct kc_snap arr_snap;
 	struct kc_snap begin;
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u32);
-	__type(value, struct req_state);
-} req_states SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_SK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct sk_req);
+} sk_reqs SEC(".maps");
 
-/* The per-thread state is too big for the stack; build new ones here. */
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct req_state);
-} zero_state SEC(".maps");
-
-/* Data arrival on a watched TCP socket (tcp:tcp_probe, softirq context):
- * when the first unread bytes landed, whether that request is sampled, and
- * the reading thread's counters at that moment. A request then runs from
- * the arrival of its bytes to the write that answers it, so time spent
- * queued in the socket while the server was preempted or busy is part of
- * it, as the client sees it. Sockets are watched once a target thread
- * reads from them. */
-struct sock_state {
-	__u32 tid;          /* thread that last read this socket */
-	__u32 tgid;
-	__u64 arrival_ns;   /* first unread data arrived; 0: none pending */
-	__u8 sampled;
-	__u8 _pad[7];
-	struct kc_snap snap;
+/* Per thread. */
+struct thr_state {
+	__u64 seq;         /* requests opened by this thread */
+	__u64 last_end_ns; /* end of its previous request */
+	__u32 end_blocked; /* its blocked_count then */
+	__u32 _pad;
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 65536);
-	__type(key, __u64); /* struct sock * */
-	__type(value, struct sock_state);
-} socks SEC(".maps");
-
-struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, struct sock_state);
-} zero_sock SEC(".maps");
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thr_state);
+} thr_states SEC(".maps");
 
 static __always_inline void stat_inc(__u32 i)
 {
@@ -140,41 +141,13 @@ static __always_inline void stat_inc(__u32 i)
 		*v += 1;
 }
 
-static __always_inline bool fd_is_socket(struct task_struct *task, long fd, __u64 *skp)
+static __always_inline bool sampled_draw(void)
 {
-	struct files_struct *files;
-	struct fdtable *fdt;
-	struct file **fda, *file = NULL;
-	unsigned int max_fds;
-	umode_t mode;
-
-	if (fd < 0)
-		return false;
-	files = BPF_CORE_READ(task, files);
-	if (!files)
-		return false;
-	fdt = BPF_CORE_READ(files, fdt);
-	if (!fdt)
-		return false;
-	max_fds = BPF_CORE_READ(fdt, max_fds);
-	if ((unsigned long)fd >= max_fds)
-		return false;
-	fda = BPF_CORE_READ(fdt, fd);
-	if (bpf_probe_read_kernel(&file, sizeof(file), &fda[fd]) || !file)
-		return false;
-	mode = BPF_CORE_READ(file, f_inode, i_mode);
-	if ((mode & S_IFMT) != S_IFSOCK)
-		return false;
-	{
-		struct socket *sock = BPF_CORE_READ(file, private_data);
-
-		*skp = sock ? (__u64)BPF_CORE_READ(sock, sk) : 0;
-	}
-	return true;
+	return bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
 }
 
 /* Seqlock-consistent copy of the thread's counters, with the open on-CPU
- * interval closed at `now`. Two tries, then it is marked torn. */
+ * interval and any open wait closed at `now`. Two tries, then torn. */
 static __always_inline void snapshot(__u32 tid, __u32 tgid, __u64 now, struct kc_snap *s)
 {
 	struct ts_kcounters *e = kc_entry(tid, tgid, true);
@@ -224,275 +197,278 @@ static __always_inline void snapshot(__u32 tid, __u32 tgid, __u64 now, struct kc
 	s->valid = 2;
 }
 
-static __always_inline void on_enter(long fd, bool is_read)
+/* Whether a socket first touched by a target carries requests. */
+static __always_inline bool is_server_side(struct sock *sk)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id, tgid = id >> 32, zero = 0;
-	struct req_state *st;
-	__u64 sk = 0;
+	__u16 family = sk->__sk_common.skc_family;
 
-	if (!is_target_tgid(tgid))
-		return;
-	st = bpf_map_lookup_elem(&req_states, &tid);
-	if (!st) {
-		if (!is_read)
-			return; /* a write outside a request: nothing to end */
-		st = bpf_map_lookup_elem(&zero_state, &zero);
-		if (!st)
-			return;
-		bpf_map_update_elem(&req_states, &tid, st, BPF_NOEXIST);
-		st = bpf_map_lookup_elem(&req_states, &tid);
-		if (!st)
-			return;
+	if (family == AF_UNIX)
+		return true;
+	if ((family == AF_INET || family == AF_INET6) && sk->sk_protocol == IPPROTO_TCP) {
+		__u32 port = sk->__sk_common.skc_num;
+		__u8 *v = bpf_map_lookup_elem(&server_ports, &port);
+
+		return v && *v;
 	}
-	st->pending = 0;
-	if (is_read && st->active) {
-		/* A read inside a request (an event loop reading another
-		 * connection): it joins this request, but its socket's arrival
-		 * must be consumed, or a later request on it would start at
-		 * this stale arrival. */
-		if (fd_is_socket(task, fd, &sk)) {
-			st->pending = 3;
-			st->pending_sk = sk;
-		}
-		return;
-	}
-	if (is_read == (bool)st->active)
-		return; /* write outside a request */
-	if (!fd_is_socket(task, fd, &sk))
-		return;
-	st->pending = is_read ? 1 : 2;
-	st->pending_sk = sk;
-	if (is_read) {
-		__u64 now = bpf_ktime_get_ns();
-
-		struct ts_kcounters *e = kc_entry(tid, tgid, true);
-
-		st->enter_ns = now;
-		st->enter_vol = e ? e->vol_switches : 0;
-		st->sampled = bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
-		if (st->sampled)
-			snapshot(tid, tgid, now, &st->begin);
-		/* An event loop sleeps (epoll_wait, poll) until a request arrives,
-		 * then reads it. If the thread slept since its previous request
-		 * ended, this request has been waiting since that wakeup: start
-		 * it there, so the runnable wait between wakeup and CPU (what a
-		 * CPU hog inflates) is the request's, as the client sees it. */
-		if (e && e->blocked_count != st->end_blocked) {
-			__u64 woke = e->wait_since_ns, in = e->switch_in_ns;
-
-			if (woke > st->last_end_ns && in >= woke && woke <= now) {
-				st->enter_ns = woke;
-				if (st->sampled) {
-					snapshot(tid, tgid, in, &st->begin);
-					if (st->begin.runnable_ns >= in - woke)
-						st->begin.runnable_ns -= in - woke;
-					if (in > woke && st->begin.runnable_count)
-						st->begin.runnable_count--;
-				}
-			}
-		}
-		st->from_arrival = 0;
-		if (sk) {
-			struct sock_state *ss = bpf_map_lookup_elem(&socks, &sk);
-
-			if (!ss) {
-				struct sock_state *z = bpf_map_lookup_elem(&zero_sock, &zero);
-
-				if (z) {
-					z->tid = tid;
-					z->tgid = tgid;
-					z->arrival_ns = 0;
-					bpf_map_update_elem(&socks, &sk, z, BPF_NOEXIST);
-				}
-			} else {
-				ss->tid = tid;
-				ss->tgid = tgid;
-				if (ss->arrival_ns && ss->arrival_ns <= now) {
-					st->enter_ns = ss->arrival_ns;
-					st->sampled = ss->sampled;
-					if (ss->sampled)
-						__builtin_memcpy(&st->begin, &ss->snap,
-								 sizeof(st->begin));
-					st->from_arrival = 1;
-				}
-			}
-		}
-	}
+	return false;
 }
 
-#define D(f) rec->f = end.f - st->begin.f
-
-static __always_inline void on_exit(long ret, bool is_read)
+/* The socket's state if a target uses it, created on a target's first use. */
+static __always_inline struct sk_req *sk_state(struct sock *sk, __u32 tgid)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id, tgid = id >> 32;
-	struct ts_request_record *rec;
-	struct req_state *st;
-	struct kc_snap end;
-	__u64 now;
+	struct sk_req *s = bpf_sk_storage_get(&sk_reqs, sk, 0, 0);
 
-	if (!is_target_tgid(tgid))
-		return;
-	st = bpf_map_lookup_elem(&req_states, &tid);
-	if (st && st->pending == 3 && is_read) {
-		__u64 sk = st->pending_sk;
-		struct sock_state *ss = ret > 0 && sk ? bpf_map_lookup_elem(&socks, &sk) : NULL;
-
-		st->pending = 0;
-		if (ss)
-			ss->arrival_ns = 0;
-		return;
+	if (s) {
+		if (s->ignore || (s->tgid != tgid && !is_target_tgid(tgid)))
+			return NULL;
+		return s;
 	}
-	if (!st || st->pending != (is_read ? 1 : 2))
-		return;
-	st->pending = 0;
-	if (ret <= 0)
-		return;
+	if (!is_target_tgid(tgid))
+		return NULL;
+	s = bpf_sk_storage_get(&sk_reqs, sk, 0, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!s)
+		return NULL;
+	s->tgid = tgid;
+	if (!is_server_side(sk)) {
+		s->ignore = 1;
+		return NULL;
+	}
+	return s;
+}
 
-	if (is_read) { /* data arrived on a socket: a request begins */
-		struct ts_kcounters *e = kc_entry(tid, tgid, false);
-		__u64 sk = st->pending_sk;
-		struct sock_state *ss = sk ? bpf_map_lookup_elem(&socks, &sk) : NULL;
+/* Open sampled requests per thread, so that a gated kcounters accounts irq,
+ * softirq and fault events only while one is open (abi.h sampled_refs). */
+static __always_inline void ref_get(__u32 tid, __u32 tgid)
+{
+	struct ts_kcounters *e = kc_entry(tid, tgid, true);
 
-		if (ss)
-			ss->arrival_ns = 0; /* consumed; the next bytes start the next one */
-		st->active = 1;
-		st->start_ns = st->enter_ns;
-		if (st->from_arrival)
-			goto begun;
-		/* A blocking read slept until the data came: the request starts
-		 * at that wakeup (wait_since_ns keeps it after the switch-in),
-		 * not at the sys_enter; the runnable wait after it is the
-		 * request's, the blocked wait before it is not. */
-		if (e && e->vol_switches != st->enter_vol) {
+	if (e)
+		__sync_fetch_and_add(&e->sampled_refs, 1);
+}
+
+static __always_inline void ref_put(__u32 tid, __u32 tgid)
+{
+	struct ts_kcounters *e = kc_entry(tid, tgid, false);
+
+	if (e && *(volatile __u32 *)&e->sampled_refs)
+		__sync_fetch_and_sub(&e->sampled_refs, 1);
+}
+
+/* Bytes received by a thread: open the socket's request unless one is open.
+ * An unsampled request costs a few loads and stores here: no clock read. */
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(sock_recv_length, struct sock *sk, int ret, int flags)
+{
+	struct thr_state *t;
+	struct sk_req *s;
+	__u32 tid, tgid;
+	__u64 id, now;
+
+	if (ret <= 0 || (flags & MSG_PEEK))
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	tid = (__u32)id;
+	tgid = id >> 32;
+	s = sk_state(sk, tgid);
+	if (!s)
+		return 0;
+	if (s->tid != tid) {
+		s->tid = tid;
+		s->tgid = tgid;
+	}
+	if (s->active) {
+		/* More of the open request, or pipelined requests behind it:
+		 * they join it, and their arrival is consumed. */
+		if (s->arr_pending) {
+			s->arr_pending = 0;
+			if (s->arr_sampled)
+				ref_put(s->arr_tid, tgid);
+		}
+		return 0;
+	}
+	s->active = 1;
+	s->fallback = 0;
+	stat_inc(STAT_SEEN);
+	if (s->arr_pending) {
+		/* 1. The bytes' arrival: the time they sat in the socket while
+		 * the server was busy or preempted is the request's. */
+		s->arr_pending = 0;
+		s->sampled = s->arr_sampled;
+		if (!s->sampled)
+			return 0;
+		s->start_ns = s->arrival_ns;
+		s->ref_tid = s->arr_tid;
+		if (s->arr_tid == tid) {
+			__builtin_memcpy(&s->begin, &s->arr_snap, sizeof(s->begin));
+		} else { /* another thread reads it: account that one */
+			snapshot(tid, tgid, bpf_ktime_get_ns(), &s->begin);
+			ref_put(s->arr_tid, tgid);
+			ref_get(tid, tgid);
+			s->ref_tid = tid;
+		}
+	} else {
+		/* Arrival unseen (the connection's first request, a Unix
+		 * socket): 2. if the thread slept since its previous request
+		 * ended (an event loop in epoll_wait), the wakeup that ended
+		 * the sleep; 3. else the receive itself. */
+		struct ts_kcounters *e;
+
+		s->fallback = 1;
+		s->sampled = sampled_draw();
+		if (!s->sampled)
+			return 0;
+		t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(), 0,
+		                         BPF_LOCAL_STORAGE_GET_F_CREATE);
+		e = kc_entry(tid, tgid, true);
+		now = bpf_ktime_get_ns();
+		s->start_ns = now;
+		snapshot(tid, tgid, now, &s->begin);
+		if (t && e && e->blocked_count != t->end_blocked) {
 			__u64 woke = e->wait_since_ns, in = e->switch_in_ns;
 
-			if (woke >= st->enter_ns && in >= woke) {
-				st->start_ns = woke;
-				if (st->sampled) {
-					snapshot(tid, tgid, in, &st->begin);
-					st->begin.runnable_ns -= in - woke;
-					if (st->begin.runnable_count)
-						st->begin.runnable_count--;
-				}
+			if (woke > t->last_end_ns && in >= woke && woke <= now) {
+				s->start_ns = woke;
+				snapshot(tid, tgid, in, &s->begin);
+				if (s->begin.runnable_ns >= in - woke)
+					s->begin.runnable_ns -= in - woke;
+				if (in > woke && s->begin.runnable_count)
+					s->begin.runnable_count--;
 			}
 		}
-begun:
-		st->seq++;
-		stat_inc(STAT_SEEN);
-		if (st->sampled)
-			stat_inc(STAT_SAMPLED);
-		return;
+		ref_get(tid, tgid);
+		s->ref_tid = tid;
 	}
+	t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(), 0,
+	                         BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (t) {
+		t->seq++;
+		s->request_id = ((__u64)tid << 32) | (__u32)t->seq;
+	}
+	stat_inc(STAT_SAMPLED);
+	return 0;
+}
 
-	/* data went out on a socket: the request ends */
-	st->active = 0;
+#define D(f) rec->f = end.f - s->begin.f
+
+/* Bytes sent on a socket with an open request: the request ends. */
+SEC("tp_btf/sock_send_length")
+int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
+{
+	struct ts_request_record *rec;
+	struct kc_snap end;
+	struct sk_req *s;
+	__u32 tgid, tid;
+	__u64 id, now;
+
+	if (ret <= 0)
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	tgid = id >> 32;
+	s = sk_state(sk, tgid);
+	if (!s || !s->active)
+		return 0;
+	s->active = 0;
+	if (!s->sampled && !s->fallback)
+		return 0;
 	now = bpf_ktime_get_ns();
-	st->last_end_ns = now;
-	{
-		struct ts_kcounters *e = kc_entry(tid, tgid, false);
+	if (s->fallback) {
+		/* The fallback start needs the end of the thread's previous
+		 * request. */
+		struct thr_state *t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(),
+		                                           0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+		struct ts_kcounters *e = kc_entry((__u32)id, tgid, false);
 
-		st->end_blocked = e ? e->blocked_count : 0;
+		if (t) {
+			t->last_end_ns = now;
+			t->end_blocked = e ? e->blocked_count : 0;
+		}
 	}
-	if (!st->sampled)
-		return;
+	if (!s->sampled)
+		return 0;
+	s->sampled = 0;
+	tid = s->ref_tid; /* the reader's counters; normally the sender too */
+	snapshot(tid, tgid, now, &end);
+	ref_put(tid, tgid);
 	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
 	if (!rec) {
 		stat_inc(STAT_DROPS);
-		return;
+		return 0;
 	}
 	__builtin_memset(rec, 0, sizeof(*rec));
-	rec->request_id = ((__u64)tid << 32) | (__u32)st->seq;
-	rec->start_ns = st->start_ns;
-	rec->latency_ns = now - st->start_ns;
+	rec->request_id = s->request_id;
+	rec->start_ns = s->start_ns;
+	rec->latency_ns = now > s->start_ns ? now - s->start_ns : 0;
 	rec->tid = tid;
 	rec->kind = 0;
 	rec->flags = TS_REC_SAMPLED | TS_REC_INFERRED;
 	rec->cpu = bpf_get_smp_processor_id();
-	snapshot(tid, tgid, now, &end);
-	if (end.valid && st->begin.valid) {
+	if (end.valid && s->begin.valid) {
 		rec->flags |= TS_REC_COUNTERS;
-		if (end.valid == 2 || st->begin.valid == 2) {
+		if (end.valid == 2 || s->begin.valid == 2) {
 			rec->flags |= TS_REC_TORN;
 			stat_inc(STAT_TORN);
 		}
-		D(oncpu_ns); D(runnable_ns); D(blocked_ns); D(irq_ns); D(softirq_ns);
-		D(runnable_count); D(blocked_count); D(irq_count); D(softirq_count);
-		D(fault_user_count); D(fault_kernel_count); D(migrations);
-		D(vol_switches); D(invol_switches);
+		D(oncpu_ns);
+		D(runnable_ns);
+		D(blocked_ns);
+		D(irq_ns);
+		D(softirq_ns);
+		D(runnable_count);
+		D(blocked_count);
+		D(irq_count);
+		D(softirq_count);
+		D(fault_user_count);
+		D(fault_kernel_count);
+		D(migrations);
+		D(vol_switches);
+		D(invol_switches);
 	}
 	bpf_ringbuf_submit(rec, 0);
-}
-
-/* x86-64 syscall numbers of the read and write families. */
-#define NR_read 0
-#define NR_write 1
-#define NR_readv 19
-#define NR_writev 20
-#define NR_sendto 44
-#define NR_recvfrom 45
-#define NR_sendmsg 46
-#define NR_recvmsg 47
-
-/* 1: read family, 2: write family, 0: not ours */
-static __always_inline int family(long id)
-{
-	switch (id) {
-	case NR_read: case NR_readv: case NR_recvfrom: case NR_recvmsg:
-		return 1;
-	case NR_write: case NR_writev: case NR_sendto: case NR_sendmsg:
-		return 2;
-	}
 	return 0;
 }
 
-SEC("tp_btf/sys_enter")
-int BPF_PROG(sys_enter, struct pt_regs *regs, long id)
-{
-	int f = family(id);
-
-	if (f)
-		on_enter((long)regs->di, f == 1);
-	return 0;
-}
-
-SEC("tp_btf/sys_exit")
-int BPF_PROG(sys_exit, struct pt_regs *regs, long ret)
-{
-	int f = family(regs->orig_ax);
-
-	if (f)
-		on_exit(ret, f == 1);
-	return 0;
-}
-
-/* Bytes arrived on a TCP socket (softirq, any CPU). For a watched socket
- * with nothing pending, remember when, decide sampling, and snapshot the
- * reading thread's counters. Pure ACKs carry no data and are ignored. */
+/* Bytes arrived on a TCP socket (softirq, any CPU, or the owner's
+ * release_sock). For a watched server socket with nothing pending, mark
+ * the arrival and draw the sampling decision; a sampled one also records
+ * when, snapshots the reading thread's counters and takes a ref on it.
+ * Pure ACKs carry no data and are ignored. */
 SEC("tp_btf/tcp_probe")
 int BPF_PROG(tcp_probe, struct sock *sk, struct sk_buff *skb)
 {
-	__u64 key = (__u64)sk;
-	struct sock_state *ss = bpf_map_lookup_elem(&socks, &key);
+	struct sk_req *s = bpf_sk_storage_get(&sk_reqs, sk, 0, 0);
 	unsigned char *data;
 	struct tcphdr th;
-	__u32 len;
+	__u64 now;
 
-	if (!ss || ss->arrival_ns)
+	if (!s || s->ignore || s->arr_pending || !s->tid)
 		return 0;
-	len = BPF_CORE_READ(skb, len);
-	data = BPF_CORE_READ(skb, data);
+	data = skb->data;
 	if (bpf_probe_read_kernel(&th, sizeof(th), data))
 		return 0;
-	if (len <= (__u32)th.doff * 4)
+	if (skb->len <= (__u32)th.doff * 4)
 		return 0;
-	__u64 now = bpf_ktime_get_ns();
+	s->arr_pending = 1;
+	s->arr_sampled = sampled_draw();
+	if (!s->arr_sampled)
+		return 0;
+	now = bpf_ktime_get_ns();
+	s->arrival_ns = now;
+	s->arr_tid = s->tid;
+	snapshot(s->tid, s->tgid, now, &s->arr_snap);
+	ref_get(s->tid, s->tgid);
+	return 0;
+}
 
-	ss->sampled = bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
-	if (ss->sampled)
-		snapshot(ss->tid, ss->tgid, now, &ss->snap);
-	ss->arrival_ns = now;
+/* A socket starts listening (any process): its port is a server port. */
+SEC("tp_btf/inet_sock_set_state")
+int BPF_PROG(inet_sock_set_state, struct sock *sk, int oldstate, int newstate)
+{
+	__u32 port;
+	__u8 one = 1;
+
+	if (newstate != TCP_LISTEN)
+		return 0;
+	port = sk->__sk_common.skc_num;
+	bpf_map_update_elem(&server_ports, &port, &one, BPF_ANY);
 	return 0;
 }

@@ -32,9 +32,40 @@ struct {
 	__type(value, __u8);
 } targets SEC(".maps");
 
+/* A cheap pre-filter in front of `targets`: bucket tgid % TS_TGID_BUCKETS
+ * is nonzero if some target may hash there. Array lookups are inlined by
+ * the verifier (no helper call), so the hot paths that run for every
+ * process (irq exits, socket calls, faults) reject non-targets with one
+ * load. Buckets are set by the loader and the fork handler, and never
+ * cleared (a stale bucket only costs the exact lookup). */
+#define TS_TGID_BUCKETS 4096
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, TS_TGID_BUCKETS);
+	__type(key, __u32);
+	__type(value, __u32);
+} target_buckets SEC(".maps");
+
+static __always_inline bool maybe_target_tgid(__u32 tgid)
+{
+	__u32 b = tgid & (TS_TGID_BUCKETS - 1);
+	__u32 *v = bpf_map_lookup_elem(&target_buckets, &b);
+
+	return v && *v;
+}
+
 static __always_inline bool is_target_tgid(__u32 tgid)
 {
-	return tgid && bpf_map_lookup_elem(&targets, &tgid);
+	return tgid && maybe_target_tgid(tgid) && bpf_map_lookup_elem(&targets, &tgid);
+}
+
+static __always_inline void mark_target_bucket(__u32 tgid)
+{
+	__u32 b = tgid & (TS_TGID_BUCKETS - 1);
+	__u32 *v = bpf_map_lookup_elem(&target_buckets, &b);
+
+	if (v)
+		*v = 1;
 }
 
 static __always_inline void count_collision(void)

@@ -46,6 +46,34 @@ static __always_inline struct ts_kcounters *tracked_current(void)
 	return tracked(bpf_get_current_task_btf());
 }
 
+/* Set by the loader before load; the only .rodata variable (offset 0).
+ * gated: account irq, softirq and fault events only for threads inside a
+ * sampled request (entry.sampled_refs > 0), as zero-instrumentation
+ * inference keeps it. Context switches and waits are always tracked, since
+ * a snapshot needs the open on-CPU interval and wait. */
+const volatile struct {
+	__u32 gated;
+	__u32 _pad;
+} kc_cfg = {.gated = 0};
+
+/* The current thread's entry if its irq/softirq/fault events count now. */
+static __always_inline struct ts_kcounters *accounted_current(void)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	struct ts_kcounters *e;
+
+	if (!maybe_target_tgid(id >> 32))
+		return NULL;
+	if (!kc_cfg.gated)
+		return tracked_current();
+	/* Gated: only inference sets sampled_refs, and only on target
+	 * threads' entries, so the entry alone decides (no set lookup). */
+	e = kc_entry((__u32)id, id >> 32, false);
+	if (e && *(volatile __u32 *)&e->sampled_refs)
+		return e;
+	return NULL;
+}
+
 /* ---- scheduler ---------------------------------------------------------- */
 
 /* Since 5.18 the raw tracepoint carries the real prev_state (TASK_RUNNING
@@ -53,8 +81,8 @@ static __always_inline struct ts_kcounters *tracked_current(void)
  * tracefs view encodes preemption as prev_state = TASK_REPORT_MAX instead,
  * so do not port this test to a classic tracepoint unchanged. */
 SEC("tp_btf/sched_switch")
-int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev,
-	     struct task_struct *next, unsigned int prev_state)
+int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
+             unsigned int prev_state)
 {
 	__u64 now = bpf_ktime_get_ns();
 	struct ts_kcounters *e;
@@ -156,8 +184,10 @@ int BPF_PROG(sched_process_fork, struct task_struct *parent, struct task_struct 
 	__u32 ptgid = parent->tgid, ctgid = child->tgid;
 	__u8 one = 1;
 
-	if (ptgid != ctgid && is_target_tgid(ptgid))
+	if (ptgid != ctgid && is_target_tgid(ptgid)) {
+		mark_target_bucket(ctgid);
 		bpf_map_update_elem(&targets, &ctgid, &one, BPF_ANY);
+	}
 	return 0;
 }
 
@@ -192,7 +222,7 @@ int BPF_PROG(sched_process_exit, struct task_struct *p)
 SEC("tp_btf/page_fault_user")
 int BPF_PROG(page_fault_user)
 {
-	struct ts_kcounters *e = tracked_current();
+	struct ts_kcounters *e = accounted_current();
 
 	if (e) {
 		kc_write_begin(e);
@@ -205,7 +235,7 @@ int BPF_PROG(page_fault_user)
 SEC("tp_btf/page_fault_kernel")
 int BPF_PROG(page_fault_kernel)
 {
-	struct ts_kcounters *e = tracked_current();
+	struct ts_kcounters *e = accounted_current();
 
 	if (e) {
 		kc_write_begin(e);
@@ -263,7 +293,11 @@ static __always_inline void irq_enter(__u32 kind)
 	d = s->depth;
 	if (d < IRQ_STACK_DEPTH) {
 		d &= IRQ_STACK_DEPTH - 1;
-		s->f[d].start = bpf_ktime_get_ns();
+		/* An interrupt runs on the interrupted task's behalf; if that
+		 * task's events do not count now (no target, or gated and not
+		 * in a sampled request), the frame stays untimed: start 0, no
+		 * clock read, and its exit returns at once. */
+		s->f[d].start = accounted_current() ? bpf_ktime_get_ns() : 0;
 		s->f[d].nested_ns = 0;
 		s->f[d].kind = kind;
 	}
@@ -290,6 +324,8 @@ static __always_inline void irq_exit(__u32 kind)
 	if (s->f[d].kind != kind)
 		return;
 	s->depth = d;
+	if (!s->f[d].start)
+		return; /* untimed: the interrupted task is no target */
 	now = bpf_ktime_get_ns();
 	if (now <= s->f[d].start)
 		return;
@@ -314,11 +350,19 @@ static __always_inline void irq_exit(__u32 kind)
 	kc_write_end(e);
 }
 
-#define IRQ_PAIR(entry_tp, exit_tp, kind)                 \
-	SEC("tp_btf/" #entry_tp)                         \
-	int BPF_PROG(entry_tp) { irq_enter(kind); return 0; } \
-	SEC("tp_btf/" #exit_tp)                          \
-	int BPF_PROG(exit_tp) { irq_exit(kind); return 0; }
+#define IRQ_PAIR(entry_tp, exit_tp, kind)                                                          \
+	SEC("tp_btf/" #entry_tp)                                                                   \
+	int BPF_PROG(entry_tp)                                                                     \
+	{                                                                                          \
+		irq_enter(kind);                                                                   \
+		return 0;                                                                          \
+	}                                                                                          \
+	SEC("tp_btf/" #exit_tp)                                                                    \
+	int BPF_PROG(exit_tp)                                                                      \
+	{                                                                                          \
+		irq_exit(kind);                                                                    \
+		return 0;                                                                          \
+	}
 
 IRQ_PAIR(irq_handler_entry, irq_handler_exit, KIND_IRQ)
 IRQ_PAIR(softirq_entry, softirq_exit, KIND_SOFTIRQ)

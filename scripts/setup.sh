@@ -17,7 +17,8 @@ PKGS=(clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev pkg-config make gcc
       redis-server memcached nginx wrk
       bpftrace linux-perf trace-cmd
       chromium chromium-driver
-      dpkg-dev libevent-dev)
+      dpkg-dev libevent-dev
+      clang-format)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -101,7 +101,8 @@ pub struct ts_kcounters {
     pub vol_switches: u32,
     pub invol_switches: u32,
     pub tgid: u32,
-    pub _reserved: [u8; 16],
+    pub sampled_refs: u32,
+    pub _reserved: [u8; 12],
 }
 
 /// One finished request, from a runtime ring or the BPF ringbuf.

@@ -43,7 +43,7 @@ fn all_fields() -> Vec<Field> {
             tid, seq, oncpu_ns, switch_in_ns, wait_since_ns, wait_state, _pad0, runnable_ns,
             blocked_ns, irq_ns, softirq_ns, runnable_count, blocked_count, irq_count,
             softirq_count, fault_user_count, fault_kernel_count, migrations, vol_switches,
-            invol_switches, tgid, _reserved,
+            invol_switches, tgid, sampled_refs, _reserved,
         }
         ts_request_record {
             request_id, start_ns, latency_ns, tid, kind, flags, oncpu_ns, runnable_ns,

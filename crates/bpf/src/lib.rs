@@ -135,6 +135,8 @@ pub struct Tracer {
     kc_len: usize,
     kc_fd: OwnedFd,
     targets_fd: OwnedFd,
+    buckets_fd: OwnedFd,
+    server_ports_fd: Option<OwnedFd>,
     stats_fd: Option<OwnedFd>,
     rb: *mut libbpf_sys::ring_buffer,
     // Boxed: libbpf holds its address as the callback context, and the
@@ -320,6 +322,28 @@ fn available_tracepoints() -> Option<std::collections::HashSet<String>> {
     Some(set)
 }
 
+/// Buckets of the BPF target pre-filter (`TS_TGID_BUCKETS` in bpf/kc_entry.h).
+const TS_TGID_BUCKETS: u32 = 4096;
+
+/// Local ports of the LISTEN sockets in a /proc/net/tcp{,6} table.
+/// Malformed lines are skipped.
+pub fn listening_ports(table: &str) -> Vec<u16> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|l| {
+            let mut it = l.split_whitespace();
+            let local = it.nth(1)?;
+            let state = it.nth(1)?;
+            if state != "0A" {
+                return None;
+            }
+            let port = local.rsplit_once(':')?.1;
+            u16::from_str_radix(port, 16).ok()
+        })
+        .collect()
+}
+
 /// The tracepoint a program attaches to, from its section name
 /// ("tp_btf/sched_switch", "tracepoint/syscalls/sys_enter_read").
 fn tp_of_section(section: &str) -> &str {
@@ -356,6 +380,27 @@ fn disable_missing(open: &mut OpenObject, skipped: &mut Vec<String>) -> Result<(
             });
         }
     }
+    Ok(())
+}
+
+/// Writes the first u32 of an object's 8-byte config struct, its only
+/// .rodata variable, before load.
+fn set_config(
+    m: &mut libbpf_rs::OpenMapMut<'_>,
+    obj: &str,
+    var: &str,
+    value: u32,
+) -> Result<(), TracerError> {
+    let v = m
+        .initial_value_mut()
+        .ok_or_else(|| TracerError::Io(format!("{obj} .rodata not mapped")))?;
+    if v.len() != 8 {
+        return Err(TracerError::Io(format!(
+            "{obj} .rodata is {} bytes, expected only {var} (8)",
+            v.len()
+        )));
+    }
+    v[..4].copy_from_slice(&value.to_ne_bytes());
     Ok(())
 }
 
@@ -446,10 +491,33 @@ impl Tracer {
 
         let mut skipped = Vec::new();
         let mut open_kc = open(&KCOUNTERS_OBJ.0, "kcounters")?;
+        // With inference, irq/softirq/fault events count only inside
+        // sampled requests (infer keeps sampled_refs); a runtime-marked
+        // process is accounted always.
+        let gated = u32::from(opts.infer);
+        for mut m in open_kc.maps_mut() {
+            if m.name().to_string_lossy().ends_with(".rodata") {
+                set_config(&mut m, "kcounters", "kc_cfg", gated)?;
+            }
+        }
         disable_missing(&mut open_kc, &mut skipped)?;
         let kc_obj = open_kc.load().map_err(|e| load_error("kcounters", e))?;
         let kc_fd = map_fd(&kc_obj, "kcounters")?;
         let targets_fd = map_fd(&kc_obj, "targets")?;
+        let buckets_fd = map_fd(&kc_obj, "target_buckets")?;
+        // One source of truth for the bucket count (bpf/kc_entry.h): check
+        // the loaded map against this side's constant.
+        let nb = kc_obj
+            .maps()
+            .find(|m| m.name() == "target_buckets")
+            .and_then(|m| m.info().ok())
+            .map(|i| i.info.max_entries)
+            .unwrap_or(0);
+        if nb != TS_TGID_BUCKETS {
+            return Err(TracerError::Io(format!(
+                "target_buckets has {nb} entries, the loader expects {TS_TGID_BUCKETS}"
+            )));
+        }
 
         // Map the array and write the header before anyone can see the pin.
         let kc_len = TS_KC_ENTRIES as usize * TS_KC_ENTRY_SIZE as usize;
@@ -474,6 +542,8 @@ impl Tracer {
             kc_len,
             kc_fd,
             targets_fd,
+            buckets_fd,
+            server_ports_fd: None,
             stats_fd: None,
             rb: std::ptr::null_mut(),
             rb_pending: Box::new(Vec::new()),
@@ -534,19 +604,9 @@ impl Tracer {
             match name.as_str() {
                 "kcounters" => m.reuse_fd(self.kc_fd.as_fd()).map_err(io)?,
                 "targets" => m.reuse_fd(self.targets_fd.as_fd()).map_err(io)?,
+                "target_buckets" => m.reuse_fd(self.buckets_fd.as_fd()).map_err(io)?,
                 "records" => m.set_max_entries(rb_bytes as u32).map_err(io)?,
-                n if n.ends_with(".rodata") => {
-                    let v = m
-                        .initial_value_mut()
-                        .ok_or_else(|| TracerError::Io("infer .rodata not mapped".into()))?;
-                    if v.len() != 8 {
-                        return Err(TracerError::Io(format!(
-                            "infer .rodata is {} bytes, expected only infer_cfg (8)",
-                            v.len()
-                        )));
-                    }
-                    v[..4].copy_from_slice(&ppm.to_ne_bytes());
-                }
+                n if n.ends_with(".rodata") => set_config(&mut m, "infer", "infer_cfg", ppm)?,
                 _ => {}
             }
         }
@@ -554,6 +614,7 @@ impl Tracer {
         let obj = open_inf.load().map_err(|e| load_error("infer", e))?;
         let rb_fd = map_fd(&obj, "records")?;
         self.stats_fd = Some(map_fd(&obj, "infer_stats")?);
+        self.server_ports_fd = Some(map_fd(&obj, "server_ports")?);
         let ctx = &mut *self.rb_pending as *mut Vec<ts_request_record> as *mut c_void;
         let rb = unsafe {
             libbpf_sys::ring_buffer__new(rb_fd.as_raw_fd(), Some(on_record), ctx, std::ptr::null())
@@ -574,6 +635,23 @@ impl Tracer {
     pub fn add_target(&mut self, tgid: u32) -> Result<(), TracerError> {
         let key = tgid;
         let one: u8 = 1;
+        // The pre-filter bucket first: BPF checks it before the set.
+        let bucket = tgid & (TS_TGID_BUCKETS - 1);
+        let on: u32 = 1;
+        let rc = unsafe {
+            libbpf_sys::bpf_map_update_elem(
+                self.buckets_fd.as_raw_fd(),
+                &bucket as *const u32 as *const c_void,
+                &on as *const u32 as *const c_void,
+                libbpf_sys::BPF_ANY as u64,
+            )
+        };
+        if rc != 0 {
+            return Err(TracerError::Io(format!(
+                "add target {tgid}: bucket: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
         let rc = unsafe {
             libbpf_sys::bpf_map_update_elem(
                 self.targets_fd.as_raw_fd(),
@@ -588,7 +666,48 @@ impl Tracer {
                 std::io::Error::last_os_error()
             )));
         }
+        if self.server_ports_fd.is_some() {
+            self.mark_listening_ports(tgid)?;
+        }
         Ok(())
+    }
+
+    /// Marks the TCP ports that something listens on in `tgid`'s network
+    /// namespace as server ports, so that inference treats the connections
+    /// accepted on them as request-carrying (listeners created later are
+    /// caught in BPF). Returns how many ports were marked.
+    pub fn mark_listening_ports(&mut self, tgid: u32) -> Result<usize, TracerError> {
+        let Some(fd) = self.server_ports_fd.as_ref() else {
+            return Ok(0);
+        };
+        let mut ports = Vec::new();
+        for f in ["tcp", "tcp6"] {
+            // A missing file (IPv6 off, the process gone) has no listeners.
+            if let Ok(text) = std::fs::read_to_string(format!("/proc/{tgid}/net/{f}")) {
+                ports.extend(listening_ports(&text));
+            }
+        }
+        ports.sort_unstable();
+        ports.dedup();
+        let one: u8 = 1;
+        for p in &ports {
+            let key = *p as u32;
+            let rc = unsafe {
+                libbpf_sys::bpf_map_update_elem(
+                    fd.as_raw_fd(),
+                    &key as *const u32 as *const c_void,
+                    &one as *const u8 as *const c_void,
+                    libbpf_sys::BPF_ANY as u64,
+                )
+            };
+            if rc != 0 {
+                return Err(TracerError::Io(format!(
+                    "mark server port {p}: {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+        }
+        Ok(ports.len())
     }
 
     /// Whether `tgid` is in the target set (added, or forked by a target,

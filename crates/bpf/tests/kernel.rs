@@ -713,3 +713,95 @@ fn overhead() {
         infer_tracked - base
     );
 }
+
+/// The thread's entry in the pinned kcounters array, mapped writable (as a
+/// runtime maps it), to set `sampled_refs` the way inference does.
+fn entry_refs(tid: u32) -> (*mut u8, usize, *mut u32) {
+    use libbpf_rs::MapCore;
+    let m = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
+    let len = TS_KC_ENTRIES as usize * TS_KC_ENTRY_SIZE as usize;
+    let mem = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&std::os::fd::AsFd::as_fd(&m)),
+            0,
+        )
+    };
+    assert_ne!(mem, libc::MAP_FAILED);
+    let base = mem as *mut u8;
+    for i in 1..TS_KC_ENTRIES as usize {
+        let e = unsafe { base.add(i * TS_KC_ENTRY_SIZE as usize) } as *mut ts_kcounters;
+        if unsafe { std::ptr::read_volatile(&(*e).tid) } == tid {
+            let refs = unsafe { std::ptr::addr_of_mut!((*e).sampled_refs) };
+            return (base, len, refs);
+        }
+    }
+    panic!("no entry for tid {tid}");
+}
+
+/// With inference on, kcounters is gated: a target thread's faults count
+/// only while it is inside a sampled request (sampled_refs > 0).
+#[test]
+fn gated_accounting_counts_only_inside_sampled_requests() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let t = tracer(TracerOptions {
+        infer: true,
+        ..Default::default()
+    });
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let tid = warm_up(&t);
+            const PAGES: usize = 256;
+            let len = PAGES * 4096;
+            let p = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    len,
+                    libc::PROT_READ | libc::PROT_WRITE,
+                    libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                    -1,
+                    0,
+                )
+            } as *mut u8;
+            assert!(!p.is_null());
+            unsafe { libc::madvise(p.cast(), len, libc::MADV_NOHUGEPAGE) };
+            let fault_all = || {
+                unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
+                let a = snap(&t, tid).kc.fault_user_count;
+                for i in 0..PAGES {
+                    unsafe { p.add(i * 4096).write_volatile(1) }
+                }
+                snap(&t, tid).kc.fault_user_count - a
+            };
+            let outside = fault_all();
+            let (base, mlen, refs) = entry_refs(tid);
+            unsafe {
+                (*(refs as *const std::sync::atomic::AtomicU32))
+                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            };
+            let inside = fault_all();
+            unsafe {
+                (*(refs as *const std::sync::atomic::AtomicU32))
+                    .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            };
+            let after = fault_all();
+            unsafe {
+                libc::munmap(base.cast(), mlen);
+                libc::munmap(p.cast(), len);
+            }
+            eprintln!(
+                "gated faults: outside {outside}, inside {inside}, after {after} ({PAGES} pages)"
+            );
+            assert_eq!(
+                outside, 0,
+                "faults outside a sampled request are not accounted"
+            );
+            assert!(inside as usize >= PAGES, "faults inside are: {inside}");
+            assert_eq!(after, 0);
+        });
+    });
+}

@@ -100,7 +100,10 @@ struct ts_kcounters {
 	__u32 vol_switches;
 	__u32 invol_switches;
 	__u32 tgid;          /* process of the owner (set at claim by BPF; 0 if claimed by runtime first) */
-	__u8 _reserved[16];
+	__u32 sampled_refs;  /* open sampled requests of this thread, kept by zero-instrumentation
+	                      * inference; a gated agent accounts irq, softirq and fault events
+	                      * only while it is nonzero (switches and waits always) */
+	__u8 _reserved[12];
 };
 
 /* ---- 2. per-process region (/dev/shm) ---------------------------------- */
