@@ -71,10 +71,11 @@ def read_meta(path: Path, schema: RecordingSchema) -> dict:
     version = meta.get("schema_version")
     if version is None:
         raise RecordingError(f"{meta_path}: missing required key 'schema_version'")
-    if not isinstance(version, int) or isinstance(version, bool) or version != schema.schema_version:
+    readable = schema.reads_versions or (schema.schema_version,)
+    if not isinstance(version, int) or isinstance(version, bool) or version not in readable:
         raise RecordingError(
             f"recording schema version {version} is not supported by this tailscope "
-            f"(supports {schema.schema_version}); upgrade tailscope"
+            f"(supports {', '.join(map(str, readable))}); upgrade tailscope"
         )
     missing = [k for k in schema.meta_required if k not in meta]
     if missing:

@@ -40,6 +40,10 @@ class RecordingSchema:
     meta_required: tuple[str, ...]
     requests_dir: str
     meta_file: str
+    # Every table (requests and the LDB tables): name -> {column: type}.
+    tables: dict[str, dict[str, str]] = None  # type: ignore[assignment]
+    # Recording versions this reader understands (older ones are readable).
+    reads_versions: tuple[int, ...] = ()
 
     def arrow_type(self, column: str) -> pa.DataType:
         return _ARROW_TYPES[self.request_columns[column]]
@@ -63,6 +67,11 @@ def _load(path: Path) -> RecordingSchema:
     unknown = sorted(set(cols.values()) - set(_ARROW_TYPES))
     if unknown:
         raise ValueError(f"{path}: unknown column types {unknown}")
+    tables = {name: {c["name"]: c["type"] for c in spec} for name, spec in doc["tables"].items()}
+    for name, spec in tables.items():
+        bad = sorted(set(spec.values()) - set(_ARROW_TYPES))
+        if bad:
+            raise ValueError(f"{path}: table {name}: unknown column types {bad}")
     layout = doc.get("layout", {})
     requests_dir = layout.get("requests", "requests/").split("/")[0]
     return RecordingSchema(
@@ -72,6 +81,8 @@ def _load(path: Path) -> RecordingSchema:
         meta_required=tuple(doc["meta_required"]),
         requests_dir=requests_dir,
         meta_file=layout.get("meta", "meta.json"),
+        tables=tables,
+        reads_versions=tuple(int(v) for v in doc.get("reads_versions", [doc["schema_version"]])),
     )
 
 

@@ -70,7 +70,7 @@ def test_unknown_schema_version(cli, small, tmp_path):
     meta["schema_version"] = 7
     (d / "meta.json").write_text(json.dumps(meta))
     _one_line_error(cli("report", d), "recording schema version 7 is not supported by this tailscope "
-                    "(supports 1); upgrade tailscope")
+                    "(supports 1, 2); upgrade tailscope")
 
 
 def test_truncated_parquet(cli, small, tmp_path):

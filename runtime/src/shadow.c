@@ -19,8 +19,9 @@
  * two calls of a function from one call site in a loop.
  *
  * Resynchronisation. longjmp and C exceptions leave frames without exits.
- * On entry, frames whose stack address is at or below the caller's current
- * one are dead (a live ancestor's is always above) and are dropped. On exit,
+ * On entry, frames whose stack address is below the caller's current one
+ * are dead (a live ancestor's is above, or equal for a function inlined
+ * into its caller, whose hooks run in the caller's frame) and are dropped. On exit,
  * a function that is not on top pops down to its own frame. Both are
  * counted in `resyncs`. Calls deeper than TS_SHADOW_DEPTH only change
  * `depth` and are counted in `truncated`.
@@ -88,12 +89,12 @@ NOINST void ts_shadow_detach(struct ts_thread *t) {
 	t->shadow_slow = &ts_shadow_sink;
 }
 
-/* Frames at or below the caller's stack address are dead (skipped by a
- * longjmp or an exception): a live ancestor's is always above. */
+/* Frames below the caller's stack address are dead (skipped by a longjmp
+ * or an exception): a live ancestor's is above, or equal when inlined. */
 static NOINST inline int shadow_top_dead(const struct ts_shadow_stack *s, uint32_t d,
 					 uintptr_t sp) {
 	uint32_t top = d < TS_SHADOW_DEPTH ? d : TS_SHADOW_DEPTH;
-	return top && s->frames[top - 1].sp <= sp;
+	return top && s->frames[top - 1].sp < sp;
 }
 
 /* Push one frame. The caller checked that no dead frame is on top. */
@@ -128,7 +129,7 @@ static NOINST __attribute__((noinline)) void enter_slow(void *fn, void *site, ui
 	if (shadow_top_dead(s, d, sp) && !(g & 1)) {
 		gen_store(s, g + 1);
 		uint32_t n = d < TS_SHADOW_DEPTH ? d : TS_SHADOW_DEPTH;
-		while (n > 0 && s->frames[n - 1].sp <= sp) n--;
+		while (n > 0 && s->frames[n - 1].sp < sp) n--;
 		s->resyncs += d - n;
 		s->depth = n;
 		gen_store(s, g + 2);
@@ -149,7 +150,7 @@ NOINST void __cyg_profile_func_enter(void *fn, void *site) {
 	}
 	uint32_t d = s->depth;
 	uint32_t top = d < TS_SHADOW_DEPTH ? d : TS_SHADOW_DEPTH;
-	if (TS_UNLIKELY(top && s->frames[top - 1].sp <= sp)) {
+	if (TS_UNLIKELY(top && s->frames[top - 1].sp < sp)) {
 		enter_slow(fn, site, sp);
 		return;
 	}

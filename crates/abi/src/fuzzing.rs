@@ -59,7 +59,11 @@ pub fn exercise(data: &[u8]) {
         parse_frames(&data[SHADOW_HEAD_BYTES..], h.depth, &mut frames);
         assert!(frames.len() <= n as usize);
         let mut shifted = Vec::new();
-        parse_frames(&data[SHADOW_HEAD_BYTES.min(data.len())..], h.depth ^ 1, &mut shifted);
+        parse_frames(
+            &data[SHADOW_HEAD_BYTES.min(data.len())..],
+            h.depth ^ 1,
+            &mut shifted,
+        );
         assert!(common_prefix(&frames, &shifted) <= frames.len().min(shifted.len()));
     }
     for chunk in data.chunks(EVENT_SIZE) {

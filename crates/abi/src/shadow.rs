@@ -278,10 +278,7 @@ mod tests {
         let b = event_to_bytes(&e);
         assert_eq!(parse_event(&b).unwrap(), e);
         assert_eq!(validate_event(&e, 5, 0, 1000), Ok(()));
-        assert_eq!(
-            validate_event(&e, 6, 0, 1000),
-            Err(EventFault::TidMismatch)
-        );
+        assert_eq!(validate_event(&e, 6, 0, 1000), Err(EventFault::TidMismatch));
         assert_eq!(validate_event(&e, 5, 200, 1000), Err(EventFault::BadTime));
         let bad = ts_event {
             r#type: crate::TS_EV_FUNCTION,

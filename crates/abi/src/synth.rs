@@ -120,7 +120,11 @@ pub fn set_shadow(b: &mut [u8], slot: u32, gen: u64, depth: u32, frames: &[crate
         base + ldb_offsets::SHADOW + offset_of!(crate::ts_shadow_stack, depth),
         &depth.to_le_bytes(),
     );
-    for (i, f) in frames.iter().enumerate().take(crate::TS_SHADOW_DEPTH as usize) {
+    for (i, f) in frames
+        .iter()
+        .enumerate()
+        .take(crate::TS_SHADOW_DEPTH as usize)
+    {
         put(b, base + frame_offset_in_slot(i as u32), &frame_to_bytes(f));
     }
 }

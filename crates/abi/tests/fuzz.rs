@@ -216,15 +216,22 @@ fn ldb_reader_survives_forged_slot() {
             }
             3 => synth::write_u64(&mut region, base + ldb_offsets::EV_HEAD, rng.nasty_u64()),
             _ => {
-                let at = base + ldb_offsets::EVENTS + rng.below((TS_EVENT_RING_CAPACITY as u64) * EVENT_SIZE as u64) as usize;
+                let at = base
+                    + ldb_offsets::EVENTS
+                    + rng.below((TS_EVENT_RING_CAPACITY as u64) * EVENT_SIZE as u64) as usize;
                 let n = 8.min(region.len() - at);
                 region[at..at + n].copy_from_slice(&rng.next().to_le_bytes()[..n]);
             }
         }
         // Seqlock read of the stack.
-        let h = parse_shadow_head(&region[base + ldb_offsets::SHADOW..][..SHADOW_HEAD_BYTES]).unwrap();
+        let h =
+            parse_shadow_head(&region[base + ldb_offsets::SHADOW..][..SHADOW_HEAD_BYTES]).unwrap();
         let mut frames = vec![];
-        parse_frames(&region[base + ldb_offsets::SHADOW_FRAMES..][..SHADOW_SIZE - SHADOW_HEAD_BYTES], h.depth, &mut frames);
+        parse_frames(
+            &region[base + ldb_offsets::SHADOW_FRAMES..][..SHADOW_SIZE - SHADOW_HEAD_BYTES],
+            h.depth,
+            &mut frames,
+        );
         assert!(frames.len() <= TS_SHADOW_DEPTH as usize);
         if h.busy() || synth::read_u64(&region, base + ldb_offsets::SHADOW_GEN) != h.gen {
             torn += 1;
@@ -249,6 +256,12 @@ fn ldb_reader_survives_forged_slot() {
         }
         synth::write_u64(&mut region, base + ldb_offsets::EV_TAIL, plan.new_tail);
     }
-    assert!(consistent > 1000 && torn > 100, "consistent {consistent} torn {torn}");
-    assert!(good_events > 1000 && bad_events > 100, "good {good_events} bad {bad_events}");
+    assert!(
+        consistent > 1000 && torn > 100,
+        "consistent {consistent} torn {torn}"
+    );
+    assert!(
+        good_events > 1000 && bad_events > 100,
+        "good {good_events} bad {bad_events}"
+    );
 }

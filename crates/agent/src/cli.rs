@@ -39,6 +39,19 @@ OPTIONS:
                         requests/*.parquet are replaced, nothing else touched
     --quiet             no progress line (the final summary is kept)
     --poll-us N         drain period in microseconds (default 1000)
+    --functions         also record function-level latency (LDB): scan the
+                        target's shadow stacks (build it with `tailscope
+                        flags` or tailscope-cc) into DIR/functions/, and its
+                        lock and request hand-off events into DIR/locks/ and
+                        DIR/request_events/; needs libtailscope in the target
+    --fn-period-us N    observer scan period in microseconds; 0 busy-polls a
+                        core (default 20)
+    --fn-threshold-us N record only calls at least N us long (default 0: every
+                        call the observer sees end)
+    --mutex-threshold-us N  log a lock when its wait or hold exceeds N us
+                        (default 1)
+    --dte-tolerance F   Shim double-time error filter: keep a stack walk when
+                        its clock ratio is within 1 +- F (default 0.01)
     -h, --help          this text
     -V, --version       the version
 
@@ -50,7 +63,7 @@ EXIT CODES:
     4  output directory exists (use --force) or cannot be written
     5  not root, or a capability is missing
     6  a BPF program was rejected or could not be attached
-    7  marker mode: no usable /dev/shm/tailscope.<pid> region
+    7  marker mode (or --functions): no usable /dev/shm/tailscope.<pid> region
 ";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -77,6 +90,8 @@ pub struct RecordArgs {
     pub force: bool,
     pub quiet: bool,
     pub poll: Duration,
+    /// `--functions`: the LDB observer's configuration.
+    pub functions: Option<crate::observer::ObserverConfig>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -173,6 +188,9 @@ where
     let mut force = false;
     let mut quiet = false;
     let mut poll_us = DEFAULT_POLL_US;
+    let mut functions = false;
+    let mut obs = crate::observer::ObserverConfig::default();
+    let mut fn_options = None;
 
     while let Some(arg) = it.next() {
         if arg == "--" {
@@ -227,6 +245,32 @@ where
                         AgentError::usage(format!("bad --poll-us {v:?}: expected 50..1000000"))
                     })?;
             }
+            "--functions" => functions = true,
+            "--fn-period-us" | "--fn-threshold-us" | "--mutex-threshold-us" => {
+                let v = value("microseconds")?;
+                let n: u64 = v.parse().ok().filter(|&n| n <= 10_000_000).ok_or_else(|| {
+                    AgentError::usage(format!("bad {name} {v:?}: expected 0..10000000"))
+                })?;
+                match name.as_str() {
+                    "--fn-period-us" => obs.period = Duration::from_micros(n),
+                    "--fn-threshold-us" => obs.threshold_ns = n * 1000,
+                    _ => obs.mutex_thresh_ns = (n * 1000).max(1),
+                }
+                fn_options.get_or_insert(name.clone());
+            }
+            "--dte-tolerance" => {
+                let v = value("a fraction")?;
+                obs.dte_tolerance = v
+                    .parse()
+                    .ok()
+                    .filter(|f: &f64| f.is_finite() && *f > 0.0)
+                    .ok_or_else(|| {
+                        AgentError::usage(format!(
+                            "bad --dte-tolerance {v:?}: expected a fraction above 0"
+                        ))
+                    })?;
+                fn_options.get_or_insert(name.clone());
+            }
             "--force" => force = true,
             "--quiet" | "-q" => quiet = true,
             "-h" | "--help" => return Ok(Command::Help),
@@ -242,6 +286,14 @@ where
     }
 
     let output = output.ok_or_else(|| AgentError::usage("missing -o DIR"))?;
+    if let (false, Some(opt)) = (functions, &fn_options) {
+        return Err(AgentError::usage(format!("{opt} needs --functions")));
+    }
+    if functions && mode == Mode::Infer {
+        return Err(AgentError::usage(
+            "--functions needs the tailscope runtime in the target; it cannot run with --mode infer",
+        ));
+    }
     let target = match (pid, cmd) {
         (Some(_), Some(_)) => {
             return Err(AgentError::usage("give either -p PID or -- CMD, not both"))
@@ -262,6 +314,7 @@ where
         force,
         quiet,
         poll: Duration::from_micros(poll_us),
+        functions: functions.then_some(obs),
     }))
 }
 
@@ -334,6 +387,22 @@ mod tests {
         assert_eq!(r.duration, Some(Duration::from_millis(2500)));
         assert!(r.force && r.quiet);
         assert_eq!(r.poll, Duration::from_micros(500));
+        assert_eq!(r.functions, None);
+        let r = rec(&[
+            "record",
+            "-o",
+            "x",
+            "--functions",
+            "--fn-period-us",
+            "0",
+            "--fn-threshold-us",
+            "5",
+            "--",
+            "srv",
+        ]);
+        let f = r.functions.unwrap();
+        assert!(f.period.is_zero());
+        assert_eq!(f.threshold_ns, 5000);
         // Options after -- belong to the command.
         let r = rec(&["record", "-o", "x", "--", "sh", "-p", "--force"]);
         assert!(!r.force);
@@ -356,6 +425,27 @@ mod tests {
             &["record", "-o", "x", "-p", "1", "--duration", "-1"],
             &["record", "-o", "x", "-p", "1", "--bogus"],
             &["record", "-o", "x", "-p", "1", "stray"],
+            &["record", "-o", "x", "-p", "1", "--fn-period-us", "5"],
+            &[
+                "record",
+                "-o",
+                "x",
+                "-p",
+                "1",
+                "--functions",
+                "--mode",
+                "infer",
+            ],
+            &[
+                "record",
+                "-o",
+                "x",
+                "-p",
+                "1",
+                "--functions",
+                "--dte-tolerance",
+                "-1",
+            ],
         ] {
             let e = parse(args.iter().copied()).unwrap_err();
             assert_eq!(e.code, crate::error::exit::USAGE, "{args:?}");

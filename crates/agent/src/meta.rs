@@ -87,6 +87,9 @@ pub struct Meta {
     pub agent: AgentCost,
     /// Free-form facts worth keeping (e.g. records before the recording started).
     pub notes: Value,
+    /// `--functions` recordings: the observer's configuration and achieved
+    /// granularity, the tables it wrote, the target's executable mappings.
+    pub ldb: Option<Value>,
 }
 
 impl Meta {
@@ -109,6 +112,7 @@ impl Meta {
             "files": self.files,
             "agent": self.agent,
             "notes": self.notes,
+            "ldb": self.ldb,
         })
     }
 
@@ -171,6 +175,7 @@ pub(crate) mod tests {
             files: vec!["requests/part-00000.parquet".into()],
             agent: AgentCost::default(),
             notes: json!({}),
+            ldb: None,
         }
     }
 

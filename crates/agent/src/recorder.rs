@@ -45,6 +45,7 @@ use crate::cli::{Mode, RecordArgs, Target};
 use crate::error::{exit, AgentError, Result};
 use crate::launch::{spawn_gated, Launched};
 use crate::meta::{AgentCost, Drops, Meta, Sampling, TargetInfo};
+use crate::observer::{ObserverConfig, ObserverReport, ObserverThread};
 use crate::progress::{drops_text, Progress, Snapshot};
 use crate::region::{MappedRegion, MarkerSource};
 use crate::sys;
@@ -164,6 +165,12 @@ struct State {
     corrupt_inferred: u64,
     inferred_discarded: u64,
     buf: Vec<ts_request_record>,
+    /// `--functions`: the observer's configuration, and the observer once
+    /// the region is attached.
+    functions: Option<ObserverConfig>,
+    observer: Option<ObserverThread>,
+    output: PathBuf,
+    start_mono: u64,
 }
 
 impl State {
@@ -264,7 +271,8 @@ impl State {
                     return Err(AgentError::new(
                         exit::REGION,
                         format!(
-                            "{} did not appear within {} s ({}); is libtailscope linked into the command?",
+                            "{}{} did not appear within {} s ({}); is libtailscope linked into the command?",
+                            if self.functions.is_some() { "--functions: " } else { "" },
                             MappedRegion::path(self.target_pid).display(),
                             MARKER_REGION_WAIT.as_secs(),
                             last_error.take().unwrap_or(e)
@@ -273,6 +281,30 @@ impl State {
                 }
             }
         }
+        Ok(())
+    }
+
+    /// With --functions, start the observer once the region is attached.
+    fn start_observer(&mut self) -> Result<()> {
+        let (Some(cfg), None, Source::Marker(m)) = (self.functions, &self.observer, &self.source)
+        else {
+            return Ok(());
+        };
+        let max_slots = m.header().max_slots;
+        let mem = MappedRegion::open(self.target_pid).map_err(|e| {
+            AgentError::new(
+                exit::REGION,
+                format!("{}: {e}", MappedRegion::path(self.target_pid).display()),
+            )
+        })?;
+        self.observer = Some(ObserverThread::spawn(
+            mem,
+            max_slots,
+            self.target_pid,
+            cfg,
+            &self.output,
+            self.start_mono,
+        )?);
         Ok(())
     }
 
@@ -322,17 +354,33 @@ pub fn run(args: RecordArgs) -> Result<()> {
         }
     }
     check_output(&args.output, args.force)?;
+    // --functions reads the runtime's shadow stacks: marker mode or nothing.
+    let mode = match (args.functions, args.mode) {
+        (Some(_), Mode::Auto) => Mode::Marker,
+        (_, m) => m,
+    };
+    if let (Some(_), Target::Pid(p)) = (args.functions, &args.target) {
+        if !MappedRegion::path(*p).exists() {
+            return Err(AgentError::new(
+                exit::REGION,
+                format!(
+                    "--functions: PID {p} does not run the tailscope runtime (no {}); build it with `tailscope flags` or tailscope-cc",
+                    MappedRegion::path(*p).display()
+                ),
+            ));
+        }
+    }
     let signals = Signals::register()?;
 
     // Which source, as far as it can be known before the target runs.
     let region_now = matches!(args.target, Target::Pid(p) if MappedRegion::path(p).exists());
-    let infer_loaded = match (args.mode, &args.target) {
+    let infer_loaded = match (mode, &args.target) {
         (Mode::Infer, _) => true,
         (Mode::Marker, _) => false,
         (Mode::Auto, Target::Pid(_)) => !region_now,
         (Mode::Auto, Target::Launch(_)) => true,
     };
-    if let (Mode::Marker, Target::Pid(p)) = (args.mode, &args.target) {
+    if let (Mode::Marker, Target::Pid(p)) = (mode, &args.target) {
         if !region_now {
             return Err(AgentError::new(
                 exit::REGION,
@@ -381,7 +429,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
         rate_ppm: infer_ppm,
         decided_by: "bpf",
     };
-    let source = match (&args.target, args.mode, region_now) {
+    let source = match (&args.target, mode, region_now) {
         (Target::Pid(_), Mode::Infer, _) | (Target::Pid(_), Mode::Auto, false) => Source::Infer,
         (Target::Pid(p), _, _) => {
             let m = MappedRegion::open(*p)
@@ -425,7 +473,12 @@ pub fn run(args: RecordArgs) -> Result<()> {
         corrupt_inferred: 0,
         inferred_discarded: 0,
         buf: Vec::with_capacity(4096),
+        functions: args.functions,
+        observer: None,
+        output: args.output.clone(),
+        start_mono,
     };
+    st.start_observer()?;
     let mut meta = Meta {
         host: sys::hostname(),
         kernel: sys::kernel_release(),
@@ -446,6 +499,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
             ..Default::default()
         },
         notes: json!({}),
+        ldb: None,
     };
     meta.write(&args.output)?;
 
@@ -492,6 +546,11 @@ pub fn run(args: RecordArgs) -> Result<()> {
         });
     let drops = st.drops(&tracer);
     let mode = st.mode_name();
+    let ldb_report = st.observer.take().map(ObserverThread::finish);
+    let features = match &st.source {
+        Source::Marker(m) => m.current_features(),
+        _ => 0,
+    };
     let marker_stats = match &mut st.source {
         Source::Marker(m) => {
             m.detach();
@@ -548,7 +607,39 @@ pub fn run(args: RecordArgs) -> Result<()> {
         json!("in-kernel BPF time, which is charged to the traced threads"),
     );
     meta.notes = serde_json::Value::Object(notes);
+    let ldb_report = match ldb_report {
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => {
+            meta.write(&args.output)?;
+            return Err(e);
+        }
+        None => None,
+    };
+    if let Some(r) = &ldb_report {
+        meta.ldb = Some(ldb_meta(r, features));
+        for s in [&r.functions, &r.locks, &r.request_events] {
+            meta.bytes_written += s.bytes;
+            meta.files.extend(s.files.iter().cloned());
+        }
+    }
     meta.write(&args.output)?;
+    if let Some(r) = &ldb_report {
+        if features & tailscope_abi::TS_FEAT_FN_HOOKS == 0 {
+            eprintln!(
+                "warning: --functions: no instrumented function ran in PID {target_pid}; build it with `tailscope flags` (-finstrument-functions) to get function latencies"
+            );
+        }
+        eprintln!(
+            "functions: {} calls, {} lock events, {} request events; observer period p50 {} ns, {} walks, {} DTE / {} seqlock discards",
+            r.stats.functions,
+            r.stats.lock_events,
+            r.stats.request_events,
+            r.stats.period_p50_ns,
+            r.stats.full_walks,
+            r.stats.dte_discards,
+            r.stats.seqlock_discards
+        );
+    }
 
     result?;
     final_drain?;
@@ -600,6 +691,7 @@ fn record_loop(
         }
         if matches!(st.source, Source::Deciding { .. }) {
             st.try_decide(agent_pid, args.sample_ppm, start_mono)?;
+            st.start_observer()?;
         }
         if !decided && !matches!(st.source, Source::Deciding { .. }) {
             decided = true;
@@ -638,6 +730,31 @@ fn record_loop(
     };
     progress.finish();
     Ok(by)
+}
+
+/// meta.json's `ldb` section.
+fn ldb_meta(r: &ObserverReport, features: u32) -> serde_json::Value {
+    json!({
+        "observer": r.stats,
+        "config": {
+            "period_ns": r.config.period.as_nanos() as u64,
+            "busy_poll": r.config.period.is_zero(),
+            "threshold_ns": r.config.threshold_ns,
+            "dte_tolerance": r.config.dte_tolerance,
+            "mutex_thresh_ns": r.config.mutex_thresh_ns,
+        },
+        "runtime_features": {
+            "fn_hooks": features & tailscope_abi::TS_FEAT_FN_HOOKS != 0,
+            "lock_shim": features & tailscope_abi::TS_FEAT_LOCK_SHIM != 0,
+            "fn_clock": features & tailscope_abi::TS_FEAT_FN_CLOCK != 0,
+        },
+        "rows": {
+            "functions": r.functions.rows,
+            "locks": r.locks.rows,
+            "request_events": r.request_events.rows,
+        },
+        "modules": r.modules,
+    })
 }
 
 /// Path helper for tests and the integration owner.

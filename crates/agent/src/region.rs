@@ -122,6 +122,10 @@ impl MappedRegion {
     }
 }
 
+// SAFETY: the mapping is plain shared memory; every access goes through
+// bounds-checked volatile or atomic reads and writes, from any thread.
+unsafe impl Send for MappedRegion {}
+
 impl Drop for MappedRegion {
     fn drop(&mut self) {
         // SAFETY: exactly the mapping made in open().
@@ -253,6 +257,11 @@ impl<M: RegionMemory> MarkerSource<M> {
 
     pub fn header(&self) -> &RegionHeader {
         &self.header
+    }
+
+    /// The runtime's `TS_FEAT_*` as of now (they are set lazily).
+    pub fn current_features(&self) -> u32 {
+        self.mem.load_u32(header_offsets::FEATURES)
     }
 
     pub fn stats(&self) -> MarkerStats {
@@ -513,7 +522,7 @@ mod tests {
             .unwrap();
         assert_eq!(
             e.to_string(),
-            "ABI version mismatch: region has 3, agent supports 1"
+            "ABI version mismatch: region has 3, agent supports 2"
         );
         // Shorter than its max_slots promise.
         let mut b = synth::region(4, 1);

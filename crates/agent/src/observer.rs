@@ -1,0 +1,922 @@
+//! The LDB observer: a Shim-style loop (Shim ch. 3) that scans the target's
+//! shadow stacks and drains its event rings, on its own thread.
+//!
+//! Each pass visits every claimed slot:
+//! - **fast path**: the stack's `gen` equals the one of the last accepted
+//!   walk — nothing changed, one load, no clock, no copy;
+//! - **invalid**: `gen` is odd — the owner is mid-update; look next pass;
+//! - **full walk**: clock `Cs`, copy the head and the stored frames (bounded
+//!   by `TS_SHADOW_DEPTH` whatever `depth` says), re-read `gen`, clock `Ce`.
+//!   A changed `gen` is a **seqlock discard**. Then Shim's double-time error
+//!   filter (§3.4.1): with the previous walk of this thread at
+//!   (`Cs'`, `Ce'`), the walk is kept only if `(Ce − Ce') / (Cs − Cs')` is
+//!   within `1 ± tolerance`; otherwise its observation window was skewed
+//!   (the observer was descheduled mid-walk, say) and it is a **DTE
+//!   discard**. Discarded walks are retried on the next pass, so a change
+//!   is delayed, never lost.
+//!
+//! An accepted walk is diffed against the thread's tracked frames: frames
+//! are the same call when their id (the gen at entry), function and call
+//! site match. Tracked frames past the common prefix have returned: each
+//! becomes a FUNCTION row, timed from when it was first seen (or its exact
+//! entry stamp, with TAILSCOPE_FN_CLOCK=1) to `Cs` of this walk. Both ends
+//! carry the same bias, so a latency's error is within one scan interval.
+//!
+//! Nothing read from the region is followed as a pointer: function, call
+//! site, mutex and queue addresses are copied as numbers. Every count is
+//! clamped, every offset bounds-checked by the [`RegionMemory`] reader.
+
+use std::path::Path;
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use tailscope_abi::region::{header_offsets, plan_drain, slot_offset, slot_offsets};
+use tailscope_abi::shadow::{
+    common_prefix, event_name, event_offset_in_slot, is_lock_event, ldb_offsets, parse_event,
+    parse_frames, parse_shadow_head, stored_frames, validate_event, SHADOW_HEAD_BYTES,
+};
+use tailscope_abi::{
+    ts_frame, EVENT_SIZE, FRAME_SIZE, TS_EVENT_RING_CAPACITY, TS_LDB_LOCKS, TS_LDB_REQUESTS,
+    TS_SHADOW_DEPTH, TS_SLOT_EXITED, TS_SLOT_LIVE,
+};
+
+use crate::error::Result;
+use crate::region::RegionMemory;
+use crate::table::{Cell, TableWriter};
+use crate::writer::WriterSummary;
+
+/// The `functions` table (pinned to schema/recording.json by a test).
+pub const FUNCTION_COLUMNS: &[(&str, &str)] = &[
+    ("tid", "uint32"),
+    ("fn_addr", "uint64"),
+    ("call_site", "uint64"),
+    ("parent_fn", "uint64"),
+    ("depth", "uint32"),
+    ("start_ns", "uint64"),
+    ("latency_ns", "uint64"),
+    ("start_exact", "bool"),
+];
+
+/// The `locks` table: MUTEX_WAIT / MUTEX_LOCK / MUTEX_UNLOCK events.
+pub const LOCK_COLUMNS: &[(&str, &str)] = &[
+    ("ts_ns", "uint64"),
+    ("tid", "uint32"),
+    ("event", "string"),
+    ("mutex", "uint64"),
+];
+
+/// The `request_events` table: REQ_START / REQ_BLOCK / REQ_END / REQ_END_ALL.
+pub const REQUEST_EVENT_COLUMNS: &[(&str, &str)] = &[
+    ("ts_ns", "uint64"),
+    ("tid", "uint32"),
+    ("event", "string"),
+    ("request_id", "uint64"),
+    ("queue", "uint64"),
+];
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ObserverConfig {
+    /// Time between the starts of two passes; zero busy-polls.
+    pub period: Duration,
+    /// FUNCTION rows only for calls at least this long (0: every call seen).
+    pub threshold_ns: u64,
+    /// DTE tolerance: keep a walk when its clock ratio is within 1 ± this.
+    pub dte_tolerance: f64,
+    /// Lock events when a wait or a hold exceeds this (written to the header).
+    pub mutex_thresh_ns: u64,
+}
+
+impl Default for ObserverConfig {
+    fn default() -> Self {
+        ObserverConfig {
+            period: Duration::from_micros(20),
+            threshold_ns: 0,
+            dte_tolerance: 0.01,
+            mutex_thresh_ns: tailscope_abi::TS_MUTEX_THRESH_NS,
+        }
+    }
+}
+
+/// Buckets of the pass-period histogram: bucket `i` counts periods in
+/// `[2^i, 2^(i+1))` ns (bucket 0 also takes 0).
+pub const PERIOD_BUCKETS: usize = 40;
+
+/// What the observer saw and did; goes to meta.json (`ldb.observer`).
+#[derive(Debug, Clone, Serialize, PartialEq)]
+pub struct ObserverStats {
+    pub passes: u64,
+    /// Slot checks whose gen had not changed.
+    pub fast_path: u64,
+    /// Accepted walks.
+    pub full_walks: u64,
+    /// Checks that found a writer mid-update (gen odd).
+    pub invalid: u64,
+    /// Walks whose gen changed while copying (torn, discarded).
+    pub seqlock_discards: u64,
+    /// Walks discarded by the double-time error filter.
+    pub dte_discards: u64,
+    pub functions: u64,
+    /// Calls seen to end but shorter than the threshold (not written).
+    pub below_threshold: u64,
+    /// Calls still on a stack when its thread exited or the recording ended.
+    pub unterminated: u64,
+    /// Calls deeper than TS_SHADOW_DEPTH (counted by the runtime).
+    pub truncated: u64,
+    /// Frames the runtime dropped to resynchronise (longjmp, exceptions).
+    pub resyncs: u64,
+    pub lock_events: u64,
+    pub request_events: u64,
+    /// Events the runtime lost to a full event ring.
+    pub event_ring_full: u64,
+    pub corrupt_events: u64,
+    pub event_ring_resyncs: u64,
+    pub threads_seen: u64,
+    pub max_depth_seen: u32,
+    /// `period_hist_ns[i]` = passes whose period was in [2^i, 2^(i+1)) ns.
+    pub period_hist_ns: Vec<u64>,
+    pub period_p50_ns: u64,
+    pub period_p99_ns: u64,
+    pub period_max_ns: u64,
+}
+
+impl Default for ObserverStats {
+    fn default() -> Self {
+        ObserverStats {
+            passes: 0,
+            fast_path: 0,
+            full_walks: 0,
+            invalid: 0,
+            seqlock_discards: 0,
+            dte_discards: 0,
+            functions: 0,
+            below_threshold: 0,
+            unterminated: 0,
+            truncated: 0,
+            resyncs: 0,
+            lock_events: 0,
+            request_events: 0,
+            event_ring_full: 0,
+            corrupt_events: 0,
+            event_ring_resyncs: 0,
+            threads_seen: 0,
+            max_depth_seen: 0,
+            period_hist_ns: vec![0; PERIOD_BUCKETS],
+            period_p50_ns: 0,
+            period_p99_ns: 0,
+            period_max_ns: 0,
+        }
+    }
+}
+
+/// Upper edge of the histogram bucket holding quantile `q` of the periods.
+fn hist_quantile(hist: &[u64], q: f64) -> u64 {
+    let total: u64 = hist.iter().sum();
+    if total == 0 {
+        return 0;
+    }
+    let want = (q * total as f64).ceil().max(1.0) as u64;
+    let mut acc = 0;
+    for (i, &n) in hist.iter().enumerate() {
+        acc += n;
+        if acc >= want {
+            return 1u64 << (i + 1).min(63);
+        }
+    }
+    u64::MAX
+}
+
+/// One FUNCTION row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FunctionRow {
+    pub tid: u32,
+    pub fn_addr: u64,
+    pub call_site: u64,
+    pub parent_fn: u64,
+    pub depth: u32,
+    pub start_ns: u64,
+    pub latency_ns: u64,
+    pub start_exact: bool,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Tracked {
+    f: ts_frame,
+    first_seen: u64,
+}
+
+#[derive(Debug, Default)]
+struct Track {
+    tid: u32,
+    last_gen: Option<u64>,
+    frames: Vec<Tracked>,
+    prev: Option<(u64, u64)>,
+    truncated: (u64, u64),
+    resyncs: (u64, u64),
+    ev_dropped: (u64, u64),
+}
+
+impl Track {
+    fn delta(p: (u64, u64)) -> u64 {
+        p.1.saturating_sub(p.0)
+    }
+}
+
+/// Accepts an event time when it lies within an hour of the recording.
+const EVENT_TIME_SLACK_NS: u64 = 3_600 * 1_000_000_000;
+
+pub struct Observer<M: RegionMemory> {
+    mem: M,
+    cfg: ObserverConfig,
+    max_slots: u32,
+    start_mono_ns: u64,
+    tracks: Vec<Track>,
+    stats: ObserverStats,
+    prev_pass_ns: Option<u64>,
+    head_buf: Vec<u8>,
+    frames_buf: Vec<u8>,
+    new_frames: Vec<ts_frame>,
+    ev_buf: [u8; EVENT_SIZE],
+    /// Output of the passes so far, taken by the caller.
+    pub functions: Vec<FunctionRow>,
+    pub lock_events: Vec<(u64, u32, &'static str, u64)>,
+    pub request_events: Vec<(u64, u32, &'static str, u64, u64)>,
+}
+
+impl<M: RegionMemory> Observer<M> {
+    /// `max_slots` comes from the validated region header. Announces the
+    /// recording to the runtime (ldb_flags, the mutex threshold).
+    pub fn new(mem: M, max_slots: u32, cfg: ObserverConfig, start_mono_ns: u64) -> Self {
+        mem.store_u64_release(header_offsets::MUTEX_THRESH_NS, cfg.mutex_thresh_ns);
+        mem.store_u32(header_offsets::LDB_FLAGS, TS_LDB_LOCKS | TS_LDB_REQUESTS);
+        let mut tracks = Vec::new();
+        tracks.resize_with(max_slots as usize, Track::default);
+        Observer {
+            mem,
+            cfg,
+            max_slots,
+            start_mono_ns,
+            tracks,
+            stats: ObserverStats::default(),
+            prev_pass_ns: None,
+            head_buf: vec![0u8; SHADOW_HEAD_BYTES],
+            frames_buf: vec![0u8; TS_SHADOW_DEPTH as usize * FRAME_SIZE],
+            new_frames: Vec::with_capacity(TS_SHADOW_DEPTH as usize),
+            ev_buf: [0u8; EVENT_SIZE],
+            functions: Vec::new(),
+            lock_events: Vec::new(),
+            request_events: Vec::new(),
+        }
+    }
+
+    pub fn stats(&self) -> &ObserverStats {
+        &self.stats
+    }
+
+    /// The runtime stops logging lock and request events.
+    pub fn detach(&self) {
+        self.mem.store_u32(header_offsets::LDB_FLAGS, 0);
+    }
+
+    /// One pass over every claimed slot. `clock` returns CLOCK_MONOTONIC ns.
+    pub fn pass(&mut self, clock: &mut dyn FnMut() -> u64) {
+        let t = clock();
+        if let Some(p) = self.prev_pass_ns {
+            let period = t.saturating_sub(p);
+            let b = (63 - period.max(1).leading_zeros() as usize).min(PERIOD_BUCKETS - 1);
+            self.stats.period_hist_ns[b] += 1;
+            self.stats.period_max_ns = self.stats.period_max_ns.max(period);
+        }
+        self.prev_pass_ns = Some(t);
+        self.stats.passes += 1;
+        let used = self
+            .mem
+            .load_u32(header_offsets::SLOTS_USED)
+            .min(self.max_slots);
+        for i in 0..used {
+            self.visit(i, clock);
+        }
+    }
+
+    fn visit(&mut self, i: u32, clock: &mut dyn FnMut() -> u64) {
+        let base = slot_offset(i);
+        let state = self.mem.load_u32(base + slot_offsets::STATE);
+        let tid = self.mem.load_u32(base + slot_offsets::TID);
+        let live = state == TS_SLOT_LIVE;
+        if !(live || state == TS_SLOT_EXITED) {
+            if self.tracks[i as usize].tid != 0 {
+                self.end_thread(i);
+            }
+            return;
+        }
+        if self.tracks[i as usize].tid != tid {
+            self.end_thread(i);
+            let (trunc, resync) = self.read_head(base);
+            let drop0 = self.mem.load_u64(base + ldb_offsets::EV_DROPPED);
+            let t = &mut self.tracks[i as usize];
+            t.tid = tid;
+            t.truncated = (trunc, trunc);
+            t.resyncs = (resync, resync);
+            t.ev_dropped = (drop0, drop0);
+            self.stats.threads_seen += 1;
+        }
+        self.drain_events(i, tid);
+        if !live {
+            // Exited: its open calls never ended in view. Keep the tid so
+            // the thread is not counted again while the slot stays EXITED.
+            let (trunc, resync) = self.read_head(base);
+            let t = &mut self.tracks[i as usize];
+            t.truncated.1 = trunc.max(t.truncated.0);
+            t.resyncs.1 = resync.max(t.resyncs.0);
+            self.fold(i);
+            return;
+        }
+        let gen = self.mem.load_u64_acquire(base + ldb_offsets::SHADOW_GEN);
+        if self.tracks[i as usize].last_gen == Some(gen) {
+            self.stats.fast_path += 1;
+            return;
+        }
+        if gen & 1 == 1 {
+            self.stats.invalid += 1;
+            return;
+        }
+        let cs = clock();
+        self.mem
+            .read(base + ldb_offsets::SHADOW, &mut self.head_buf);
+        let Ok(head) = parse_shadow_head(&self.head_buf) else {
+            return;
+        };
+        let n = stored_frames(head.depth) as usize;
+        self.mem.read(
+            base + ldb_offsets::SHADOW_FRAMES,
+            &mut self.frames_buf[..n * FRAME_SIZE],
+        );
+        fence(Ordering::Acquire);
+        let gen2 = self.mem.load_u64_acquire(base + ldb_offsets::SHADOW_GEN);
+        let ce = clock();
+        if gen2 != gen || head.gen != gen {
+            self.stats.seqlock_discards += 1;
+            return;
+        }
+        let track = &mut self.tracks[i as usize];
+        let prev = track.prev.replace((cs, ce));
+        if let Some((pcs, pce)) = prev {
+            let ds = cs.saturating_sub(pcs);
+            let de = ce.saturating_sub(pce);
+            if ds > 0 && ((de as f64 / ds as f64) - 1.0).abs() > self.cfg.dte_tolerance {
+                self.stats.dte_discards += 1;
+                return;
+            }
+        }
+        track.last_gen = Some(gen);
+        track.truncated.1 = head.truncated.max(track.truncated.0);
+        track.resyncs.1 = head.resyncs.max(track.resyncs.0);
+        self.stats.full_walks += 1;
+        self.stats.max_depth_seen = self.stats.max_depth_seen.max(head.depth.min(1 << 20));
+        self.new_frames.clear();
+        parse_frames(
+            &self.frames_buf[..n * FRAME_SIZE],
+            n as u32,
+            &mut self.new_frames,
+        );
+        self.apply(i, cs);
+    }
+
+    fn read_head(&mut self, base: usize) -> (u64, u64) {
+        self.mem
+            .read(base + ldb_offsets::SHADOW, &mut self.head_buf);
+        parse_shadow_head(&self.head_buf).map_or((0, 0), |h| (h.truncated, h.resyncs))
+    }
+
+    /// Diff the accepted snapshot in `new_frames` against the tracked ones.
+    fn apply(&mut self, i: u32, at: u64) {
+        let track = &mut self.tracks[i as usize];
+        let old: Vec<ts_frame> = track.frames.iter().map(|t| t.f).collect();
+        let keep = common_prefix(&old, &self.new_frames);
+        for j in (keep..track.frames.len()).rev() {
+            let t = track.frames[j];
+            let parent = if j > 0 { track.frames[j - 1].f.r#fn } else { 0 };
+            let exact = t.f.entry_ns != 0
+                && t.f.entry_ns <= at
+                && t.f.entry_ns + EVENT_TIME_SLACK_NS >= self.start_mono_ns;
+            let start = if exact { t.f.entry_ns } else { t.first_seen };
+            let row = FunctionRow {
+                tid: track.tid,
+                fn_addr: t.f.r#fn,
+                call_site: t.f.site,
+                parent_fn: parent,
+                depth: j as u32,
+                start_ns: start,
+                latency_ns: at.saturating_sub(start),
+                start_exact: exact,
+            };
+            if row.latency_ns >= self.cfg.threshold_ns {
+                self.functions.push(row);
+                self.stats.functions += 1;
+            } else {
+                self.stats.below_threshold += 1;
+            }
+        }
+        track.frames.truncate(keep);
+        for f in &self.new_frames[keep..] {
+            track.frames.push(Tracked {
+                f: *f,
+                first_seen: at,
+            });
+        }
+    }
+
+    /// The slot's thread is gone (or the slot changed owner): calls still
+    /// tracked never ended in view; count them.
+    fn end_thread(&mut self, i: u32) {
+        self.fold(i);
+        self.tracks[i as usize] = Track::default();
+    }
+
+    /// Adds a thread's counters to the totals and rebases them; its open
+    /// calls are counted as unterminated and forgotten.
+    fn fold(&mut self, i: u32) {
+        let t = &mut self.tracks[i as usize];
+        self.stats.unterminated += t.frames.len() as u64;
+        t.frames.clear();
+        t.last_gen = None;
+        self.stats.truncated += Track::delta(t.truncated);
+        self.stats.resyncs += Track::delta(t.resyncs);
+        self.stats.event_ring_full += Track::delta(t.ev_dropped);
+        t.truncated.0 = t.truncated.1;
+        t.resyncs.0 = t.resyncs.1;
+        t.ev_dropped.0 = t.ev_dropped.1;
+    }
+
+    fn drain_events(&mut self, i: u32, tid: u32) {
+        let base = slot_offset(i);
+        let head = self.mem.load_u64_acquire(base + ldb_offsets::EV_HEAD);
+        let tail = self.mem.load_u64(base + ldb_offsets::EV_TAIL);
+        if head == tail {
+            return;
+        }
+        let plan = plan_drain(head, tail, TS_EVENT_RING_CAPACITY);
+        if plan.resync {
+            self.stats.event_ring_resyncs += 1;
+        }
+        let lo = self.start_mono_ns.saturating_sub(EVENT_TIME_SLACK_NS);
+        let hi = crate::sys::monotonic_ns().saturating_add(EVENT_TIME_SLACK_NS);
+        for k in 0..plan.count {
+            let off = base + event_offset_in_slot(plan.ring_index(k, TS_EVENT_RING_CAPACITY));
+            self.mem.read(off, &mut self.ev_buf);
+            let Ok(e) = parse_event(&self.ev_buf) else {
+                self.stats.corrupt_events += 1;
+                continue;
+            };
+            if validate_event(&e, tid, lo, hi).is_err() {
+                self.stats.corrupt_events += 1;
+                continue;
+            }
+            let name = event_name(e.r#type).unwrap_or("?");
+            if is_lock_event(e.r#type) {
+                self.lock_events.push((e.ts_ns, e.tid, name, e.object));
+                self.stats.lock_events += 1;
+            } else {
+                self.request_events
+                    .push((e.ts_ns, e.tid, name, e.object, e.arg));
+                self.stats.request_events += 1;
+            }
+        }
+        fence(Ordering::Release);
+        self.mem
+            .store_u64_release(base + ldb_offsets::EV_TAIL, plan.new_tail);
+        let dropped = self.mem.load_u64(base + ldb_offsets::EV_DROPPED);
+        let t = &mut self.tracks[i as usize];
+        t.ev_dropped.1 = dropped.max(t.ev_dropped.0);
+    }
+
+    /// Ends the recording: every thread's open calls are counted as
+    /// unterminated and its counters folded into the totals.
+    pub fn finish(&mut self) -> ObserverStats {
+        for i in 0..self.max_slots {
+            self.end_thread(i);
+        }
+        self.stats.period_p50_ns = hist_quantile(&self.stats.period_hist_ns, 0.5);
+        self.stats.period_p99_ns = hist_quantile(&self.stats.period_hist_ns, 0.99);
+        self.stats.clone()
+    }
+}
+
+/// An executable mapping of the target, for symbolisation.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Module {
+    pub start: u64,
+    pub end: u64,
+    pub offset: u64,
+    pub path: String,
+}
+
+/// Executable file mappings of `pid` from /proc/PID/maps.
+pub fn read_modules(pid: u32) -> Vec<Module> {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/maps")) else {
+        return vec![];
+    };
+    parse_maps(&text)
+}
+
+pub fn parse_maps(text: &str) -> Vec<Module> {
+    let mut out = vec![];
+    for line in text.lines() {
+        let mut it = line.split_whitespace();
+        let (Some(range), Some(perms), Some(off)) = (it.next(), it.next(), it.next()) else {
+            continue;
+        };
+        let path: Vec<&str> = it.skip(2).collect();
+        let path = path.join(" ");
+        if !perms.contains('x') || !path.starts_with('/') {
+            continue;
+        }
+        let Some((a, b)) = range.split_once('-') else {
+            continue;
+        };
+        let (Ok(start), Ok(end), Ok(offset)) = (
+            u64::from_str_radix(a, 16),
+            u64::from_str_radix(b, 16),
+            u64::from_str_radix(off, 16),
+        ) else {
+            continue;
+        };
+        out.push(Module {
+            start,
+            end,
+            offset,
+            path,
+        });
+    }
+    out
+}
+
+/// What the observer thread hands back at the end.
+pub struct ObserverReport {
+    pub stats: ObserverStats,
+    pub functions: WriterSummary,
+    pub locks: WriterSummary,
+    pub request_events: WriterSummary,
+    pub modules: Vec<Module>,
+    pub config: ObserverConfig,
+}
+
+/// The observer on its own thread, writing its three tables.
+pub struct ObserverThread {
+    stop: Arc<AtomicBool>,
+    handle: std::thread::JoinHandle<Result<ObserverReport>>,
+}
+
+impl ObserverThread {
+    pub fn spawn<M: RegionMemory + Send + 'static>(
+        mem: M,
+        max_slots: u32,
+        pid: u32,
+        cfg: ObserverConfig,
+        dir: &Path,
+        start_mono_ns: u64,
+    ) -> Result<ObserverThread> {
+        let mut functions = TableWriter::new(
+            dir,
+            "functions",
+            FUNCTION_COLUMNS,
+            &["tid", "fn_addr", "call_site", "parent_fn", "depth"],
+            &["start_ns"],
+        )?;
+        let mut locks = TableWriter::new(
+            dir,
+            "locks",
+            LOCK_COLUMNS,
+            &["tid", "event", "mutex"],
+            &["ts_ns"],
+        )?;
+        let mut reqs = TableWriter::new(
+            dir,
+            "request_events",
+            REQUEST_EVENT_COLUMNS,
+            &["tid", "event"],
+            &["ts_ns"],
+        )?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = Arc::clone(&stop);
+        let handle = std::thread::Builder::new()
+            .name("ts-observer".into())
+            .spawn(move || {
+                // SAFETY: prctl with an integer argument; 1 ns timer slack
+                // lets short sleeps be short.
+                unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1u64, 0u64, 0u64, 0u64) };
+                let mut obs = Observer::new(mem, max_slots, cfg, start_mono_ns);
+                let mut clock = crate::sys::monotonic_ns;
+                let mut modules = read_modules(pid);
+                let mut last_flush = Instant::now();
+                let mut last_maps = Instant::now();
+                let result = (|| -> Result<()> {
+                    loop {
+                        let stopping = stop2.load(Ordering::Relaxed);
+                        let t0 = Instant::now();
+                        obs.pass(&mut clock);
+                        if stopping || t0.duration_since(last_flush) >= Duration::from_millis(20) {
+                            last_flush = t0;
+                            flush(&mut obs, &mut functions, &mut locks, &mut reqs)?;
+                            functions.tick(t0)?;
+                            locks.tick(t0)?;
+                            reqs.tick(t0)?;
+                        }
+                        if t0.duration_since(last_maps) >= Duration::from_secs(1) {
+                            last_maps = t0;
+                            merge_modules(&mut modules, read_modules(pid));
+                        }
+                        if stopping {
+                            return Ok(());
+                        }
+                        if cfg.period.is_zero() {
+                            std::hint::spin_loop();
+                        } else if let Some(rest) = cfg.period.checked_sub(t0.elapsed()) {
+                            std::thread::sleep(rest);
+                        }
+                    }
+                })();
+                obs.detach();
+                let stats = obs.finish();
+                result?;
+                Ok(ObserverReport {
+                    stats,
+                    functions: functions.finish()?,
+                    locks: locks.finish()?,
+                    request_events: reqs.finish()?,
+                    modules,
+                    config: cfg,
+                })
+            })
+            .map_err(|e| {
+                crate::error::AgentError::internal(format!("cannot start the observer thread: {e}"))
+            })?;
+        Ok(ObserverThread { stop, handle })
+    }
+
+    /// Stops after one last pass and returns what it wrote.
+    pub fn finish(self) -> Result<ObserverReport> {
+        self.stop.store(true, Ordering::Relaxed);
+        match self.handle.join() {
+            Ok(r) => r,
+            Err(_) => Err(crate::error::AgentError::internal(
+                "the observer thread panicked",
+            )),
+        }
+    }
+}
+
+fn merge_modules(into: &mut Vec<Module>, more: Vec<Module>) {
+    for m in more {
+        if !into.contains(&m) {
+            into.push(m);
+        }
+    }
+    into.sort();
+}
+
+fn flush<M: RegionMemory>(
+    obs: &mut Observer<M>,
+    functions: &mut TableWriter,
+    locks: &mut TableWriter,
+    reqs: &mut TableWriter,
+) -> Result<()> {
+    for r in obs.functions.drain(..) {
+        functions.push(&[
+            Cell::U32(r.tid),
+            Cell::U64(r.fn_addr),
+            Cell::U64(r.call_site),
+            Cell::U64(r.parent_fn),
+            Cell::U32(r.depth),
+            Cell::U64(r.start_ns),
+            Cell::U64(r.latency_ns),
+            Cell::Bool(r.start_exact),
+        ])?;
+    }
+    for (ts, tid, name, m) in obs.lock_events.drain(..) {
+        locks.push(&[Cell::U64(ts), Cell::U32(tid), Cell::Str(name), Cell::U64(m)])?;
+    }
+    for (ts, tid, name, id, q) in obs.request_events.drain(..) {
+        reqs.push(&[
+            Cell::U64(ts),
+            Cell::U32(tid),
+            Cell::Str(name),
+            Cell::U64(id),
+            Cell::U64(q),
+        ])?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use tailscope_abi::{synth, ts_event, TS_EV_MUTEX_WAIT, TS_EV_REQ_START};
+
+    fn frame(id: u64, f: u64) -> ts_frame {
+        ts_frame {
+            r#fn: f,
+            site: f + 0x10,
+            id,
+            sp: 0,
+            entry_ns: 0,
+        }
+    }
+
+    /// A clock that advances `step` per read, starting at `t`.
+    fn ticking(t: u64, step: u64) -> impl FnMut() -> u64 {
+        let mut now = t;
+        move || {
+            now += step;
+            now
+        }
+    }
+
+    fn setup() -> Observer<RefCell<Vec<u8>>> {
+        let mut b = synth::region(2, 9);
+        synth::claim_slot(&mut b, 0, 100, TS_SLOT_LIVE);
+        let cfg = ObserverConfig {
+            dte_tolerance: 0.5,
+            ..Default::default()
+        };
+        Observer::new(RefCell::new(b), 2, cfg, 0)
+    }
+
+    fn set(o: &Observer<RefCell<Vec<u8>>>, gen: u64, frames: &[ts_frame]) {
+        synth::set_shadow(&mut o.mem.borrow_mut(), 0, gen, frames.len() as u32, frames);
+    }
+
+    #[test]
+    fn calls_are_timed_from_first_sight_to_gone() {
+        let mut o = setup();
+        assert_eq!(
+            o.mem.load_u32(header_offsets::LDB_FLAGS),
+            TS_LDB_LOCKS | TS_LDB_REQUESTS
+        );
+        let mut clock = ticking(1_000, 10);
+        set(&o, 2, &[frame(1, 0x100)]);
+        o.pass(&mut clock);
+        set(&o, 4, &[frame(1, 0x100), frame(3, 0x200)]);
+        o.pass(&mut clock);
+        o.pass(&mut clock); // unchanged: fast path
+        assert_eq!(o.stats().fast_path, 1);
+        // Two calls of 0x300 from one site: told apart by id.
+        set(&o, 6, &[frame(1, 0x100), frame(5, 0x300)]);
+        o.pass(&mut clock);
+        set(&o, 8, &[frame(1, 0x100), frame(7, 0x300)]);
+        o.pass(&mut clock);
+        set(&o, 10, &[]);
+        o.pass(&mut clock);
+        let f = &o.functions;
+        assert_eq!(f.len(), 4, "{f:?}");
+        assert_eq!(f[0].fn_addr, 0x200);
+        assert_eq!(f[0].parent_fn, 0x100);
+        assert_eq!(f[0].depth, 1);
+        assert_eq!(f[1].fn_addr, 0x300);
+        assert_eq!(f[2].fn_addr, 0x300);
+        assert_eq!(f[3].fn_addr, 0x100);
+        assert_eq!(f[3].depth, 0);
+        assert!(f.iter().all(|r| r.tid == 100 && !r.start_exact));
+        // Start and end are each the Cs of the walk that saw the change.
+        assert!(f[3].latency_ns > f[0].latency_ns);
+        assert_eq!(f[0].start_ns + f[0].latency_ns, f[1].start_ns);
+        assert_eq!(o.stats().full_walks, 5);
+    }
+
+    #[test]
+    fn busy_writers_and_skewed_windows_are_retried() {
+        let mut o = setup();
+        let mut clock = ticking(1_000, 10);
+        set(&o, 2, &[frame(1, 0x100)]);
+        o.pass(&mut clock);
+        set(&o, 3, &[frame(1, 0x100)]); // odd: mid-update
+        o.pass(&mut clock);
+        assert_eq!(o.stats().invalid, 1);
+        // A walk whose Ce jumps (descheduled while copying): DTE discard.
+        set(&o, 4, &[]);
+        let mut reads = 0;
+        let mut skewed = || {
+            reads += 1;
+            5_000 + reads * 10 + if reads == 3 { 1_000_000 } else { 0 }
+        };
+        o.pass(&mut skewed);
+        assert_eq!(o.stats().dte_discards, 1);
+        assert!(o.functions.is_empty(), "discarded: nothing applied yet");
+        // The skewed walk is also the reference of the next ratio, so the
+        // next walk may be discarded too (Shim: one bad window spoils two
+        // ratios); the one after is clean.
+        let mut later = ticking(2_000_000, 10);
+        o.pass(&mut later);
+        o.pass(&mut later);
+        assert_eq!(o.functions.len(), 1, "retried on later passes");
+        assert!(o.stats().dte_discards <= 2);
+    }
+
+    #[test]
+    fn exact_starts_threshold_and_events() {
+        let mut b = synth::region(1, 9);
+        synth::claim_slot(&mut b, 0, 100, TS_SLOT_LIVE);
+        let cfg = ObserverConfig {
+            threshold_ns: 50,
+            dte_tolerance: 10.0,
+            ..Default::default()
+        };
+        let mut o = Observer::new(RefCell::new(b), 1, cfg, 0);
+        let mut clock = ticking(1_000, 10);
+        let mut f = frame(1, 0x100);
+        f.entry_ns = 900;
+        set(&o, 2, &[f, frame(3, 0x200)]);
+        o.pass(&mut clock);
+        set(&o, 4, &[f]);
+        o.pass(&mut clock); // 0x200: ~30 ns < 50: not written
+        set(&o, 6, &[]);
+        o.pass(&mut clock);
+        assert_eq!(o.stats().below_threshold, 1);
+        assert_eq!(o.functions.len(), 1);
+        assert!(o.functions[0].start_exact && o.functions[0].start_ns == 900);
+        let now = crate::sys::monotonic_ns();
+        for (t, obj) in [(TS_EV_MUTEX_WAIT, 0xaa), (TS_EV_REQ_START, 7), (99, 1)] {
+            let e = ts_event {
+                ts_ns: now,
+                object: obj,
+                arg: 0,
+                r#type: t,
+                tid: 100,
+            };
+            synth::push_event(&mut o.mem.borrow_mut(), 0, &e);
+        }
+        o.pass(&mut clock);
+        assert_eq!(o.lock_events, vec![(now, 100, "MUTEX_WAIT", 0xaa)]);
+        assert_eq!(o.request_events, vec![(now, 100, "REQ_START", 7, 0)]);
+        assert_eq!(o.stats().corrupt_events, 1);
+        o.detach();
+        assert_eq!(o.mem.load_u32(header_offsets::LDB_FLAGS), 0);
+        let s = o.finish();
+        assert_eq!(s.unterminated, 0);
+        assert!(s.period_p50_ns > 0);
+    }
+
+    /// Hostile slot contents: random writes over the shadow stacks, event
+    /// rings and slot headers between passes. The observer must not panic,
+    /// must stay bounded per pass, and must count what it rejects.
+    #[test]
+    fn survives_forged_slots() {
+        let mut b = synth::region(4, 9);
+        for s in 0..4 {
+            synth::claim_slot(&mut b, s, 100 + s, TS_SLOT_LIVE);
+        }
+        let len = b.len();
+        let mut o = Observer::new(RefCell::new(b), 4, ObserverConfig::default(), 0);
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rnd = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let mut clock = ticking(1_000, 100);
+        for _ in 0..20_000 {
+            for _ in 0..8 {
+                let slot = (rnd() % 4) as u32;
+                let base = slot_offset(slot);
+                let off = match rnd() % 4 {
+                    0 => base + ldb_offsets::SHADOW + (rnd() % 64) as usize,
+                    1 => base + ldb_offsets::EV_HEAD + (rnd() % 16) as usize,
+                    2 => base + (rnd() % 64) as usize,
+                    _ => base + ldb_offsets::SHADOW + (rnd() % 3000) as usize,
+                };
+                let v = rnd().to_le_bytes();
+                let mut m = o.mem.borrow_mut();
+                let n = 8.min(len - off);
+                m[off..off + n].copy_from_slice(&v[..n]);
+            }
+            let before = o.functions.len();
+            o.pass(&mut clock);
+            assert!(o.functions.len() - before <= 4 * TS_SHADOW_DEPTH as usize);
+            assert!(o.lock_events.len() + o.request_events.len() <= 20_000 * 4 * 1024);
+            o.functions.clear();
+            o.lock_events.clear();
+            o.request_events.clear();
+        }
+        let s = o.finish();
+        assert!(s.full_walks > 0 && s.passes == 20_000);
+        assert!(s.max_depth_seen <= 1 << 20);
+    }
+
+    #[test]
+    fn maps_keep_executable_file_mappings() {
+        let text = "\
+55d0c0a00000-55d0c0a02000 r--p 00000000 fd:01 123 /usr/bin/toy
+55d0c0a02000-55d0c0a05000 r-xp 00002000 fd:01 123 /usr/bin/toy
+7f00aa000000-7f00aa100000 r-xp 00028000 fd:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+7ffd1000-7ffd2000 r-xp 00000000 00:00 0 [vdso]
+garbage line
+";
+        let m = parse_maps(text);
+        assert_eq!(m.len(), 2);
+        assert_eq!(m[0].offset, 0x2000);
+        assert_eq!(m[1].path, "/usr/lib/x86_64-linux-gnu/libc.so.6");
+    }
+}
