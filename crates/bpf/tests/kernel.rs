@@ -805,3 +805,77 @@ fn gated_accounting_counts_only_inside_sampled_requests() {
         });
     });
 }
+
+/// One thread serving two connections in a batch (read A, read B, work,
+/// write A, write B) makes two requests per round, each from its own
+/// arrival to its own reply, not one merged request.
+#[test]
+fn infer_keeps_a_batch_of_connections_apart() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let code = r#"
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(2)
+print(s.getsockname()[1], flush=True)
+a, _ = s.accept(); b, _ = s.accept()
+while True:
+    da = a.recv(64); db = b.recv(64)
+    if not da or not db: break
+    time.sleep(0.002)
+    a.sendall(da); b.sendall(db)
+"#;
+    let mut t = Tracer::load(&TracerOptions {
+        infer: true,
+        infer_sample_ppm: 1_000_000,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let mut child = std::process::Command::new("python3")
+        .args(["-c", code])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3");
+    let mut line = String::new();
+    let mut out = child.stdout.take().unwrap();
+    let mut byte = [0u8; 1];
+    while out.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
+        line.push(byte[0] as char);
+    }
+    let port: u16 = line.trim().parse().unwrap();
+    t.add_target(child.id()).unwrap();
+    let mut a = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    let mut b = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    a.set_nodelay(true).unwrap();
+    b.set_nodelay(true).unwrap();
+    const ROUNDS: usize = 20;
+    let mut buf = [0u8; 8];
+    for _ in 0..ROUNDS {
+        a.write_all(b"AAAAAAAA").unwrap();
+        b.write_all(b"BBBBBBBB").unwrap();
+        a.read_exact(&mut buf).unwrap();
+        b.read_exact(&mut buf).unwrap();
+    }
+    drop((a, b));
+    child.wait().unwrap();
+    let mut recs = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && recs.len() < 2 * ROUNDS {
+        t.poll_records(Duration::from_millis(50), &mut recs)
+            .unwrap();
+    }
+    t.poll_records(Duration::from_millis(10), &mut recs)
+        .unwrap();
+    let lats: Vec<u64> = recs.iter().map(|r| r.latency_ns).collect();
+    eprintln!("batch: {} records, latencies {lats:?}", recs.len());
+    assert_eq!(recs.len(), 2 * ROUNDS, "two requests per round");
+    let ids: std::collections::HashSet<_> = recs.iter().map(|r| r.request_id).collect();
+    assert_eq!(ids.len(), recs.len());
+    for r in &recs {
+        assert!(
+            r.latency_ns >= 2_000_000 && r.latency_ns < 200_000_000,
+            "each request spans the 2 ms of work: {r:?}"
+        );
+        assert!(r.flags & TS_REC_COUNTERS != 0);
+    }
+}
