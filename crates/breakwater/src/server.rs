@@ -118,6 +118,7 @@ struct Shared<B, RB> {
     busy: AtomicUsize,
     workers: usize,
     parked: Mutex<HashMap<u64, Vec<oneshot::Sender<Feedback>>>>,
+    has_parked: std::sync::atomic::AtomicBool,
     counters: Counters,
     name: &'static str,
     requires_metadata: bool,
@@ -237,6 +238,7 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             busy: AtomicUsize::new(0),
             workers,
             parked: Mutex::new(HashMap::new()),
+            has_parked: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
         });
         for i in 0..workers {
@@ -369,6 +371,7 @@ where
                     .entry(arrival.client)
                     .or_default()
                     .push(tx);
+                shared.has_parked.store(true, Ordering::Relaxed);
                 drop(policy);
                 shared.counters.credit_waits.fetch_add(1, Ordering::Relaxed);
                 Box::pin(async move {
@@ -403,6 +406,7 @@ where
         .enable_all()
         .build()
         .expect("worker runtime");
+    let mut explicit = Vec::new();
     loop {
         let mut job = {
             let mut fifo = shared.lock_fifo();
@@ -437,8 +441,17 @@ where
         let fb = {
             let mut policy = shared.lock_policy();
             let view = shared.view(&shared.lock_fifo());
-            policy.on_complete(now, &done, &view)
+            let fb = policy.on_complete(now, &done, &view);
+            // A completion may have freed credit that a parked client is
+            // waiting for: answer it now rather than at the next tick.
+            if shared.has_parked.load(Ordering::Relaxed) {
+                policy.on_tick(now, &view, &mut explicit);
+            }
+            fb
         };
+        if !explicit.is_empty() {
+            shared.answer_parked(&mut explicit);
+        }
         shared.busy.fetch_sub(1, Ordering::Relaxed);
         let counter = if ok {
             &shared.counters.completed_ok
@@ -475,14 +488,19 @@ fn ticker<B, RB>(shared: Weak<Shared<B, RB>>, tick: Duration) {
             let view = shared.view(&shared.lock_fifo());
             policy.on_tick(now, &view, &mut explicit);
         }
-        if explicit.is_empty() {
-            continue;
+        if !explicit.is_empty() {
+            shared.answer_parked(&mut explicit);
         }
-        let mut parked = shared.parked.lock().unwrap_or_else(|p| p.into_inner());
+    }
+}
+
+impl<B, RB> Shared<B, RB> {
+    /// Send explicit window updates to parked credit waits.
+    fn answer_parked(&self, explicit: &mut Vec<(u64, Feedback)>) {
+        let mut parked = self.parked.lock().unwrap_or_else(|p| p.into_inner());
         for (client, fb) in explicit.drain(..) {
             if let Some(waiters) = parked.remove(&client) {
-                shared
-                    .counters
+                self.counters
                     .explicit_updates
                     .fetch_add(1, Ordering::Relaxed);
                 for w in waiters {
@@ -490,5 +508,6 @@ fn ticker<B, RB>(shared: Weak<Shared<B, RB>>, tick: Duration) {
                 }
             }
         }
+        self.has_parked.store(!parked.is_empty(), Ordering::Relaxed);
     }
 }

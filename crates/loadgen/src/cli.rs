@@ -77,6 +77,24 @@ pub struct Args {
     /// Do not print the human summary on stderr (errors still are).
     #[arg(long, short = 'q')]
     pub quiet: bool,
+    /// Logical clients over the connections (--protocol breakwater).
+    #[arg(long, default_value = "1000")]
+    pub clients: usize,
+    /// Client half of the overload control (--protocol breakwater): none,
+    /// breakwater, breakwater-efficiency, seda, dagor, gradient.
+    #[arg(long, default_value = "breakwater")]
+    pub control: String,
+    /// SLO in microseconds: goodput counts replies within it; with
+    /// --protocol breakwater, requests waiting for credit expire after it.
+    #[arg(long)]
+    pub slo_us: Option<u64>,
+    /// SEDA additive increase, req/s per adjustment (default: 0.5% of the
+    /// per-client share of --rate).
+    #[arg(long)]
+    pub seda_adj_i: Option<f64>,
+    /// SEDA initial per-client rate (default: the per-client share of --rate).
+    #[arg(long)]
+    pub seda_initial_rate: Option<f64>,
 }
 
 impl Args {
@@ -131,6 +149,25 @@ impl Args {
         if !self.path.starts_with('/') {
             return Err(format!("--path must start with '/', got {:?}", self.path));
         }
+        if self.clients == 0 {
+            return Err("--clients must be at least 1".into());
+        }
+        if self.slo_us == Some(0) {
+            return Err("--slo-us must be at least 1".into());
+        }
+        for (flag, v) in [
+            ("--seda-adj-i", self.seda_adj_i),
+            ("--seda-initial-rate", self.seda_initial_rate),
+        ] {
+            if let Some(v) = v {
+                positive(flag, v)?;
+            }
+        }
+        if self.protocol == ProtocolKind::Breakwater {
+            self.control
+                .parse::<breakwater::ControlKind>()
+                .map_err(|e| format!("--control: {e}"))?;
+        }
         if self.preload && !matches!(self.protocol, ProtocolKind::Redis | ProtocolKind::Memcached) {
             return Err("--preload only applies to --protocol redis or memcached".into());
         }
@@ -151,6 +188,11 @@ impl Args {
             timeout_ms: self.timeout_ms,
             cpu: self.cpu,
             spin_us: self.spin_us,
+            clients: self.clients,
+            control: self.control.clone(),
+            slo_us: self.slo_us,
+            seda_adj_i: self.seda_adj_i,
+            seda_initial_rate: self.seda_initial_rate,
         })
     }
 }
@@ -256,6 +298,10 @@ mod tests {
             &["--set-ratio", "2"],
             &["--duration", "0"],
             &["--protocol", "line", "--preload"],
+            &["--protocol", "breakwater", "--control", "magic"],
+            &["--clients", "0"],
+            &["--slo-us", "0"],
+            &["--seda-adj-i", "-1"],
         ] {
             let err = args(bad).unwrap_err();
             assert!(!err.trim().contains('\n'), "{bad:?}: {err}");

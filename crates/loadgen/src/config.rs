@@ -11,6 +11,9 @@ pub enum ProtocolKind {
     Memcached,
     Line,
     Http,
+    /// HTTP/2 to a service behind the Breakwater server layer (or a
+    /// baseline), each logical client running the client layer.
+    Breakwater,
 }
 
 /// How requests are paced.
@@ -45,6 +48,18 @@ pub struct Config {
     pub cpu: Option<usize>,
     /// Busy-poll this long before each arrival instead of sleeping.
     pub spin_us: u64,
+    /// Logical clients sharing the connections (`--protocol breakwater`):
+    /// each arrival goes to one uniformly at random, so N clients are N
+    /// Poisson processes whose sum is the configured rate.
+    pub clients: usize,
+    /// The overload control's client half (`--protocol breakwater`).
+    pub control: String,
+    /// SLO in µs: goodput counts replies within it; with `--protocol
+    /// breakwater` a request waiting for credit expires after it.
+    pub slo_us: Option<u64>,
+    /// SEDA's additive increase (req/s) and initial per-client rate.
+    pub seda_adj_i: Option<f64>,
+    pub seda_initial_rate: Option<f64>,
 }
 
 impl Config {
@@ -67,6 +82,11 @@ impl Config {
             timeout_ms: 1000,
             cpu: None,
             spin_us: 50,
+            clients: 1,
+            control: "breakwater".to_string(),
+            slo_us: None,
+            seda_adj_i: None,
+            seda_initial_rate: None,
         }
     }
 

@@ -37,6 +37,9 @@ const PRELOAD_WINDOW: usize = 256;
 
 /// Run one load test as configured and summarise it.
 pub fn run(config: &Config) -> Result<Summary, String> {
+    if config.protocol == ProtocolKind::Breakwater {
+        return crate::h2engine::run(config);
+    }
     if let Some(cpu) = config.cpu {
         crate::affinity::pin_current_thread(cpu)?;
     }
@@ -73,6 +76,7 @@ fn make_protocol(config: &Config) -> Box<dyn Protocol> {
         ProtocolKind::Memcached => Box::new(protocol::Memcached::new(config.value_size)),
         ProtocolKind::Line => Box::new(protocol::Line),
         ProtocolKind::Http => Box::new(protocol::Http::new(&config.target, &config.path)),
+        ProtocolKind::Breakwater => unreachable!("run() hands breakwater to h2engine"),
     }
 }
 

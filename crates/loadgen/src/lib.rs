@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod conn;
 pub mod engine;
+pub mod h2engine;
 pub mod protocol;
 pub mod report;
 pub mod rng;

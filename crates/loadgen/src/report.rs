@@ -26,6 +26,13 @@ pub fn human(s: &Summary) -> String {
         l.p50, l.p90, l.p99, l.p999, l.max, l.mean
     );
     let _ = writeln!(out, "max send lag: {:.1} us", s.max_send_lag_us);
+    if let Some(slo) = s.slo_us {
+        let _ = writeln!(
+            out,
+            "goodput (within {slo:.0} us SLO): {:.0} req/s; rejected {} (reject latency p50 {:.1} us, p99 {:.1} us), expired at client {}, dropped at client {}",
+            c.goodput_rps, c.rejected, s.reject_latency_us.p50, s.reject_latency_us.p99, c.expired, c.client_dropped
+        );
+    }
     if s.steps.len() > 1 {
         for step in &s.steps {
             let _ = writeln!(
@@ -55,20 +62,26 @@ pub fn json(s: &Summary) -> String {
     serde_json::to_string_pretty(s).expect("summary is always serialisable") + "\n"
 }
 
-/// `t_ms,sent,completed,errors,p50_us,p99_us`, empty cells for empty bins.
+/// `t_ms,sent,completed,errors,p50_us,p99_us,good,rejected,reject_mean_us`,
+/// empty cells for empty bins (columns only ever added at the end).
 pub fn csv(s: &Summary) -> String {
-    let mut out = String::from("t_ms,sent,completed,errors,p50_us,p99_us\n");
+    let mut out =
+        String::from("t_ms,sent,completed,errors,p50_us,p99_us,good,rejected,reject_mean_us\n");
     let cell = |v: Option<u32>| v.map_or(String::new(), |v| v.to_string());
     for b in &s.timeseries {
         let _ = writeln!(
             out,
-            "{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{}",
             b.t_ms,
             b.sent,
             b.completed,
             b.errors,
             cell(b.p50_us),
-            cell(b.p99_us)
+            cell(b.p99_us),
+            b.good,
+            b.rejected,
+            b.reject_mean_us
+                .map_or(String::new(), |v| format!("{v:.1}"))
         );
     }
     out

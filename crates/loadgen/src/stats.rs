@@ -31,6 +31,14 @@ struct Counts {
     completed: u64,
     errors: u64,
     timeouts: u64,
+    /// Successful replies within the SLO (when one is set).
+    good: u64,
+    /// Error replies that were overload rejections (a subset of errors).
+    rejected: u64,
+    /// Failed at the client without being sent: expired waiting for
+    /// credit, or dropped by the client's control.
+    expired: u64,
+    client_dropped: u64,
 }
 
 struct StepStats {
@@ -45,6 +53,9 @@ struct Bin {
     completed: u64,
     errors: u64,
     latencies_us: Vec<u32>,
+    good: u64,
+    rejected: u64,
+    reject_sum_ns: u64,
 }
 
 pub struct Recorder {
@@ -56,6 +67,9 @@ pub struct Recorder {
     steps: Vec<StepStats>,
     bins: Vec<Bin>,
     max_send_lag_ns: u64,
+    slo_ns: Option<u64>,
+    /// Reject latency: from the actual send to the rejection's arrival.
+    rejects: Histogram<u64>,
 }
 
 impl Recorder {
@@ -85,6 +99,41 @@ impl Recorder {
             steps,
             bins: (0..n_bins).map(|_| Bin::default()).collect(),
             max_send_lag_ns: 0,
+            slo_ns: None,
+            rejects: new_histogram(),
+        }
+    }
+
+    /// Count successful replies within `slo_ns` as goodput.
+    pub fn set_slo(&mut self, slo_ns: Option<u64>) {
+        self.slo_ns = slo_ns;
+    }
+
+    /// An overload rejection: an error reply, whose latency from the
+    /// actual send (`sent_ns`) is the reject latency.
+    pub fn on_reject(&mut self, intended_ns: u64, sent_ns: u64, now_ns: u64) {
+        let Some((step, bin)) = self.locate(intended_ns) else {
+            return;
+        };
+        self.on_reply(intended_ns, now_ns, Outcome::Error);
+        let lat = now_ns.saturating_sub(sent_ns).clamp(1, MAX_LATENCY_NS);
+        self.totals.rejected += 1;
+        self.steps[step].counts.rejected += 1;
+        self.bins[bin].rejected += 1;
+        self.bins[bin].reject_sum_ns += lat;
+        self.rejects.saturating_record(lat);
+    }
+
+    /// A request the client itself gave up on (never sent, or dropped).
+    pub fn on_client_failure(&mut self, intended_ns: u64, expired: bool) {
+        if let Some((step, _)) = self.locate(intended_ns) {
+            for c in [&mut self.totals, &mut self.steps[step].counts] {
+                if expired {
+                    c.expired += 1;
+                } else {
+                    c.client_dropped += 1;
+                }
+            }
         }
     }
 
@@ -128,6 +177,11 @@ impl Recorder {
             return;
         }
         let latency_ns = now_ns.saturating_sub(intended_ns).clamp(1, MAX_LATENCY_NS);
+        if self.slo_ns.is_some_and(|slo| latency_ns <= slo) {
+            self.totals.good += 1;
+            self.steps[step].counts.good += 1;
+            self.bins[bin].good += 1;
+        }
         self.overall.saturating_record(latency_ns);
         self.steps[step].histogram.saturating_record(latency_ns);
         let us = (latency_ns / 1000).min(u64::from(u32::MAX)) as u32;
@@ -169,6 +223,10 @@ impl Recorder {
                     errors: bin.errors,
                     p50_us: quantile_sorted(&bin.latencies_us, 0.5),
                     p99_us: quantile_sorted(&bin.latencies_us, 0.99),
+                    good: bin.good,
+                    rejected: bin.rejected,
+                    reject_mean_us: (bin.rejected > 0)
+                        .then(|| bin.reject_sum_ns as f64 / bin.rejected as f64 / 1e3),
                 }
             })
             .collect();
@@ -180,6 +238,8 @@ impl Recorder {
             max_send_lag_us: self.max_send_lag_ns as f64 / 1e3,
             steps,
             timeseries,
+            slo_us: self.slo_ns.map(|ns| ns as f64 / 1e3),
+            reject_latency_us: LatencySummary::from_histogram(&self.rejects),
         }
     }
 }
@@ -207,6 +267,10 @@ pub struct Summary {
     pub max_send_lag_us: f64,
     pub steps: Vec<StepSummary>,
     pub timeseries: Vec<BinSummary>,
+    /// The SLO goodput was counted against, if any.
+    pub slo_us: Option<f64>,
+    /// From the actual send to the arrival of an overload rejection.
+    pub reject_latency_us: LatencySummary,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -219,6 +283,15 @@ pub struct CountSummary {
     pub timeouts: u64,
     /// `completed / duration`.
     pub achieved_rps: f64,
+    /// Successful replies within the SLO, and their rate (0 without an SLO).
+    pub good: u64,
+    pub goodput_rps: f64,
+    /// Overload rejections (part of `errors`).
+    pub rejected: u64,
+    /// Never sent: expired waiting for credit at the client.
+    pub expired: u64,
+    /// Dropped by the client's own control (DAGOR threshold, SEDA rate).
+    pub client_dropped: u64,
 }
 
 impl CountSummary {
@@ -234,6 +307,15 @@ impl CountSummary {
             } else {
                 0.0
             },
+            good: c.good,
+            goodput_rps: if duration_s > 0.0 {
+                c.good as f64 / duration_s
+            } else {
+                0.0
+            },
+            rejected: c.rejected,
+            expired: c.expired,
+            client_dropped: c.client_dropped,
         }
     }
 }
@@ -294,6 +376,11 @@ pub struct BinSummary {
     pub errors: u64,
     pub p50_us: Option<u32>,
     pub p99_us: Option<u32>,
+    /// Successful replies within the SLO.
+    pub good: u64,
+    pub rejected: u64,
+    /// Mean reject latency of the bin's rejections.
+    pub reject_mean_us: Option<f64>,
 }
 
 #[cfg(test)]

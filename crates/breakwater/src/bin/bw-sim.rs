@@ -24,6 +24,10 @@ struct Args {
     json: Option<String>,
     seed: u64,
     seda_adj_i: Option<f64>,
+    cores: Option<usize>,
+    rtt_us: Option<u64>,
+    clients: Option<usize>,
+    slo_us: Option<u64>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -38,6 +42,10 @@ fn parse() -> Result<Args, String> {
         json: None,
         seed: 1,
         seda_adj_i: None,
+        cores: None,
+        rtt_us: None,
+        clients: None,
+        slo_us: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -56,6 +64,10 @@ fn parse() -> Result<Args, String> {
             "--duration" => a.duration = pos(&val("--duration")?, "--duration")?,
             "--seed" => a.seed = num(&val("--seed")?, "--seed")?,
             "--seda-adj-i" => a.seda_adj_i = Some(pos(&val("--seda-adj-i")?, "--seda-adj-i")?),
+            "--cores" => a.cores = Some(num(&val("--cores")?, "--cores")?.max(1) as usize),
+            "--rtt-us" => a.rtt_us = Some(num(&val("--rtt-us")?, "--rtt-us")?.max(1)),
+            "--clients" => a.clients = Some(num(&val("--clients")?, "--clients")?.max(1) as usize),
+            "--slo-us" => a.slo_us = Some(num(&val("--slo-us")?, "--slo-us")?.max(1)),
             "--json" => a.json = Some(val("--json")?),
             "--quick" => a.quick = true,
             "-h" | "--help" => {
@@ -88,12 +100,12 @@ fn one(
     tweak: impl Fn(&mut SimConfig),
 ) -> Result<Value, String> {
     let mut cfg = SimConfig::thesis(kind, mean_us * 1000, dist);
+    cfg.seed = seed;
+    tweak(&mut cfg);
     cfg.steps = steps
         .iter()
         .map(|&(x, d)| (x * cfg.capacity_rps(), d))
         .collect();
-    cfg.seed = seed;
-    tweak(&mut cfg);
     let r = sim::run(&cfg).map_err(|e| e.to_string())?;
     Ok(serde_json::to_value(r).expect("serialisable"))
 }
@@ -226,6 +238,32 @@ fn experiment(name: &str, quick: bool, seed: u64) -> Result<Value, String> {
     Ok(Value::Array(out))
 }
 
+/// Single-run overrides of the thesis setting.
+fn overrides(args: &Args, c: &mut SimConfig) {
+    if let Some(a) = args.seda_adj_i {
+        c.control.seda_adj_i = a;
+    }
+    if let Some(n) = args.cores {
+        c.cores = n;
+        c.control.cores = n as u64;
+    }
+    if let Some(r) = args.rtt_us {
+        c.rtt_ns = r * 1000;
+        c.control.rtt_ns = r * 1000;
+    }
+    if let Some(n) = args.clients {
+        c.clients = n;
+    }
+    if let Some(s) = args.slo_us {
+        c.control.slo_ns = s * 1000;
+    }
+    let share = c.capacity_rps() / c.clients as f64;
+    if args.seda_adj_i.is_none() {
+        c.control.seda_adj_i = 4.0 * share / 850.0;
+    }
+    c.control.seda_initial_rate = share;
+}
+
 fn main() -> ExitCode {
     let args = match parse() {
         Ok(a) => a,
@@ -247,11 +285,7 @@ fn main() -> ExitCode {
             args.mean_us,
             vec![(args.demand, args.duration)],
             args.seed,
-            |c| {
-                if let Some(a) = args.seda_adj_i {
-                    c.control.seda_adj_i = a;
-                }
-            },
+            |c| overrides(&args, c),
         ),
     };
     let value = match result {

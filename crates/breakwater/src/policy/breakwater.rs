@@ -488,7 +488,11 @@ impl Policy for Breakwater {
                     let unused = c.unused();
                     c.limit = c.received;
                     self.issued -= unused;
-                    if c.inflight == 0 && !c.parked {
+                    if c.parked {
+                        c.parked = false;
+                        self.parked.retain(|&p| p != msg.client);
+                    }
+                    if c.inflight == 0 {
                         self.clients.remove(&msg.client);
                     }
                 }
