@@ -76,6 +76,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
     except ValueError as exc:
         raise CliError(str(exc)) from None
     result["recording"] = str(rec.path)
+    result["ldb"] = _ldb_result(rec.path, p_target)
     out = Path(ns.out) if ns.out else rec.path / "report.html"
     report_path = None
     if not ns.no_html:
@@ -89,13 +90,74 @@ def cmd_report(ns: argparse.Namespace) -> int:
         sys.stdout.write(to_json(result) + "\n")
     else:
         print(terminal_summary(result, report_path, top=ns.top))
+        if result["ldb"]:
+            from tailscope.analysis.ldb import summary_lines
+            print("\n".join(summary_lines(result["ldb"], top=ns.top)))
+    return 0
+
+
+def _ldb_result(path: Path, p_target: float) -> dict | None:
+    """The function-level analysis of a --functions recording (None for others)."""
+    from tailscope.analysis.ldb import LdbError, analyse_ldb, has_ldb, load_ldb
+    if not has_ldb(path):
+        return None
+    try:
+        return analyse_ldb(load_ldb(path), p_target=p_target)
+    except LdbError as exc:
+        raise CliError(str(exc)) from None
+
+
+def cmd_timeline(ns: argparse.Namespace) -> int:
+    """Chrome/Perfetto trace JSON of one request, or of the N slowest."""
+    import json
+
+    from tailscope.analysis.ldb import LdbError, chrome_trace, find_request, load_ldb, slowest, timeline
+    from tailscope.symbols import Symbolizer, modules_of
+    if (ns.request is None) == (ns.slowest is None):
+        raise CliError("give either --request ID or --slowest N")
+    if ns.slowest is not None and ns.slowest < 1:
+        raise CliError(f"--slowest {ns.slowest}: must be at least 1")
+    try:
+        d = load_ldb(ns.dir)
+    except LdbError as exc:
+        raise CliError(str(exc)) from None
+    if ns.request is not None:
+        sel = find_request(d, ns.request)
+        if sel.size == 0:
+            raise CliError(f"request {ns.request} is not in {ns.dir} (recorded requests: {d.req_id.size})")
+    else:
+        if d.req_id.size == 0:
+            raise CliError(f"{ns.dir}: no recorded requests")
+        sel = slowest(d, ns.slowest)
+    tls = [timeline(d, int(i)) for i in sel]
+    sym = Symbolizer(modules_of(d.meta))
+    addrs = {e[k] for tl in tls for e in tl["events"] for k in ("fn", "caller") if e.get(k)}
+    names = {a: s.name for a, s in sym.names(sorted(addrs)).items()}
+    doc = chrome_trace(tls, d.pid, names)
+    try:
+        Path(ns.out).write_text(json.dumps(doc))
+    except OSError as exc:
+        raise CliError(f"cannot write {ns.out}: {exc.strerror or exc}") from None
+    for w in sym.warnings:
+        print(f"tailscope: warning: {w}", file=sys.stderr)
+    print(f"{ns.out}: {len(doc['traceEvents'])} events from {len(tls)} request(s); open it in "
+          f"https://ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
+def cmd_flags(ns: argparse.Namespace) -> int:
+    from tailscope.buildflags import BuildFlagError, flags
+    try:
+        print(flags(ns.what, exclude_files=ns.exclude_file_list, exclude_functions=ns.exclude_function_list))
+    except BuildFlagError as exc:
+        raise CliError(str(exc)) from None
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tailscope", description="Why was that request slow?")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = p.add_subparsers(dest="command", metavar="{record,report}")
+    sub = p.add_subparsers(dest="command", metavar="{record,report,timeline,flags}")
     sub.add_parser("record", help="record a service (runs tailscope-agent; arguments pass through)",
                    add_help=False)
     r = sub.add_parser("report", help="analyse a recording: terminal summary + DIR/report.html")
@@ -108,6 +170,22 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--kind", help="analyse only requests of this kind (e.g. GET)")
     r.add_argument("--no-html", action="store_true", help="do not write the HTML report")
     r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    t = sub.add_parser("timeline", help="export request timelines (functions, lock holders) as Perfetto/Chrome "
+                                        "trace JSON from a --functions recording")
+    t.add_argument("dir", metavar="DIR", help="recording directory made with --functions")
+    t.add_argument("--request", type=int, metavar="ID", help="the request with this id")
+    t.add_argument("--slowest", type=int, metavar="N", help="the N slowest requests")
+    t.add_argument("-o", "--out", default="timeline.json", metavar="FILE.json", help="output (default timeline.json)")
+    t.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    f = sub.add_parser("flags", help="compiler/linker flags that instrument a build for --functions")
+    f.add_argument("what", nargs="?", default="all", choices=["cflags", "ldflags", "all"],
+                   help="cflags, ldflags, or all (default)")
+    f.add_argument("--exclude-file-list", default="", metavar="PATHS",
+                   help="comma-separated path fragments whose functions are not instrumented "
+                        "(added to the default /usr/include)")
+    f.add_argument("--exclude-function-list", default="", metavar="NAMES",
+                   help="comma-separated function names not to instrument (hot, tiny functions)")
+    f.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     return p
 
 
@@ -122,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
         ns = parser.parse_args(argv)
         if ns.command == "report":
             return cmd_report(ns)
+        if ns.command == "timeline":
+            return cmd_timeline(ns)
+        if ns.command == "flags":
+            return cmd_flags(ns)
         parser.print_usage(sys.stderr)
         print("tailscope: error: choose a command: record or report", file=sys.stderr)
         return USAGE_ERROR

@@ -12,6 +12,8 @@ from pathlib import Path
 import plotly.graph_objects as go
 import plotly.io as pio
 
+from tailscope.report.ldb_html import chart_count as ldb_chart_count
+from tailscope.report.ldb_html import ldb_sections
 from tailscope.report.text import (
     compact,
     fmt_ns,
@@ -265,6 +267,7 @@ def render_html(result: dict, top: int = 10) -> str:
         "<h2>Where slow requests' time went</h2>", fig(_breakdown(r)),
         "<h2>Top events: CDF and threshold</h2>",
         *[fig(_event_cdf(r, c), height=300) for c in events],
+        *ldb_sections(r.get("ldb"), fig),
         "<h2>Recording health</h2>", _health_html(h, r),
         "<h2>How to read this</h2>", HOW_TO_READ,
     ]
@@ -287,4 +290,4 @@ def expected_chart_count(result: dict) -> int:
     if result.get("empty"):
         return 0
     events = [c for c in result["causes"][:MAX_EVENT_CDFS] if c["event"] in result["plots"]["events"]]
-    return 4 + len(events)
+    return 4 + len(events) + ldb_chart_count(result.get("ldb"))

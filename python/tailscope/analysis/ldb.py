@@ -1,0 +1,593 @@
+"""LDB analysis: function latency, contribution to slow requests, request timelines with
+lock-holder chains (breakwater-ldb-thesis.txt ch. 3, §3.3.4).
+
+Inputs are the `functions`, `locks` and `request_events` tables of a `--functions`
+recording plus its requests table (one row per recorded request: tid, start, latency, id).
+`load_ldb` is the only I/O; every other function is pure over numpy arrays and returns plain
+dicts for the report, the terminal and the Perfetto/Chrome trace export.
+
+Definitions
+- A FUNCTION row is one call the observer saw end: [start, start + latency) on its thread,
+  wall-clock and inclusive (blocking and callees count). Its error is about one scan interval.
+- Per (function, caller) statistics: count and nearest-rank p50/p99/p99.9/p99.99
+  (LDB §3.3.4 "per-function statistics"; caller = the function below it on the shadow stack).
+- A request's *segments* are where its time went: its own thread over [start, end); the
+  threads that took it over through REQ_START … REQ_BLOCK/REQ_END (LDB §3.3.3); and, for each
+  lock wait of its own thread inside the window, the holder's thread over the part of the
+  hold that overlaps the wait (the holder chain, LDB §3.3.4), followed up to `CHAIN_DEPTH`
+  links (the holder itself waiting for another lock).
+- time_in(f, r) = Σ over FUNCTION rows of f on a segment's thread of |row ∩ segment|, leaving
+  out, on the request's own threads, frames that enclose the whole segment (main, an event
+  loop: every request has them).
+  A lock wait counts as the pseudo-function "lock wait" on its mutex.
+- Contribution of f = mean over slow requests of time_in(f, r) − mean over typical requests.
+  Slow = latency ≥ pTarget (p99 by default); typical = between p45 and p55. A function that
+  takes as long in every request contributes nothing; one that only slow requests wait for
+  (directly or through a lock holder) contributes its whole share.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+TABLES = ("functions", "locks", "request_events")
+CHAIN_DEPTH = 3
+MAX_SET = 2000  # requests analysed per set (slow, typical); a fixed-seed sample beyond that
+LONG_CALL_NS = 50_000_000  # calls longer than this are scanned separately (few, long-lived)
+LOCK_WAIT = -1  # pseudo function id for lock waits
+
+
+class LdbError(Exception):
+    """A --functions recording cannot be read; one line for the user."""
+
+
+@dataclass
+class LdbData:
+    pid: int = 0
+    # functions
+    tid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    fn: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    site: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    parent: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    depth: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    latency: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # lock events
+    lk_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    lk_tid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    lk_event: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    lk_mutex: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    # request events
+    rq_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    rq_tid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    rq_event: np.ndarray = field(default_factory=lambda: np.zeros(0, object))
+    rq_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    # requests (from the requests table)
+    req_id: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
+    req_tid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
+    req_start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    req_latency: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    meta: dict = field(default_factory=dict)
+
+
+def has_ldb(path: str | Path) -> bool:
+    return (Path(path) / "functions").is_dir()
+
+
+def _read(path: Path, table: str, columns: list[str]):
+    files = sorted((path / table).glob("*.parquet"))
+    if not files:
+        return None
+    try:
+        import pyarrow as pa
+        return pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
+    except Exception as exc:  # pyarrow raises several types for corrupt files
+        first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        raise LdbError(f"{path / table}: unreadable Parquet ({first})") from exc
+
+
+def load_ldb(path: str | Path) -> LdbData:
+    """Read the LDB tables and the requests of a recording into arrays."""
+    path = Path(path)
+    meta_path = path / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise LdbError(f"{meta_path}: cannot read ({exc})") from exc
+    if not has_ldb(path):
+        raise LdbError(f"{path}: no functions/ table; record with `tailscope record --functions`")
+    d = LdbData(meta=meta, pid=int((meta.get("target") or {}).get("pid") or 0))
+    t = _read(path, "functions", ["tid", "fn_addr", "call_site", "parent_fn", "depth", "start_ns", "latency_ns"])
+    if t is not None and t.num_rows:
+        d.tid = t.column("tid").to_numpy()
+        d.fn = t.column("fn_addr").to_numpy()
+        d.site = t.column("call_site").to_numpy()
+        d.parent = t.column("parent_fn").to_numpy()
+        d.depth = t.column("depth").to_numpy()
+        d.start = t.column("start_ns").to_numpy().astype(np.int64)
+        d.latency = t.column("latency_ns").to_numpy().astype(np.int64)
+    t = _read(path, "locks", ["ts_ns", "tid", "event", "mutex"])
+    if t is not None and t.num_rows:
+        d.lk_ts = t.column("ts_ns").to_numpy().astype(np.int64)
+        d.lk_tid = t.column("tid").to_numpy()
+        d.lk_event = np.asarray(t.column("event").to_pylist(), dtype=object)
+        d.lk_mutex = t.column("mutex").to_numpy()
+    t = _read(path, "request_events", ["ts_ns", "tid", "event", "request_id"])
+    if t is not None and t.num_rows:
+        d.rq_ts = t.column("ts_ns").to_numpy().astype(np.int64)
+        d.rq_tid = t.column("tid").to_numpy()
+        d.rq_event = np.asarray(t.column("event").to_pylist(), dtype=object)
+        d.rq_id = t.column("request_id").to_numpy()
+    t = _read(path, "requests", ["request_id", "tid", "start_ns", "latency_ns"])
+    if t is not None and t.num_rows:
+        d.req_id = t.column("request_id").to_numpy()
+        d.req_tid = t.column("tid").to_numpy()
+        d.req_start = t.column("start_ns").to_numpy().astype(np.int64)
+        d.req_latency = t.column("latency_ns").to_numpy().astype(np.int64)
+    return d
+
+
+# ---- per (function, caller) statistics ---------------------------------------------------
+
+def nearest_rank(sorted_values: np.ndarray, q: float) -> float:
+    """Nearest-rank percentile of a sorted array: value at index ceil(q·n) − 1."""
+    n = sorted_values.size
+    return float(sorted_values[max(int(np.ceil(q * n)) - 1, 0)]) if n else float("nan")
+
+
+def function_stats(fn: np.ndarray, parent: np.ndarray, latency: np.ndarray) -> list[dict]:
+    """count, total and p50/p99/p99.9/p99.99 of latency per (fn, parent), by total time."""
+    if fn.size == 0:
+        return []
+    keys = np.stack([fn.astype(np.uint64), parent.astype(np.uint64)], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    inv = inv.reshape(-1)
+    order = np.lexsort((latency, inv))
+    lat_sorted = latency[order]
+    counts = np.bincount(inv, minlength=len(uniq))
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    totals = np.bincount(inv, weights=latency.astype(np.float64), minlength=len(uniq))
+    out = []
+    for g in range(len(uniq)):
+        vals = lat_sorted[bounds[g]:bounds[g + 1]]
+        out.append({
+            "fn": int(uniq[g, 0]), "caller": int(uniq[g, 1]), "count": int(counts[g]),
+            "total_ns": float(totals[g]), "mean_ns": float(totals[g] / counts[g]),
+            "p50_ns": nearest_rank(vals, 0.5), "p99_ns": nearest_rank(vals, 0.99),
+            "p999_ns": nearest_rank(vals, 0.999), "p9999_ns": nearest_rank(vals, 0.9999),
+            "max_ns": float(vals[-1]),
+        })
+    out.sort(key=lambda r: -r["total_ns"])
+    return out
+
+
+# ---- lock episodes and holder chains -------------------------------------------------------
+
+@dataclass
+class Episodes:
+    """One row per lock episode: (tid, mutex, wait_start or -1, acquired, released)."""
+    tid: np.ndarray
+    mutex: np.ndarray
+    wait_start: np.ndarray
+    acquired: np.ndarray
+    released: np.ndarray
+
+
+def lock_episodes(ts: np.ndarray, tid: np.ndarray, event: np.ndarray, mutex: np.ndarray) -> Episodes:
+    """Pair MUTEX_WAIT?/MUTEX_LOCK/MUTEX_UNLOCK per (thread, mutex), in time order. The
+    runtime writes an episode's events together at unlock; unpaired events are skipped."""
+    rows: list[tuple[int, int, int, int, int]] = []
+    order = np.lexsort((ts, mutex, tid))
+    open_: dict[tuple[int, int], list[int]] = {}
+    for i in order:
+        key = (int(tid[i]), int(mutex[i]))
+        ev = event[i]
+        if ev == "MUTEX_WAIT":
+            open_[key] = [int(ts[i]), -1]
+        elif ev == "MUTEX_LOCK":
+            cur = open_.get(key)
+            if cur is None or cur[1] != -1:
+                cur = [-1, -1]
+            cur[1] = int(ts[i])
+            open_[key] = cur
+        elif ev == "MUTEX_UNLOCK":
+            cur = open_.pop(key, None)
+            if cur is not None and cur[1] >= 0 and int(ts[i]) >= cur[1]:
+                rows.append((key[0], key[1], cur[0], cur[1], int(ts[i])))
+    if not rows:
+        z = np.zeros(0, np.int64)
+        return Episodes(z.astype(np.uint32), z.astype(np.uint64), z, z, z)
+    a = np.array(rows, dtype=np.int64)
+    return Episodes(a[:, 0].astype(np.uint32), a[:, 1].astype(np.uint64), a[:, 2], a[:, 3], a[:, 4])
+
+
+def holders(ep: Episodes, mutex: int, waiter_tid: int, t0: int, t1: int) -> list[int]:
+    """Episodes of other threads holding `mutex` at some point of [t0, t1)."""
+    m = (ep.mutex == mutex) & (ep.tid != waiter_tid) & (ep.acquired < t1) & (ep.released > t0)
+    return np.flatnonzero(m).tolist()
+
+
+# ---- request segments -------------------------------------------------------------------------
+
+def request_segments(d: LdbData, ep: Episodes, tid: int, start: int, end: int, req_id: int | None,
+                     depth: int = 0) -> list[tuple[int, int, int, str, dict]]:
+    """Where a request's time went: (tid, t0, t1, role, info) with role 'own', 'handoff',
+    'lock-wait' (on the waiter's thread) or 'holder' (the holder's thread during the wait)."""
+    segs = [(tid, start, end, "own", {})]
+    if req_id is not None and d.rq_id.size:
+        sel = np.flatnonzero((d.rq_id == req_id) & (d.rq_ts >= start - 1) & (d.rq_ts <= end + 1)
+                             & (d.rq_tid != tid))
+        by_tid: dict[int, list[int]] = {}
+        for i in sel[np.argsort(d.rq_ts[sel], kind="stable")]:
+            by_tid.setdefault(int(d.rq_tid[i]), []).append(int(i))
+        for t, idx in by_tid.items():
+            begin = None
+            for i in idx:
+                if d.rq_event[i] == "REQ_START":
+                    begin = int(d.rq_ts[i])
+                elif d.rq_event[i] in ("REQ_BLOCK", "REQ_END") and begin is not None:
+                    segs.append((t, begin, int(d.rq_ts[i]), "handoff", {}))
+                    begin = None
+            if begin is not None:
+                segs.append((t, begin, end, "handoff", {}))
+    segs.extend(_lock_segments(ep, tid, start, end, depth))
+    return segs
+
+
+def _lock_segments(ep: Episodes, tid: int, start: int, end: int, depth: int):
+    out = []
+    if depth >= CHAIN_DEPTH or ep.tid.size == 0:
+        return out
+    waits = np.flatnonzero((ep.tid == tid) & (ep.wait_start >= 0) & (ep.wait_start < end) & (ep.acquired > start))
+    for w in waits:
+        w0, w1 = max(int(ep.wait_start[w]), start), min(int(ep.acquired[w]), end)
+        if w1 <= w0:
+            continue
+        mutex = int(ep.mutex[w])
+        out.append((tid, w0, w1, "lock-wait", {"mutex": mutex, "depth": depth}))
+        for h in holders(ep, mutex, tid, w0, w1):
+            h0, h1 = max(int(ep.acquired[h]), w0), min(int(ep.released[h]), w1)
+            htid = int(ep.tid[h])
+            out.append((htid, h0, h1, "holder", {"mutex": mutex, "depth": depth,
+                                                 "hold_start": int(ep.acquired[h]),
+                                                 "hold_end": int(ep.released[h]), "waiter": tid}))
+            out.extend(_lock_segments(ep, htid, h0, h1, depth + 1))
+    return out
+
+
+class CallIndex:
+    """FUNCTION rows per thread, sorted by start, for overlap queries."""
+
+    def __init__(self, d: LdbData):
+        self.by_tid: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        if d.tid.size == 0:
+            return
+        order = np.lexsort((d.start, d.tid))
+        tids = d.tid[order]
+        cuts = np.flatnonzero(np.diff(tids.astype(np.int64))) + 1
+        for part in np.split(order, cuts):
+            t = int(d.tid[part[0]])
+            st, lat = d.start[part], d.latency[part]
+            long_ = lat > LONG_CALL_NS
+            self.by_tid[t] = (part[~long_], st[~long_], part[long_], st[long_])
+
+    def overlapping(self, tid: int, t0: int, t1: int, d: LdbData) -> np.ndarray:
+        """Row indices of calls on `tid` that overlap [t0, t1)."""
+        e = self.by_tid.get(tid)
+        if e is None or t1 <= t0:
+            return np.zeros(0, np.int64)
+        rows, st, long_rows, long_st = e
+        lo = np.searchsorted(st, t0 - LONG_CALL_NS, side="left")
+        hi = np.searchsorted(st, t1, side="left")
+        cand = rows[lo:hi]
+        cand = cand[d.start[cand] + d.latency[cand] > t0]
+        if long_rows.size:
+            lm = (long_st < t1) & (long_st + d.latency[long_rows] > t0)
+            cand = np.concatenate([cand, long_rows[lm]])
+        return cand
+
+
+def time_by_function(d: LdbData, idx: CallIndex, segs) -> dict[int, float]:
+    """time_in(f) over a request's segments (lock waits under LOCK_WAIT)."""
+    out: dict[int, float] = {}
+    for tid, t0, t1, role, _info in segs:
+        if role == "lock-wait":
+            out[LOCK_WAIT] = out.get(LOCK_WAIT, 0.0) + (t1 - t0)
+            continue
+        rows = idx.overlapping(tid, t0, t1, d)
+        if role in ("own", "handoff") and rows.size:
+            # Frames that enclose the whole window (main, the event loop) are the request's
+            # context, not its work: every request has them.
+            rows = rows[~((d.start[rows] <= t0) & (d.start[rows] + d.latency[rows] >= t1))]
+        if rows.size == 0:
+            continue
+        a = np.maximum(d.start[rows], t0)
+        b = np.minimum(d.start[rows] + d.latency[rows], t1)
+        ov = np.maximum(b - a, 0).astype(np.float64)
+        fns = d.fn[rows]
+        u, inv = np.unique(fns, return_inverse=True)
+        sums = np.bincount(inv.reshape(-1), weights=ov)
+        for f, s in zip(u.tolist(), sums.tolist(), strict=True):
+            out[int(f)] = out.get(int(f), 0.0) + s
+    return out
+
+
+def _pick(n_idx: np.ndarray, cap: int, seed: int = 0) -> np.ndarray:
+    if n_idx.size <= cap:
+        return n_idx
+    return np.sort(np.random.default_rng(seed).choice(n_idx, cap, replace=False))
+
+
+def slow_and_typical(latency: np.ndarray, p_target: float = 0.99) -> tuple[np.ndarray, np.ndarray, float]:
+    """Indices of slow requests (latency ≥ pTarget, nearest rank) and typical ones (p45–p55)."""
+    if latency.size == 0:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64), float("nan")
+    s = np.sort(latency)
+    thr = nearest_rank(s, p_target)
+    lo, hi = nearest_rank(s, 0.45), nearest_rank(s, 0.55)
+    slow = np.flatnonzero(latency >= thr)
+    typical = np.flatnonzero((latency >= lo) & (latency <= hi))
+    return slow, typical, thr
+
+
+def contributions(d: LdbData, p_target: float = 0.99) -> dict:
+    """Rank functions by mean time in slow requests minus mean time in typical ones."""
+    ep = lock_episodes(d.lk_ts, d.lk_tid, d.lk_event, d.lk_mutex)
+    idx = CallIndex(d)
+    slow, typical, thr = slow_and_typical(d.req_latency, p_target)
+    slow, typical = _pick(slow, MAX_SET, 1), _pick(typical, MAX_SET, 2)
+
+    def mean_times(sel: np.ndarray) -> dict[int, float]:
+        tot: dict[int, float] = {}
+        for i in sel:
+            segs = request_segments(d, ep, int(d.req_tid[i]), int(d.req_start[i]),
+                                    int(d.req_start[i] + d.req_latency[i]), int(d.req_id[i]))
+            for f, v in time_by_function(d, idx, segs).items():
+                tot[f] = tot.get(f, 0.0) + v
+        n = max(len(sel), 1)
+        return {f: v / n for f, v in tot.items()}
+
+    ms, mt = mean_times(slow), mean_times(typical)
+    slow_lat = float(d.req_latency[slow].mean()) if slow.size else float("nan")
+    typ_lat = float(d.req_latency[typical].mean()) if typical.size else float("nan")
+    rows = []
+    for f in set(ms) | set(mt):
+        s, t = ms.get(f, 0.0), mt.get(f, 0.0)
+        rows.append({"fn": f, "slow_mean_ns": s, "typical_mean_ns": t, "contribution_ns": s - t,
+                     "share_of_slow": s / slow_lat if slow_lat == slow_lat and slow_lat > 0 else None})
+    rows.sort(key=lambda r: -r["contribution_ns"])
+    return {"ranking": rows, "slow_n": int(slow.size), "typical_n": int(typical.size),
+            "threshold_ns": thr, "slow_mean_latency_ns": slow_lat, "typical_mean_latency_ns": typ_lat,
+            "episodes": ep, "index": idx}
+
+
+# ---- timelines ---------------------------------------------------------------------------------
+
+def timeline(d: LdbData, i: int, ep: Episodes | None = None, idx: CallIndex | None = None) -> dict:
+    """Everything that made request `i` (index into the requests arrays) take its time:
+    its own calls, hand-offs, lock waits and the holders' calls during them."""
+    ep = ep if ep is not None else lock_episodes(d.lk_ts, d.lk_tid, d.lk_event, d.lk_mutex)
+    idx = idx if idx is not None else CallIndex(d)
+    tid, start = int(d.req_tid[i]), int(d.req_start[i])
+    end = start + int(d.req_latency[i])
+    segs = request_segments(d, ep, tid, start, end, int(d.req_id[i]))
+    events = [{"kind": "request", "tid": tid, "start_ns": start, "end_ns": end, "fn": None,
+               "name": f"request {int(d.req_id[i])}", "depth": -1}]
+    seen: set[tuple[int, int]] = set()
+    for stid, t0, t1, role, info in segs:
+        if role == "lock-wait":
+            events.append({"kind": "lock-wait", "tid": stid, "start_ns": t0, "end_ns": t1, "fn": None,
+                           "mutex": info["mutex"], "depth": -1, "name": f"wait for mutex 0x{info['mutex']:x}"})
+            continue
+        if role == "holder":
+            events.append({"kind": "lock-hold", "tid": stid, "start_ns": info["hold_start"],
+                           "end_ns": info["hold_end"], "fn": None, "mutex": info["mutex"], "depth": -1,
+                           "waiter": info["waiter"], "name": f"holds mutex 0x{info['mutex']:x}"})
+        for r in idx.overlapping(stid, t0, t1, d):
+            key = (stid, int(r))
+            if key in seen:
+                continue
+            seen.add(key)
+            events.append({"kind": "function" if role in ("own", "handoff") else "holder-function",
+                           "tid": stid, "start_ns": int(d.start[r]), "end_ns": int(d.start[r] + d.latency[r]),
+                           "fn": int(d.fn[r]), "caller": int(d.parent[r]), "depth": int(d.depth[r]),
+                           "name": None})
+    return {"request_id": int(d.req_id[i]), "tid": tid, "start_ns": start, "latency_ns": end - start,
+            "events": events}
+
+
+def slowest(d: LdbData, n: int) -> np.ndarray:
+    return np.argsort(-d.req_latency, kind="stable")[:max(n, 0)]
+
+
+def find_request(d: LdbData, request_id: int) -> np.ndarray:
+    return np.flatnonzero(d.req_id == np.uint64(request_id))
+
+
+def name_events(tl: dict, names: dict[int, str]) -> dict:
+    for e in tl["events"]:
+        if e["name"] is None:
+            e["name"] = names.get(e["fn"], f"0x{e['fn']:x}")
+    return tl
+
+
+def chrome_trace(timelines: list[dict], pid: int, names: dict[int, str], origin_ns: int | None = None) -> dict:
+    """Chrome/Perfetto trace JSON (ph 'X' complete events, µs) of one or more timelines."""
+    evs = []
+    if origin_ns is None:
+        origin_ns = min((t["start_ns"] for t in timelines), default=0)
+    tids = set()
+    for k, tl in enumerate(timelines):
+        name_events(tl, names)
+        for e in tl["events"]:
+            tids.add(e["tid"])
+            args = {"kind": e["kind"], "request": tl["request_id"]}
+            if e.get("mutex") is not None:
+                args["mutex"] = f"0x{e['mutex']:x}"
+            if e.get("caller"):
+                args["caller"] = names.get(e["caller"], f"0x{e['caller']:x}")
+            evs.append({"name": e["name"], "cat": e["kind"], "ph": "X", "pid": pid + k * 0, "tid": e["tid"],
+                        "ts": (e["start_ns"] - origin_ns) / 1e3,
+                        "dur": max(e["end_ns"] - e["start_ns"], 0) / 1e3, "args": args})
+    for t in sorted(tids):
+        evs.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": t, "args": {"name": f"tid {t}"}})
+    return {"traceEvents": evs, "displayTimeUnit": "ns",
+            "otherData": {"source": "tailscope --functions", "origin_monotonic_ns": origin_ns}}
+
+
+# ---- flame view ---------------------------------------------------------------------------------
+
+def call_tree(fn: np.ndarray, parent: np.ndarray, latency: np.ndarray) -> dict[int, int]:
+    """Each function's dominant caller (by total time), for a context-insensitive tree."""
+    if fn.size == 0:
+        return {}
+    keys = np.stack([fn.astype(np.uint64), parent.astype(np.uint64)], axis=1)
+    uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+    tot = np.bincount(inv.reshape(-1), weights=latency.astype(np.float64))
+    best: dict[int, tuple[float, int]] = {}
+    for (f, p), t in zip(uniq.tolist(), tot.tolist(), strict=True):
+        if f == p:
+            continue  # recursion: keep the outer caller
+        if f not in best or t > best[f][0]:
+            best[f] = (t, p)
+    return {f: p for f, (_, p) in best.items()}
+
+
+def flame(tree: dict[int, int], times: dict[int, float]) -> dict:
+    """Icicle data: ids, parents, values (µs) where a node's value ≥ its children's sum."""
+    nodes = {f for f in times if f != LOCK_WAIT}
+    parent_of = {}
+    for f in nodes:
+        p = tree.get(f, 0)
+        seen = {f}
+        while p and p not in nodes and p in tree and p not in seen:  # skip callers not in view
+            seen.add(p)
+            p = tree[p]
+        parent_of[f] = p if p in nodes and p != f else 0
+    children: dict[int, list[int]] = {}
+    for f, p in parent_of.items():
+        children.setdefault(p, []).append(f)
+    value: dict[int, float] = {}
+
+    def total(f: int, guard: int = 0) -> float:
+        if f in value:
+            return value[f]
+        kids = sum(total(c, guard + 1) for c in children.get(f, []) if guard < 200)
+        value[f] = max(times.get(f, 0.0), kids)
+        return value[f]
+
+    for f in nodes:
+        total(f)
+    if LOCK_WAIT in times:
+        nodes.add(LOCK_WAIT)
+        parent_of[LOCK_WAIT] = 0
+        value[LOCK_WAIT] = times[LOCK_WAIT]
+    ids = sorted(nodes)
+    return {"ids": ids, "parents": [parent_of[f] for f in ids], "values_us": [value[f] / 1e3 for f in ids]}
+
+
+def mean_times(d: LdbData, sel: np.ndarray, ep: Episodes, idx: CallIndex) -> dict[int, float]:
+    tot: dict[int, float] = {}
+    for i in sel:
+        segs = request_segments(d, ep, int(d.req_tid[i]), int(d.req_start[i]),
+                                int(d.req_start[i] + d.req_latency[i]), int(d.req_id[i]))
+        for f, v in time_by_function(d, idx, segs).items():
+            tot[f] = tot.get(f, 0.0) + v
+    n = max(len(sel), 1)
+    return {f: v / n for f, v in tot.items()}
+
+
+# ---- the whole analysis -------------------------------------------------------------------------
+
+def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 20,
+                n_timelines: int = 5) -> dict:
+    """Everything the report shows about functions; plain data (names resolved)."""
+    from tailscope.symbols import Symbolizer, modules_of
+    sym = symbolizer if symbolizer is not None else Symbolizer(modules_of(d.meta))
+    stats = function_stats(d.fn, d.parent, d.latency)
+    contrib = contributions(d, p_target)
+    ep, idx = contrib.pop("episodes"), contrib.pop("index")
+    slow_sel, typ_sel, _ = slow_and_typical(d.req_latency, p_target)
+    slow_sel, typ_sel = _pick(slow_sel, MAX_SET, 1), _pick(typ_sel, MAX_SET, 2)
+    tls = [timeline(d, int(i), ep, idx) for i in slowest(d, n_timelines)]
+    addrs = {r["fn"] for r in stats[:200]} | {r["caller"] for r in stats[:200]}
+    addrs |= {r["fn"] for r in contrib["ranking"][:200] if r["fn"] != LOCK_WAIT}
+    for tl in tls:
+        addrs |= {e["fn"] for e in tl["events"] if e.get("fn")} | {e["caller"] for e in tl["events"] if e.get("caller")}
+    tree = call_tree(d.fn, d.parent, d.latency)
+    ms, mt = mean_times(d, slow_sel, ep, idx), mean_times(d, typ_sel, ep, idx)
+    fl_slow, fl_typ = flame(tree, ms), flame(tree, mt)
+    addrs |= set(fl_slow["ids"]) | set(fl_typ["ids"]) | set(fl_slow["parents"])
+    addrs.discard(0)
+    addrs.discard(LOCK_WAIT)
+    resolved = sym.names(sorted(addrs))
+    names = {a: s.name for a, s in resolved.items()}
+    names[LOCK_WAIT] = "[lock wait]"
+    names[0] = ""
+    where = {a: s.where for a, s in resolved.items()}
+    for tl in tls:
+        name_events(tl, names)
+    for fl in (fl_slow, fl_typ):
+        fl["labels"] = [names.get(f, f"0x{f:x}") for f in fl["ids"]]
+    table = [{**r, "name": names.get(r["fn"], f"0x{r['fn']:x}"),
+              "caller_name": names.get(r["caller"], "") if r["caller"] else "(root)",
+              "where": where.get(r["fn"], "")} for r in stats[:top]]
+    ranking = [{**r, "name": names.get(r["fn"], f"0x{r['fn']:x}"), "where": where.get(r["fn"], "")}
+               for r in contrib["ranking"][:top]]
+    # Lock holders seen in the slowest requests: who held what, doing which function.
+    holder_lines = []
+    for tl in tls:
+        for e in tl["events"]:
+            if e["kind"] == "lock-hold":
+                inside = [x for x in tl["events"] if x["kind"] == "holder-function" and x["tid"] == e["tid"]]
+                top_fn = min(inside, key=lambda x: x["depth"], default=None)
+                holder_lines.append({"request_id": tl["request_id"], "waiter_tid": e.get("waiter"),
+                                     "holder_tid": e["tid"], "mutex": e["mutex"],
+                                     "hold_ns": e["end_ns"] - e["start_ns"],
+                                     "holder_function": top_fn["name"] if top_fn else None,
+                                     "holder_functions": sorted({x["name"] for x in inside})})
+    obs = ((d.meta.get("ldb") or {}).get("observer")) or {}
+    return {
+        "calls": int(d.fn.size), "threads": int(np.unique(d.tid).size) if d.tid.size else 0,
+        "lock_episodes": int(ep.tid.size), "requests": int(d.req_latency.size),
+        "functions": table, "ranking": ranking, "contribution": {k: v for k, v in contrib.items() if k != "ranking"},
+        "timelines": tls, "holders": holder_lines, "flame": {"slow": fl_slow, "typical": fl_typ},
+        "observer": obs, "config": (d.meta.get("ldb") or {}).get("config") or {},
+        "runtime_features": (d.meta.get("ldb") or {}).get("runtime_features") or {},
+        "warnings": list(sym.warnings), "names": {str(k): v for k, v in names.items()},
+        "pid": d.pid,
+    }
+
+
+def summary_lines(res: dict, top: int = 5) -> list[str]:
+    """Terminal lines: the top contributors and the lock holders of the slowest requests."""
+    from tailscope.report.text import fmt_ns
+    lines = [f"Functions (LDB): {res['calls']} calls on {res['threads']} threads, "
+             f"{res['lock_episodes']} logged lock episodes."]
+    c = res["contribution"]
+    if res["ranking"] and c.get("slow_n"):
+        lines.append(f"Slowest requests (≥ {fmt_ns(c['threshold_ns'])}, {c['slow_n']}) vs typical "
+                     f"({c['typical_n']}): functions by added time per request:")
+        for r in res["ranking"][:top]:
+            if r["contribution_ns"] <= 0:
+                break
+            lines.append(f"  {r['name']:<32} +{fmt_ns(r['contribution_ns'])} "
+                         f"(slow {fmt_ns(r['slow_mean_ns'])}, typical {fmt_ns(r['typical_mean_ns'])})")
+    seen = set()
+    for h in res["holders"]:
+        key = (h["holder_tid"], h["holder_function"], h["mutex"])
+        if key in seen:
+            continue
+        seen.add(key)
+        lines.append(f"  lock holder: thread {h['holder_tid']} in {h['holder_function'] or '?'} held mutex "
+                     f"0x{h['mutex']:x} for {fmt_ns(h['hold_ns'])} while request {h['request_id']} waited")
+        if len(seen) >= 3:
+            break
+    for w in res["warnings"]:
+        lines.append(f"  warning: {w}")
+    return lines
