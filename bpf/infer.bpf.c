@@ -236,7 +236,7 @@ static __always_inline struct sk_req *sk_state(struct sock *sk, __u32 tgid)
 	return s;
 }
 
-/* Open sampled requests per thread, so that a gated kcounters accounts irq,
+/* Open sampled requests per thread, so that kcounters accounts irq,
  * softirq and fault events only while one is open (abi.h sampled_refs). */
 static __always_inline void ref_get(__u32 tid, __u32 tgid)
 {

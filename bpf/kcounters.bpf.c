@@ -46,16 +46,12 @@ static __always_inline struct ts_kcounters *tracked_current(void)
 	return tracked(bpf_get_current_task_btf());
 }
 
-/* Set by the loader before load; the only .rodata variable (offset 0).
- * gated: account irq, softirq and fault events only for threads inside a
- * sampled request (entry.sampled_refs > 0), as zero-instrumentation
- * inference keeps it. Context switches and waits are always tracked, since
- * a snapshot needs the open on-CPU interval and wait. */
-const volatile struct {
-	__u32 gated;
-	__u32 _pad;
-} kc_cfg = {.gated = 0};
-
+/* irq, softirq and fault events count only for threads inside a sampled
+ * request (entry.sampled_refs > 0): the runtime sets it around a sampled
+ * request, zero-instrumentation inference keeps a count of open sampled
+ * requests. Context switches and waits are always tracked, since a snapshot
+ * needs the open on-CPU interval and wait. At 1% sampling this removes the
+ * clock reads from almost every interrupt a server takes. */
 /* The current thread's entry if its irq/softirq/fault events count now. */
 static __always_inline struct ts_kcounters *accounted_current(void)
 {
@@ -64,10 +60,8 @@ static __always_inline struct ts_kcounters *accounted_current(void)
 
 	if (!maybe_target_tgid(id >> 32))
 		return NULL;
-	if (!kc_cfg.gated)
-		return tracked_current();
-	/* Gated: only inference sets sampled_refs, and only on target
-	 * threads' entries, so the entry alone decides (no set lookup). */
+	/* Only entries of threads in a sampled request have sampled_refs set,
+	 * so the entry alone decides (no set lookup, no claim). */
 	e = kc_entry((__u32)id, id >> 32, false);
 	if (e && *(volatile __u32 *)&e->sampled_refs)
 		return e;
@@ -294,7 +288,7 @@ static __always_inline void irq_enter(__u32 kind)
 	if (d < IRQ_STACK_DEPTH) {
 		d &= IRQ_STACK_DEPTH - 1;
 		/* An interrupt runs on the interrupted task's behalf; if that
-		 * task's events do not count now (no target, or gated and not
+		 * task's events do not count now (no target, or not
 		 * in a sampled request), the frame stays untimed: start 0, no
 		 * clock read, and its exit returns at once. */
 		s->f[d].start = accounted_current() ? bpf_ktime_get_ns() : 0;

@@ -38,8 +38,15 @@ static void slot_publish(struct ts_thread_slot *s, const struct ts_thread *t,
 static __attribute__((noinline)) void request_begin_sampled(struct ts_thread *t,
 							    uint64_t id, int kind) {
 	uint64_t now = ts_now_ns();
-	t->snap_state = ts_kc_begin(t, now) ? ts_kc_snapshot(t, now, &t->snap)
-					    : TS_SNAP_NONE;
+	t->snap_state = TS_SNAP_NONE;
+	if (ts_kc_begin(t, now)) {
+		/* BPF accounts this thread's irq, softirq and fault events only
+		 * while sampled_refs is nonzero (abi.h). Only this thread writes
+		 * its entry's field, and BPF reads it on this thread's CPU, so a
+		 * plain store in program order is enough. */
+		__atomic_store_n(&t->kc_map[t->kc_idx].sampled_refs, 1, __ATOMIC_RELAXED);
+		t->snap_state = ts_kc_snapshot(t, now, &t->snap);
+	}
 	t->cur_id = id;
 	t->start_ns = now;
 	t->kind = (kind > 0 && kind < TS_MAX_KINDS) ? (uint16_t)kind : 0;
@@ -100,6 +107,9 @@ static __attribute__((noinline)) void request_end_slow(uint64_t id) {
 	struct ts_kc_snap end;
 	int end_state = t->snap_state == TS_SNAP_NONE ? TS_SNAP_NONE
 						      : ts_kc_snapshot(t, now, &end);
+	if (t->snap_state != TS_SNAP_NONE && t->kc_map && t->kc_idx &&
+	    __atomic_load_n(&t->kc_map[t->kc_idx].tid, __ATOMIC_RELAXED) == t->tid)
+		__atomic_store_n(&t->kc_map[t->kc_idx].sampled_refs, 0, __ATOMIC_RELAXED);
 	struct ts_thread_slot *s = t->slot;
 	slot_publish(s, t, 0);
 

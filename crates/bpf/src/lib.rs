@@ -491,15 +491,6 @@ impl Tracer {
 
         let mut skipped = Vec::new();
         let mut open_kc = open(&KCOUNTERS_OBJ.0, "kcounters")?;
-        // With inference, irq/softirq/fault events count only inside
-        // sampled requests (infer keeps sampled_refs); a runtime-marked
-        // process is accounted always.
-        let gated = u32::from(opts.infer);
-        for mut m in open_kc.maps_mut() {
-            if m.name().to_string_lossy().ends_with(".rodata") {
-                set_config(&mut m, "kcounters", "kc_cfg", gated)?;
-            }
-        }
         disable_missing(&mut open_kc, &mut skipped)?;
         let kc_obj = open_kc.load().map_err(|e| load_error("kcounters", e))?;
         let kc_fd = map_fd(&kc_obj, "kcounters")?;

@@ -264,9 +264,11 @@ fn faults_and_migrations() {
             };
             touch();
             unsafe { libc::madvise(p.cast(), len, libc::MADV_DONTNEED) };
+            let guard = sampled(tid);
             let a = snap(&t, tid);
             touch();
             let b = snap(&t, tid);
+            drop(guard);
             let d = b.kc.fault_user_count - a.kc.fault_user_count;
             eprintln!("faults: {d} for {PAGES} pages");
             assert!(
@@ -331,6 +333,7 @@ fn ipis_count_as_irq_time() {
         s.spawn(|| {
             pin_to(0);
             let tid = warm_up(&t);
+            let _guard = sampled(tid);
             let a = snap(&t, tid);
             let ipi0 = ipi_count_cpu0();
             tx.send(()).unwrap();
@@ -714,9 +717,17 @@ fn overhead() {
     );
 }
 
-/// The thread's entry in the pinned kcounters array, mapped writable (as a
-/// runtime maps it), to set `sampled_refs` the way inference does.
-fn entry_refs(tid: u32) -> (*mut u8, usize, *mut u32) {
+/// Marks thread `tid` as inside a sampled request while alive, the way the
+/// runtime and inference do: +1 on its kcounters entry's `sampled_refs`
+/// (through a writable mapping of the pin, as a runtime maps it), -1 on drop.
+/// irq, softirq and fault events count only while it is held.
+struct Sampled {
+    base: *mut u8,
+    len: usize,
+    refs: *const std::sync::atomic::AtomicU32,
+}
+
+fn sampled(tid: u32) -> Sampled {
     use libbpf_rs::MapCore;
     let m = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
     let len = TS_KC_ENTRIES as usize * TS_KC_ENTRY_SIZE as usize;
@@ -735,15 +746,26 @@ fn entry_refs(tid: u32) -> (*mut u8, usize, *mut u32) {
     for i in 1..TS_KC_ENTRIES as usize {
         let e = unsafe { base.add(i * TS_KC_ENTRY_SIZE as usize) } as *mut ts_kcounters;
         if unsafe { std::ptr::read_volatile(&(*e).tid) } == tid {
-            let refs = unsafe { std::ptr::addr_of_mut!((*e).sampled_refs) };
-            return (base, len, refs);
+            let refs = unsafe { std::ptr::addr_of_mut!((*e).sampled_refs) }
+                as *const std::sync::atomic::AtomicU32;
+            unsafe { (*refs).fetch_add(1, std::sync::atomic::Ordering::SeqCst) };
+            return Sampled { base, len, refs };
         }
     }
     panic!("no entry for tid {tid}");
 }
 
-/// With inference on, kcounters is gated: a target thread's faults count
-/// only while it is inside a sampled request (sampled_refs > 0).
+impl Drop for Sampled {
+    fn drop(&mut self) {
+        unsafe {
+            (*self.refs).fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+            libc::munmap(self.base.cast(), self.len);
+        }
+    }
+}
+
+/// kcounters is gated: a target thread's faults count only while it is
+/// inside a sampled request (sampled_refs > 0).
 #[test]
 fn gated_accounting_counts_only_inside_sampled_requests() {
     require_root!();
@@ -778,21 +800,11 @@ fn gated_accounting_counts_only_inside_sampled_requests() {
                 snap(&t, tid).kc.fault_user_count - a
             };
             let outside = fault_all();
-            let (base, mlen, refs) = entry_refs(tid);
-            unsafe {
-                (*(refs as *const std::sync::atomic::AtomicU32))
-                    .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            };
+            let guard = sampled(tid);
             let inside = fault_all();
-            unsafe {
-                (*(refs as *const std::sync::atomic::AtomicU32))
-                    .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
-            };
+            drop(guard);
             let after = fault_all();
-            unsafe {
-                libc::munmap(base.cast(), mlen);
-                libc::munmap(p.cast(), len);
-            }
+            unsafe { libc::munmap(p.cast(), len) };
             eprintln!(
                 "gated faults: outside {outside}, inside {inside}, after {after} ({PAGES} pages)"
             );
