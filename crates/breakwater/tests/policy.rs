@@ -352,11 +352,24 @@ fn aqm_drops_exactly_when_queue_delay_exceeds_budget() {
     assert_eq!(p.unused(1), Some(unused - 1));
     assert_eq!(p.issued(), issued - 1);
     assert_eq!(p.issued(), p.issued_recount());
-    // A client's own smaller remaining budget tightens the rule.
+    // A client's own smaller remaining time tightens the rule: it keeps
+    // the service reserve (SLO/2 = 500 µs) for after the queue.
     let mut m = msg(1, Kind::Request, 5);
-    m.budget_ns = Some(100_000);
-    assert!(matches!(
+    m.budget_ns = Some(600_000);
+    assert_eq!(
         p.on_arrival(now, &m, &queue_with_delay(now, 100_001)),
+        Verdict::Reject(RejectReason::QueueDelay {
+            delay_ns: 100_001,
+            budget_ns: 100_000
+        })
+    );
+    assert_eq!(
+        p.on_arrival(now, &m, &queue_with_delay(now, 100_000)),
+        Verdict::Admit
+    );
+    m.budget_ns = Some(400_000); // less than the reserve: only an empty queue
+    assert!(matches!(
+        p.on_arrival(now, &m, &queue_with_delay(now, 1)),
         Verdict::Reject(RejectReason::QueueDelay { .. })
     ));
     // ...but cannot loosen it.
@@ -469,7 +482,8 @@ fn clock_skew_and_steps_back_are_harmless() {
 #[test]
 fn zero_or_negative_configuration_is_rejected_at_construction() {
     let base = BreakwaterConfig::for_slo(SLO, 4);
-    let cases: Vec<(&str, Box<dyn Fn(&mut BreakwaterConfig)>)> = vec![
+    type Mutation = Box<dyn Fn(&mut BreakwaterConfig)>;
+    let cases: Vec<(&str, Mutation)> = vec![
         ("target_delay", Box::new(|c| c.target_delay_ns = 0)),
         ("alpha", Box::new(|c| c.alpha = 0.0)),
         ("alpha", Box::new(|c| c.alpha = -0.1)),

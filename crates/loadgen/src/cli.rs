@@ -301,7 +301,7 @@ mod tests {
             &["--protocol", "breakwater", "--control", "magic"],
             &["--clients", "0"],
             &["--slo-us", "0"],
-            &["--seda-adj-i", "-1"],
+            &["--seda-adj-i=-1"],
         ] {
             let err = args(bad).unwrap_err();
             assert!(!err.trim().contains('\n'), "{bad:?}: {err}");

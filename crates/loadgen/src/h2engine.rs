@@ -199,12 +199,11 @@ async fn open_loop(
         });
     }
     all.extend_from_slice(steps);
-    let mut schedule = Schedule::new(&all, config.seed);
+    let schedule = Schedule::new(&all, config.seed);
     let mut pick = SplitMix64::new(config.seed ^ 0x2545_f491_4f6c_dd1d);
     let timer = PacingTimer::new().map_err(|e| format!("cannot create timerfd: {e}"))?;
     let spin_ns = config.spin_us * 1000;
-    let mut seq = 0u64;
-    while let Some(intended) = schedule.next() {
+    for (seq, intended) in schedule.enumerate() {
         let now = shared.now_ns();
         if intended > now + spin_ns {
             timer
@@ -216,8 +215,7 @@ async fn open_loop(
         }
         shared.recorder.borrow_mut().on_scheduled(intended);
         let idx = pick.below(clients.len() as u64) as usize;
-        launch(shared, clients, idx, seq, intended);
-        seq += 1;
+        launch(shared, clients, idx, seq as u64, intended);
     }
     Ok(())
 }

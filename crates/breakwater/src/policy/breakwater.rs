@@ -38,9 +38,18 @@
 //! `C_total`, so a liar can take at most the free credits of the pool: the
 //! pool itself never grows past `C_total` by a grant.
 //!
-//! **AQM.** A credited request whose remaining budget (the server's queue
-//! budget, tightened by the client's own remaining time) is smaller than the
-//! current queue delay is refused at once, and its credit comes back.
+//! **Registration** rides on a client's first request. If the grant leaves
+//! it no credit, the request is still admitted on an overdraft credit while
+//! the queue delay is below `d_t` (a cold pool starts at `C_min`, and a
+//! newcomer to an idle server should not be refused); when congested it is
+//! refused with `no-credit` and the client layer re-queues it.
+//!
+//! **AQM.** A credited request whose remaining budget is smaller than the
+//! current queue delay is refused at once, and its credit comes back. The
+//! budget is the server's queue budget, tightened by the client's remaining
+//! time (it says how long it will still wait, a relative value) minus the
+//! service reserve: a request that spent its SLO waiting for credit at its
+//! client is refused rather than served too late to count.
 //!
 //! **Explicit updates.** A client with demand but no credit and nothing in
 //! flight parks a credit wait; ticks answer parked clients in FIFO order as
@@ -82,6 +91,11 @@ pub struct BreakwaterConfig {
     /// AQM: the most a request may wait in the queue (thesis: target delay
     /// minus the p99 service and network times). Default: half the SLO.
     pub queue_budget_ns: Nanos,
+    /// What a request needs after its queueing (service + network, at the
+    /// tail). A client's remaining time minus this is its own queue budget,
+    /// so a request that waited at its client for credit is not served too
+    /// late to count. Default: SLO − queue budget.
+    pub service_reserve_ns: Nanos,
     /// Demand speculation with overcommitment (C_oc ≥ 1). Off: C_oc = 0, so
     /// clients get exactly their demand and must ask (credit waits) for more.
     pub overcommit: bool,
@@ -113,6 +127,7 @@ impl BreakwaterConfig {
             min_credits: cores,
             max_credits_per_client: 64,
             queue_budget_ns: slo_ns / 2,
+            service_reserve_ns: slo_ns - slo_ns / 2,
             overcommit: true,
             aqm: true,
             efficiency_threshold: 0.1,
@@ -530,14 +545,18 @@ impl Policy for Breakwater {
                 c.demand = c.demand.saturating_add(1).min(cap.max(1));
                 self.grant(msg.client);
                 let c = self.clients.get_mut(&msg.client).expect("known");
-                if c.unused() == 0 {
+                c.demand = c.demand.saturating_sub(1);
+                if c.unused() == 0 && queue.delay(now) >= self.config.target_delay_ns {
+                    // Congested and no credit to give: refuse; the client
+                    // layer re-queues the request and asks for credit.
                     c.received += 1;
                     c.limit = c.received;
                     c.high_water = c.high_water.max(c.limit);
-                    c.demand = c.demand.saturating_sub(1);
                     return Verdict::Reject(RejectReason::NoCredit);
                 }
-                c.demand = c.demand.saturating_sub(1);
+                // Otherwise a newcomer to an uncongested server is admitted,
+                // on an overdraft credit if the pool is spent (a cold pool
+                // starts at C_min); Eq. 2.6 takes it back on later responses.
             }
             Kind::Request => {
                 let c = self.clients.get_mut(&msg.client).expect("known");
@@ -559,13 +578,15 @@ impl Policy for Breakwater {
         if c.received >= c.limit {
             self.issued += 1;
             c.limit = c.received + 1;
+            c.high_water = c.high_water.max(c.limit);
         }
         c.received += 1;
         c.inflight += 1;
         self.eff.in_cur += 1;
         if self.config.aqm {
-            let budget = msg.budget_ns.map_or(self.config.queue_budget_ns, |b| {
-                b.min(self.config.queue_budget_ns)
+            let own = self.config.queue_budget_ns;
+            let budget = msg.budget_ns.map_or(own, |remaining| {
+                own.min(remaining.saturating_sub(self.config.service_reserve_ns))
             });
             let delay = queue.delay(now);
             if delay > budget {

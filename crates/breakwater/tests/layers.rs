@@ -1,0 +1,303 @@
+//! The tower layers end to end: the client layer in front of the server
+//! layer in-process, then the same over real HTTP/2 with hyper.
+
+use breakwater::client::ClientLayer;
+use breakwater::control::{ControlKind, ControlSpec};
+use breakwater::policy::none::NoControl;
+use breakwater::server::{BoxError, Server, ServerConfig, ServerLayer};
+use breakwater::wire;
+use bytes::Bytes;
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body_util::Full;
+use std::sync::Arc;
+use std::time::Duration;
+use tower::{Layer, Service, ServiceExt};
+
+type Body = Full<Bytes>;
+
+fn handler(
+    delay: Duration,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = BoxError, Future = impl Send>
+       + Clone
+       + Send {
+    tower::service_fn(move |_req: Request<Body>| async move {
+        std::thread::sleep(delay);
+        Ok::<_, BoxError>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+    })
+}
+
+fn breakwater_server(workers: usize, delay: Duration) -> Server<Body, Body> {
+    breakwater_server_slo(workers, delay, 50_000_000)
+}
+
+fn breakwater_server_slo(workers: usize, delay: Duration, slo_ns: u64) -> Server<Body, Body> {
+    let spec = ControlSpec::new(ControlKind::Breakwater, slo_ns, workers as u64);
+    let config = ServerConfig {
+        workers,
+        ..ServerConfig::default()
+    };
+    ServerLayer::new(spec.server().unwrap(), config)
+        .unwrap()
+        .layer(handler(delay))
+}
+
+fn with_headers(pairs: &[(&'static str, &str)]) -> Request<Body> {
+    let mut r = Request::new(Body::default());
+    for (k, v) in pairs {
+        r.headers_mut()
+            .insert(*k, HeaderValue::from_str(v).unwrap());
+    }
+    r
+}
+
+#[tokio::test]
+async fn bad_metadata_gets_a_clear_status() {
+    let server = breakwater_server(1, Duration::ZERO);
+    type Case<'a> = (&'a [(&'static str, &'a str)], StatusCode, &'a str);
+    let cases: [Case; 5] = [
+        (
+            &[],
+            StatusCode::PRECONDITION_REQUIRED,
+            "missing-credit-metadata",
+        ),
+        (
+            &[(wire::CLIENT, "x1")],
+            StatusCode::BAD_REQUEST,
+            "malformed-bw-client",
+        ),
+        (
+            &[(wire::CLIENT, "1"), (wire::DEMAND, "-3")],
+            StatusCode::BAD_REQUEST,
+            "malformed-bw-demand",
+        ),
+        // A well-formed request from a client that never registered.
+        (
+            &[(wire::CLIENT, "7")],
+            StatusCode::TOO_MANY_REQUESTS,
+            "unregistered",
+        ),
+        (
+            &[(wire::CLIENT, "7"), (wire::KIND, "steal")],
+            StatusCode::BAD_REQUEST,
+            "malformed-bw-kind",
+        ),
+    ];
+    for (headers, status, token) in cases {
+        let resp = server.clone().oneshot(with_headers(headers)).await.unwrap();
+        assert_eq!(resp.status(), status, "{headers:?}");
+        assert_eq!(resp.headers()[wire::REJECT], token, "{headers:?}");
+    }
+    // Register, spend the window, then one more is refused for lack of credit.
+    let reg = server
+        .clone()
+        .oneshot(with_headers(&[
+            (wire::CLIENT, "9"),
+            (wire::KIND, "register"),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(reg.status(), StatusCode::OK);
+    let limit: u64 = reg.headers()[wire::CREDIT_LIMIT]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(limit >= 1);
+    for _ in 1..limit {
+        let r = server
+            .clone()
+            .oneshot(with_headers(&[(wire::CLIENT, "9")]))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    // Each response re-grants; a burst beyond the high-water mark without
+    // waiting for responses is refused.
+    let mut refused = 0;
+    // `call` decides synchronously, so these all arrive before any answer.
+    let futs: Vec<_> = (0..200)
+        .map(|_| server.clone().call(with_headers(&[(wire::CLIENT, "9")])))
+        .collect();
+    for f in futs {
+        if f.await.unwrap().status() == StatusCode::TOO_MANY_REQUESTS {
+            refused += 1;
+        }
+    }
+    assert!(refused > 0, "a client without credit was served");
+    let stats = server.stats();
+    assert_eq!(stats.malformed, 4, "one missing + three malformed");
+    assert_eq!(
+        stats.control.issued,
+        stats.control.issued.min(stats.control.control as u64 + 1)
+    );
+}
+
+#[tokio::test]
+async fn client_layer_in_front_of_server_layer() {
+    // 2 workers, 2 ms per request: ~1000 req/s of capacity. 50 clients
+    // offer 400 requests at once: the client layer must queue them
+    // locally, release them as credits come back, and none may be refused
+    // for lack of credit. The SLO (2 s) leaves room for all of them.
+    let server = breakwater_server_slo(2, Duration::from_millis(2), 2_000_000_000);
+    let spec = ControlSpec::new(ControlKind::Breakwater, 2_000_000_000, 2);
+    let layer = ClientLayer::new(
+        Arc::new(move || spec.client().unwrap()),
+        Duration::from_secs(2),
+    )
+    .unwrap();
+    let clients: Vec<_> = (0..50).map(|_| layer.layer(server.clone())).collect();
+    let mut tasks = Vec::new();
+    for i in 0..400 {
+        let c = clients[i % clients.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            c.oneshot(Request::new(Body::default())).await
+        }));
+    }
+    let mut ok = 0;
+    for t in tasks {
+        let r = t.await.unwrap().unwrap();
+        assert_ne!(
+            r.status(),
+            StatusCode::TOO_MANY_REQUESTS,
+            "honest client refused"
+        );
+        if r.status() == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 400, "only {ok} of 400 served");
+    let stats = layer.stats();
+    let waits = stats
+        .credit_waits_sent
+        .load(std::sync::atomic::Ordering::Relaxed);
+    assert!(waits > 0, "queued clients never asked for credit");
+    for c in &clients {
+        c.deregister::<Body, Body>().await.unwrap();
+    }
+    let s = server.stats();
+    assert_eq!(
+        s.control.issued, 0,
+        "all credits returned after deregistration: {s:?}"
+    );
+    assert_eq!(s.completed_ok, s.admitted);
+}
+
+#[tokio::test]
+async fn requests_expire_at_the_client_without_credit() {
+    // One worker stuck for 300 ms; a 50 ms client SLO: queued requests
+    // fail locally with Expired and never reach the server.
+    let server = breakwater_server(1, Duration::from_millis(300));
+    let spec = ControlSpec::new(ControlKind::Breakwater, 50_000_000, 1);
+    let layer = ClientLayer::new(
+        Arc::new(move || spec.client().unwrap()),
+        Duration::from_millis(50),
+    )
+    .unwrap();
+    let client = layer.layer(server.clone());
+    let first = tokio::spawn(client.clone().oneshot(Request::new(Body::default())));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut expired = 0;
+    let mut others = Vec::new();
+    for _ in 0..20 {
+        others.push(tokio::spawn(
+            client.clone().oneshot(Request::new(Body::default())),
+        ));
+    }
+    for o in others {
+        if let Err(e) = o.await.unwrap() {
+            if e.downcast_ref::<breakwater::ClientError>().is_some() {
+                expired += 1;
+            }
+        }
+    }
+    first.await.unwrap().unwrap();
+    assert!(expired > 0, "nothing expired");
+    assert!(
+        server.stats().arrivals < 21 + 5,
+        "expired requests reached the server"
+    );
+}
+
+#[tokio::test]
+async fn tower_stock_limit_sheds() {
+    let inner = Server::start(
+        handler(Duration::from_millis(20)),
+        Box::new(NoControl),
+        ServerConfig::default(),
+    );
+    let svc = tower::ServiceBuilder::new()
+        .load_shed()
+        .concurrency_limit(2)
+        .service(inner);
+    let futs: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(svc.clone().oneshot(Request::new(Body::default()))))
+        .collect();
+    let mut shed = 0;
+    for f in futs {
+        if let Err(e) = f.await.unwrap() {
+            assert!(e.is::<tower::load_shed::error::Overloaded>());
+            shed += 1;
+        }
+    }
+    assert!(shed >= 5, "shed {shed}");
+}
+
+#[test]
+fn zero_workers_and_zero_slo_are_refused() {
+    let policy = ControlSpec::new(ControlKind::Breakwater, 1_000_000, 1)
+        .server()
+        .unwrap();
+    let bad = ServerConfig {
+        workers: 0,
+        ..ServerConfig::default()
+    };
+    assert!(ServerLayer::<Body, Body>::new(policy, bad).is_err());
+    let spec = ControlSpec::new(ControlKind::Breakwater, 1_000_000, 1);
+    assert!(ClientLayer::new(Arc::new(move || spec.client().unwrap()), Duration::ZERO).is_err());
+}
+
+#[test]
+fn over_real_http2() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let spec = ControlSpec::new(ControlKind::Breakwater, 100_000_000, 1);
+        let server: Server<hyper::body::Incoming, Body> =
+            ServerLayer::new(spec.server().unwrap(), ServerConfig::default())
+                .unwrap()
+                .layer(tower::service_fn(
+                    |_req: Request<hyper::body::Incoming>| async {
+                        Ok::<_, BoxError>(Response::new(Full::new(Bytes::from_static(b"hi"))))
+                    },
+                ));
+        tokio::spawn(breakwater::http::serve(listener, server, 256));
+        let transport = breakwater::http::H2Transport::connect(addr).await.unwrap();
+        // Without the client layer: no credit metadata, refused with 428.
+        let raw = transport
+            .clone()
+            .oneshot(Request::new(Body::default()))
+            .await
+            .unwrap();
+        assert_eq!(raw.status(), StatusCode::PRECONDITION_REQUIRED);
+        let layer = ClientLayer::new(
+            Arc::new(move || spec.client().unwrap()),
+            Duration::from_secs(1),
+        )
+        .unwrap();
+        let client = layer.layer(transport);
+        for _ in 0..20 {
+            let r = client
+                .clone()
+                .oneshot(Request::new(Body::default()))
+                .await
+                .unwrap();
+            assert_eq!(r.status(), StatusCode::OK);
+            assert_eq!(r.body().as_ref(), b"hi");
+            assert!(r.headers().contains_key(wire::CREDIT_LIMIT));
+        }
+    });
+}
