@@ -56,6 +56,7 @@ class _Module:
         self.names: list[str] = []
         self._lines: tuple[list[int], list[tuple[str, int]]] | None = None
         self._has_dwarf = False
+        self.stripped = True
         try:
             with open(path, "rb") as f:
                 elf = ELFFile(f)
@@ -70,6 +71,8 @@ class _Module:
                     for s in sec.iter_symbols():
                         if s["st_info"]["type"] == "STT_FUNC" and s["st_value"] and s.name:
                             syms.append((s["st_value"], max(int(s["st_size"]), 1), s.name))
+                    if sec_name == ".symtab":
+                        self.stripped = False
                     if syms:
                         break
                 syms.sort()
@@ -177,10 +180,10 @@ class Symbolizer:
         va = mod.vaddr(file_off)
         if va is None:
             return fallback
+        if mod.stripped:
+            self._warn(path, "no symbols (stripped)")
         name = mod.function(va)
         if name is None:
-            if not mod.names:
-                self._warn(path, "no symbols (stripped)")
             return fallback
         fl = mod.line(va) if self._lines else None
         return Symbol(name=name, module=base, offset=file_off, file=fl[0] if fl else None,

@@ -20,8 +20,10 @@
  *
  * Resynchronisation. longjmp and C exceptions leave frames without exits.
  * On entry, frames whose stack address is below the caller's current one
- * are dead (a live ancestor's is above, or equal for a function inlined
- * into its caller, whose hooks run in the caller's frame) and are dropped. On exit,
+ * are dead (a live ancestor's is above) and are dropped; so is one at the
+ * same address with another call site (a sibling after a longjmp), while
+ * a function inlined into its caller runs its hooks in the caller's frame
+ * with the caller's call site, and stays. On exit,
  * a function that is not on top pops down to its own frame. Both are
  * counted in `resyncs`. Calls deeper than TS_SHADOW_DEPTH only change
  * `depth` and are counted in `truncated`.
@@ -91,10 +93,17 @@ NOINST void ts_shadow_detach(struct ts_thread *t) {
 
 /* Frames below the caller's stack address are dead (skipped by a longjmp
  * or an exception): a live ancestor's is above, or equal when inlined. */
+static NOINST inline int frame_dead(const struct ts_frame *f, uintptr_t sp, uint64_t site) {
+	/* Equal stack addresses: a function inlined into the frame's function
+	 * (its hooks pass the same call site), or a sibling called after a
+	 * longjmp out of the frame (a different call site). */
+	return f->sp < sp || (f->sp == sp && f->site != site);
+}
+
 static NOINST inline int shadow_top_dead(const struct ts_shadow_stack *s, uint32_t d,
-					 uintptr_t sp) {
+					 uintptr_t sp, uint64_t site) {
 	uint32_t top = d < TS_SHADOW_DEPTH ? d : TS_SHADOW_DEPTH;
-	return top && s->frames[top - 1].sp < sp;
+	return top && frame_dead(&s->frames[top - 1], sp, site);
 }
 
 /* Push one frame. The caller checked that no dead frame is on top. */
@@ -126,10 +135,10 @@ static NOINST __attribute__((noinline)) void enter_slow(void *fn, void *site, ui
 	uint64_t entry_ns = t->shadow ? 0 : now_ns();
 	uint32_t d = s->depth;
 	uint64_t g = s->gen;
-	if (shadow_top_dead(s, d, sp) && !(g & 1)) {
+	if (shadow_top_dead(s, d, sp, (uint64_t)(uintptr_t)site) && !(g & 1)) {
 		gen_store(s, g + 1);
 		uint32_t n = d < TS_SHADOW_DEPTH ? d : TS_SHADOW_DEPTH;
-		while (n > 0 && s->frames[n - 1].sp < sp) n--;
+		while (n > 0 && frame_dead(&s->frames[n - 1], sp, (uint64_t)(uintptr_t)site)) n--;
 		s->resyncs += d - n;
 		s->depth = n;
 		gen_store(s, g + 2);
@@ -150,7 +159,8 @@ NOINST void __cyg_profile_func_enter(void *fn, void *site) {
 	}
 	uint32_t d = s->depth;
 	uint32_t top = d < TS_SHADOW_DEPTH ? d : TS_SHADOW_DEPTH;
-	if (TS_UNLIKELY(top && s->frames[top - 1].sp < sp)) {
+	if (TS_UNLIKELY(top && s->frames[top - 1].sp <= sp) &&
+	    frame_dead(&s->frames[top - 1], sp, (uint64_t)(uintptr_t)site)) {
 		enter_slow(fn, site, sp);
 		return;
 	}

@@ -57,6 +57,7 @@ pub const FUNCTION_COLUMNS: &[(&str, &str)] = &[
     ("start_ns", "uint64"),
     ("latency_ns", "uint64"),
     ("start_exact", "bool"),
+    ("error_bound_ns", "uint64"),
 ];
 
 /// The `locks` table: MUTEX_WAIT / MUTEX_LOCK / MUTEX_UNLOCK events.
@@ -198,18 +199,27 @@ pub struct FunctionRow {
     pub start_ns: u64,
     pub latency_ns: u64,
     pub start_exact: bool,
+    /// |latency − true latency| ≤ this: the observer's gaps at the start and
+    /// the end (the scan intervals in which the frame appeared and vanished).
+    pub error_bound_ns: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
 struct Tracked {
     f: ts_frame,
     first_seen: u64,
+    /// How late `first_seen` can be: since the state was last confirmed.
+    start_gap: u64,
 }
 
 #[derive(Debug, Default)]
 struct Track {
     tid: u32,
     last_gen: Option<u64>,
+    /// When the tracked frames were last known to be the thread's stack.
+    confirmed_ns: u64,
+    /// An exited thread whose final stack has been read.
+    retired: bool,
     frames: Vec<Tracked>,
     prev: Option<(u64, u64)>,
     truncated: (u64, u64),
@@ -223,6 +233,15 @@ impl Track {
     }
 }
 
+/// What a walk of one slot found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    Unchanged,
+    Busy,
+    Discarded,
+    Accepted,
+}
+
 /// Accepts an event time when it lies within an hour of the recording.
 const EVENT_TIME_SLACK_NS: u64 = 3_600 * 1_000_000_000;
 
@@ -234,6 +253,8 @@ pub struct Observer<M: RegionMemory> {
     tracks: Vec<Track>,
     stats: ObserverStats,
     prev_pass_ns: Option<u64>,
+    pass_ns: u64,
+    before_pass_ns: u64,
     head_buf: Vec<u8>,
     frames_buf: Vec<u8>,
     new_frames: Vec<ts_frame>,
@@ -260,6 +281,8 @@ impl<M: RegionMemory> Observer<M> {
             tracks,
             stats: ObserverStats::default(),
             prev_pass_ns: None,
+            pass_ns: 0,
+            before_pass_ns: 0,
             head_buf: vec![0u8; SHADOW_HEAD_BYTES],
             frames_buf: vec![0u8; TS_SHADOW_DEPTH as usize * FRAME_SIZE],
             new_frames: Vec::with_capacity(TS_SHADOW_DEPTH as usize),
@@ -282,6 +305,8 @@ impl<M: RegionMemory> Observer<M> {
     /// One pass over every claimed slot. `clock` returns CLOCK_MONOTONIC ns.
     pub fn pass(&mut self, clock: &mut dyn FnMut() -> u64) {
         let t = clock();
+        self.before_pass_ns = self.prev_pass_ns.unwrap_or(self.start_mono_ns.min(t));
+        self.pass_ns = t;
         if let Some(p) = self.prev_pass_ns {
             let period = t.saturating_sub(p);
             let b = (63 - period.max(1).leading_zeros() as usize).min(PERIOD_BUCKETS - 1);
@@ -319,33 +344,43 @@ impl<M: RegionMemory> Observer<M> {
             t.truncated = (trunc, trunc);
             t.resyncs = (resync, resync);
             t.ev_dropped = (drop0, drop0);
+            // Not this thread's slot at the previous pass: its calls began since.
+            t.confirmed_ns = self.before_pass_ns;
             self.stats.threads_seen += 1;
         }
         self.drain_events(i, tid);
-        if !live {
-            // Exited: its open calls never ended in view. Keep the tid so
-            // the thread is not counted again while the slot stays EXITED.
+        if self.tracks[i as usize].retired {
+            return;
+        }
+        let walk = self.walk(i, base, clock);
+        if !live && matches!(walk, Walk::Unchanged | Walk::Accepted) {
+            // Exited: its stack is final. Calls still on it never ended in view.
             let (trunc, resync) = self.read_head(base);
             let t = &mut self.tracks[i as usize];
             t.truncated.1 = trunc.max(t.truncated.0);
             t.resyncs.1 = resync.max(t.resyncs.0);
             self.fold(i);
-            return;
+            self.tracks[i as usize].retired = true;
         }
+    }
+
+    /// One seqlock read of slot `i`'s shadow stack, applied if consistent.
+    fn walk(&mut self, i: u32, base: usize, clock: &mut dyn FnMut() -> u64) -> Walk {
         let gen = self.mem.load_u64_acquire(base + ldb_offsets::SHADOW_GEN);
         if self.tracks[i as usize].last_gen == Some(gen) {
             self.stats.fast_path += 1;
-            return;
+            self.tracks[i as usize].confirmed_ns = self.pass_ns;
+            return Walk::Unchanged;
         }
         if gen & 1 == 1 {
             self.stats.invalid += 1;
-            return;
+            return Walk::Busy;
         }
         let cs = clock();
         self.mem
             .read(base + ldb_offsets::SHADOW, &mut self.head_buf);
         let Ok(head) = parse_shadow_head(&self.head_buf) else {
-            return;
+            return Walk::Busy;
         };
         let n = stored_frames(head.depth) as usize;
         self.mem.read(
@@ -357,7 +392,7 @@ impl<M: RegionMemory> Observer<M> {
         let ce = clock();
         if gen2 != gen || head.gen != gen {
             self.stats.seqlock_discards += 1;
-            return;
+            return Walk::Discarded;
         }
         let track = &mut self.tracks[i as usize];
         let prev = track.prev.replace((cs, ce));
@@ -366,12 +401,15 @@ impl<M: RegionMemory> Observer<M> {
             let de = ce.saturating_sub(pce);
             if ds > 0 && ((de as f64 / ds as f64) - 1.0).abs() > self.cfg.dte_tolerance {
                 self.stats.dte_discards += 1;
-                return;
+                return Walk::Discarded;
             }
         }
         track.last_gen = Some(gen);
         track.truncated.1 = head.truncated.max(track.truncated.0);
         track.resyncs.1 = head.resyncs.max(track.resyncs.0);
+        // The state changed after `confirmed_ns` and was read by `ce`.
+        let gap = ce.saturating_sub(track.confirmed_ns);
+        track.confirmed_ns = cs;
         self.stats.full_walks += 1;
         self.stats.max_depth_seen = self.stats.max_depth_seen.max(head.depth.min(1 << 20));
         self.new_frames.clear();
@@ -380,7 +418,8 @@ impl<M: RegionMemory> Observer<M> {
             n as u32,
             &mut self.new_frames,
         );
-        self.apply(i, cs);
+        self.apply(i, cs, gap);
+        Walk::Accepted
     }
 
     fn read_head(&mut self, base: usize) -> (u64, u64) {
@@ -390,7 +429,7 @@ impl<M: RegionMemory> Observer<M> {
     }
 
     /// Diff the accepted snapshot in `new_frames` against the tracked ones.
-    fn apply(&mut self, i: u32, at: u64) {
+    fn apply(&mut self, i: u32, at: u64, gap: u64) {
         let track = &mut self.tracks[i as usize];
         let old: Vec<ts_frame> = track.frames.iter().map(|t| t.f).collect();
         let keep = common_prefix(&old, &self.new_frames);
@@ -410,6 +449,11 @@ impl<M: RegionMemory> Observer<M> {
                 start_ns: start,
                 latency_ns: at.saturating_sub(start),
                 start_exact: exact,
+                error_bound_ns: if exact {
+                    gap
+                } else {
+                    t.start_gap.saturating_add(gap)
+                },
             };
             if row.latency_ns >= self.cfg.threshold_ns {
                 self.functions.push(row);
@@ -423,6 +467,7 @@ impl<M: RegionMemory> Observer<M> {
             track.frames.push(Tracked {
                 f: *f,
                 first_seen: at,
+                start_gap: gap,
             });
         }
     }
@@ -692,6 +737,7 @@ fn flush<M: RegionMemory>(
             Cell::U64(r.start_ns),
             Cell::U64(r.latency_ns),
             Cell::Bool(r.start_exact),
+            Cell::U64(r.error_bound_ns),
         ])?;
     }
     for (ts, tid, name, m) in obs.lock_events.drain(..) {

@@ -545,7 +545,14 @@ def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 
         for e in tl["events"]:
             if e["kind"] == "lock-hold":
                 inside = [x for x in tl["events"] if x["kind"] == "holder-function" and x["tid"] == e["tid"]]
-                top_fn = min(inside, key=lambda x: x["depth"], default=None)
+                # The holder function: the deepest call that spans the hold (it took and released
+                # the lock); failing that, the one overlapping the hold most.
+                def cover(x, e=e):
+                    return min(x["end_ns"], e["end_ns"]) - max(x["start_ns"], e["start_ns"])
+                hold = max(e["end_ns"] - e["start_ns"], 1)
+                # (Call starts are first sightings, up to a scan interval late: 90% counts as all.)
+                spanning = [x for x in inside if cover(x) >= 0.9 * hold]
+                top_fn = max(spanning, key=lambda x: x["depth"]) if spanning else max(inside, key=cover, default=None)
                 holder_lines.append({"request_id": tl["request_id"], "waiter_tid": e.get("waiter"),
                                      "holder_tid": e["tid"], "mutex": e["mutex"],
                                      "hold_ns": e["end_ns"] - e["start_ns"],
