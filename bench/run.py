@@ -3,7 +3,8 @@
 
 Parts: `runtime` (ns per request begin/end pair), `analysis` (recorded requests
 ranked per second), `varmri` (throughput and p99 cost of recording against
-bpftrace, perf and ftrace). Each part writes bench/results/<part>.{json,md}.
+bpftrace, perf and ftrace), `breakwater` (overload control against its
+baselines, real runs plus the simulator). Each part writes bench/results/<part>.{json,md}.
 Select parts with `BENCH=varmri,runtime make bench` or `bench/run.py --parts ...`.
 """
 
@@ -22,6 +23,7 @@ PARTS = {
     "runtime": [PY, str(ROOT / "bench/runtime/run.py")],
     "analysis": [PY, str(ROOT / "bench/analysis/bench_analysis.py")],
     "varmri": [PY, str(ROOT / "bench/varmri.py")],
+    "breakwater": [PY, str(ROOT / "bench/breakwater/run.py")],
 }
 
 

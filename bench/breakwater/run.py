@@ -1,0 +1,415 @@
+#!/usr/bin/env python3
+"""Bench part `breakwater`: overload control measured against its baselines.
+
+Real runs on loopback: `bw-server` (hyper HTTP/2, one FIFO dispatcher and one
+worker, a busy loop of exponential or bimodal service with mean 100 µs)
+pinned to CPU 0; `tailscope-loadgen --protocol breakwater` (1000 logical
+clients over 8 HTTP/2 connections, each running the client layer) pinned to
+CPU 1. Capacity is measured first (closed loop, no control); every demand is
+a multiple of it. SLO = 2 ms (10 x (service + RTT), the thesis's rule, with
+a ~100 µs loopback HTTP/2 RTT).
+
+Experiments: demand sweep 0.1x..2x for none / breakwater / SEDA / DAGOR /
+gradient / tower's ConcurrencyLimit+LoadShed (2x repeated, medians); bimodal
+at 2x; a load shift 0.5 -> 0.9 -> 1.4 -> 0.9 -> 0.5x in 20 ms bins; the
+ablation (credits, + speculation, + AQM); message counts; the lock-bound
+microbenchmark (two mutex paths, p = 20%) comparing the efficiency signal
+(+ASQM), the delay signal and SEDA. Then the discrete-event simulator (10 µs
+service, 10 cores, 1000 clients, 10 µs RTT) for the shapes of the thesis's
+Fig. 2.7/2.8/2.11/2.12/2.13.
+
+Writes bench/results/breakwater.{md,json,html}; prints the comparison table
+as ratios. `--quick` shortens everything (for a smoke run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TARGET = ROOT / "target" / "release"
+SERVER = TARGET / "examples" / "bw-server"
+LOADGEN = TARGET / "tailscope-loadgen"
+SIM = TARGET / "bw-sim"
+RESULTS = ROOT / "bench" / "results"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+SLO_US = 2000
+MEAN_US = 100
+CLIENTS = 1000
+CONNECTIONS = 8
+CONTROLS = ["none", "breakwater", "seda", "dagor", "gradient", "tower"]
+TOWER_LIMIT = 8
+
+
+def die(msg: str) -> None:
+    print(f"bench breakwater: error: {msg}", file=sys.stderr)
+    sys.exit(1)
+
+
+def build() -> None:
+    cmd = [
+        "cargo",
+        "build",
+        "--release",
+        "-q",
+        "-p",
+        "tailscope-breakwater",
+        "--examples",
+        "--bins",
+        "-p",
+        "tailscope-loadgen",
+    ]
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        die("cargo build failed")
+
+
+def have_two_cpus() -> bool:
+    return len(os.sched_getaffinity(0)) >= 2
+
+
+class Server:
+    """bw-server pinned to CPU 0, stopped with SIGTERM (it writes its stats)."""
+
+    def __init__(
+        self, port: int, control: str, service: str, extra: list[str], slo_us: int, mean_us: int, workers: int = 1
+    ):
+        self.stats_path = Path(tempfile.mkstemp(prefix="bw-stats-", suffix=".json")[1])
+        args = [
+            str(SERVER),
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--control",
+            control,
+            "--service",
+            service,
+            "--mean-us",
+            str(mean_us),
+            "--slo-us",
+            str(slo_us),
+            "--workers",
+            str(workers),
+            "--tower-limit",
+            str(TOWER_LIMIT),
+            "--stats",
+            str(self.stats_path),
+            *extra,
+        ]
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", "0", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        line = self.proc.stdout.readline()
+        if "listening" not in line:
+            err = self.proc.stderr.read()
+            die(f"bw-server did not start: {line.strip()} {err.strip()}")
+
+    def stop(self) -> dict:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        try:
+            return json.loads(self.stats_path.read_text())
+        except (OSError, ValueError):
+            return {}
+        finally:
+            self.stats_path.unlink(missing_ok=True)
+
+
+PORT = [18600]
+
+
+def loadgen(
+    port: int, control: str, rate: str, duration: float, warmup: float, extra: list[str], slo_us: int = SLO_US
+) -> dict:
+    out = Path(tempfile.mkstemp(prefix="bw-lg-", suffix=".json")[1])
+    cmd = [
+        "taskset",
+        "-c",
+        "1",
+        str(LOADGEN),
+        "--target",
+        f"127.0.0.1:{port}",
+        "--protocol",
+        "breakwater",
+        "--control",
+        control,
+        "--clients",
+        str(CLIENTS),
+        "--connections",
+        str(CONNECTIONS),
+        "--rate",
+        rate,
+        "--duration",
+        str(duration),
+        "--warmup",
+        str(warmup),
+        "--slo-us",
+        str(slo_us),
+        "--cpu",
+        "1",
+        "--timeout-ms",
+        "500",
+        "--json",
+        str(out),
+        "-q",
+        *extra,
+    ]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        die(f"loadgen failed: {r.stderr.strip()} ({shlex.join(cmd)})")
+    data = json.loads(out.read_text())
+    out.unlink(missing_ok=True)
+    return data
+
+
+def run_one(
+    control: str,
+    rate: float,
+    *,
+    service: str = "exponential",
+    duration: float = 2.0,
+    warmup: float = 0.5,
+    steps: str | None = None,
+    server_extra: list[str] | None = None,
+    capacity: float = 1.0,
+    slo_us: int = SLO_US,
+    mean_us: int = MEAN_US,
+    workers: int = 1,
+) -> dict:
+    """One server + one loadgen run; returns the merged summary."""
+    PORT[0] += 1
+    port = PORT[0]
+    server_control = control
+    client_control = {"tower": "none", "gradient": "gradient"}.get(control, control)
+    if control == "breakwater-efficiency":
+        client_control = "breakwater"
+    srv = Server(port, server_control, service, server_extra or [], slo_us, mean_us, workers)
+    share = capacity / CLIENTS
+    extra = ["--seda-initial-rate", f"{share:.4f}", "--seda-adj-i", f"{0.005 * share:.6f}"]
+    if steps:
+        extra += ["--steps", steps]
+    try:
+        lg = loadgen(port, client_control, f"{rate:.0f}", duration, warmup, extra, slo_us)
+    finally:
+        stats = srv.stop()
+    return summarize(lg, stats, rate)
+
+
+def summarize(lg: dict, stats: dict, rate: float) -> dict:
+    srv_req = stats.get("admitted", 0) + stats.get("rejected", 0)
+    return {
+        "demand_rps": rate,
+        "goodput_rps": lg["goodput_rps"],
+        "throughput_rps": lg["achieved_rps"] - lg["rejected"] / lg["duration_s"],
+        "p99_us": lg["latency_us"]["p99"],
+        "p50_us": lg["latency_us"]["p50"],
+        "rejected": lg["rejected"],
+        "expired": lg["expired"],
+        "client_dropped": lg["client_dropped"],
+        "scheduled": lg["scheduled"],
+        "reject_p50_us": lg["reject_latency_us"]["p50"],
+        "reject_p99_us": lg["reject_latency_us"]["p99"],
+        "reject_mean_us": lg["reject_latency_us"]["mean"],
+        "server_drop_rate": (stats.get("rejected", 0) / srv_req) if srv_req else 0.0,
+        "server": stats,
+        "max_send_lag_us": lg["max_send_lag_us"],
+        "timeseries": lg["timeseries"],
+        "duration_s": lg["duration_s"],
+    }
+
+
+def capacity(service: str) -> float:
+    PORT[0] += 1
+    srv = Server(PORT[0], "none", service, [], SLO_US, MEAN_US)
+    try:
+        lg = loadgen(PORT[0], "none", "max", 2.0, 0.5, ["--max-outstanding-per-conn", "4"])
+    finally:
+        srv.stop()
+    return lg["achieved_rps"]
+
+
+def med(rows: list[dict], key: str) -> float:
+    return statistics.median(r[key] for r in rows)
+
+
+def settle_ms(bins: list[dict], step_ms: float, phase_ms: float, slo_us: float, bin_ms: float = 20.0):
+    """Time from the step to the first 3-bin window whose mean goodput is
+    within 5% of the phase's converged goodput (median of its second half)
+    and whose bins all have p99 <= 2 x SLO. None if never."""
+    inside = [b for b in bins if step_ms <= b["t_ms"] < step_ms + phase_ms]
+    if len(inside) < 6:
+        return None
+    good = [b["good"] / (bin_ms / 1e3) for b in inside]
+    converged = statistics.median(good[len(good) // 2 :])
+    for k in range(len(inside) - 2):
+        window = inside[k : k + 3]
+        g = sum(good[k : k + 3]) / 3
+        p99_ok = all((b["p99_us"] or 0) <= 2 * slo_us for b in window)
+        if converged > 0 and abs(g - converged) <= 0.05 * converged and p99_ok:
+            return inside[k]["t_ms"] - step_ms
+    return None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="short runs (smoke test)")
+    ap.add_argument("--runs", type=int, default=None, help="repeats of the 2x headline runs (default 3; quick 1)")
+    ap.add_argument("--skip-real", action="store_true", help="simulator only")
+    args = ap.parse_args()
+    runs = args.runs if args.runs is not None else (1 if args.quick else 3)
+    if runs < 1:
+        die("--runs must be at least 1")
+    for tool in ("cargo", "taskset"):
+        if subprocess.run(["which", tool], capture_output=True).returncode != 0:
+            die(f"{tool} not found")
+    t0 = time.time()
+    build()
+    dur = 1.0 if args.quick else 2.0
+    warm = 0.3 if args.quick else 0.5
+    result: dict = {
+        "command": "make bench BENCH=breakwater  (or: .venv/bin/python bench/breakwater/run.py"
+        + (" --quick" if args.quick else "")
+        + ")",
+        "setup": {
+            "slo_us": SLO_US,
+            "mean_service_us": MEAN_US,
+            "clients": CLIENTS,
+            "connections": CONNECTIONS,
+            "server_cpu": 0,
+            "load_cpu": 1,
+            "workers": 1,
+            "run_s": dur,
+            "warmup_s": warm,
+            "headline_runs": runs,
+            "tower_limit": TOWER_LIMIT,
+            "load": os.getloadavg(),
+        },
+    }
+    real_ok = not args.skip_real and have_two_cpus()
+    if not real_ok and not args.skip_real:
+        print("bench breakwater: fewer than 2 CPUs; skipping the real runs (simulator only)")
+    if real_ok:
+        print("measuring capacity (closed loop, no control)...", flush=True)
+        cap = {"exponential": capacity("exponential"), "bimodal": capacity("bimodal")}
+        result["capacity_rps"] = cap
+        c = cap["exponential"]
+        print(f"  capacity: exponential {c:.0f} req/s, bimodal {cap['bimodal']:.0f} req/s", flush=True)
+        demands = [0.5, 1.0, 2.0] if args.quick else [0.1, 0.5, 0.9, 1.0, 1.5, 2.0]
+        sweep: dict[str, list[dict]] = {k: [] for k in CONTROLS}
+        for ctl in CONTROLS:
+            for d in demands:
+                reps = runs if d == 2.0 else 1
+                rows = [run_one(ctl, d * c, duration=dur, warmup=warm, capacity=c) for _ in range(reps)]
+                row = {k: (med(rows, k) if isinstance(rows[0][k], (int, float)) else rows[0][k]) for k in rows[0]}
+                row["demand_x"] = d
+                row["runs"] = [{k: v for k, v in r.items() if k not in ("timeseries", "server")} for r in rows]
+                row.pop("timeseries", None)
+                sweep[ctl].append(row)
+                print(
+                    f"  {ctl:>10} {d:>4}x: goodput {row['goodput_rps']:7.0f}  p99 {row['p99_us']:8.0f} us  "
+                    f"drop {row['server_drop_rate']:.3f}  reject p99 {row['reject_p99_us']:7.0f} us  "
+                    f"expired {row['expired']}",
+                    flush=True,
+                )
+        result["sweep"] = sweep
+        print("bimodal at 2x...", flush=True)
+        cb = cap["bimodal"]
+        result["bimodal_2x"] = {}
+        for ctl in CONTROLS:
+            r = run_one(ctl, 2 * cb, service="bimodal", duration=dur, warmup=warm, capacity=cb)
+            r.pop("timeseries", None)
+            result["bimodal_2x"][ctl] = r
+        print("load shift 0.5 -> 0.9 -> 1.4 -> 0.9 -> 0.5x...", flush=True)
+        phase = 0.5 if args.quick else 1.0
+        steps = ",".join(f"{x}x:{phase}" for x in (0.5, 0.9, 1.4, 0.9, 0.5))
+        shift = {}
+        for ctl in ["breakwater", "dagor", "seda", "none"]:
+            r = run_one(ctl, c, steps=steps, warmup=warm, capacity=c)
+            r["settle_ms_after_1_4x"] = settle_ms(r["timeseries"], 2 * phase * 1e3, phase * 1e3, SLO_US)
+            shift[ctl] = r
+            print(f"  {ctl:>10}: settles {r['settle_ms_after_1_4x']} ms after the step to 1.4x", flush=True)
+        result["shift"] = {"phase_s": phase, "runs": shift}
+        print("ablation...", flush=True)
+        abl = {}
+        variants = {
+            "credits": ["--no-overcommit", "--no-aqm"],
+            "credits+speculation": ["--no-aqm"],
+            "credits+speculation+aqm": [],
+        }
+        for name, flags in variants.items():
+            abl[name] = []
+            for d in [1.0, 2.0] if not args.quick else [2.0]:
+                r = run_one("breakwater", d * c, server_extra=flags, duration=dur, warmup=warm, capacity=c)
+                r.pop("timeseries", None)
+                r["demand_x"] = d
+                abl[name].append(r)
+        result["ablation"] = abl
+        print("lock-bound microbenchmark (2 mutex paths, p = 20%, 1 ms holds)...", flush=True)
+        lock_slo = 10_000
+        lock_cap = 1000 / 0.8  # path B (80%) saturates at 1/(0.8 x 1 ms)
+        lock = {}
+        for name, ctl, extra in [
+            ("efficiency+asqm", "breakwater-efficiency", ["--asqm"]),
+            ("delay", "breakwater", []),
+            ("seda", "seda", []),
+        ]:
+            lock[name] = []
+            for d in [0.8, 2.4] if args.quick else [0.8, 1.6, 2.4]:
+                r = run_one(
+                    ctl,
+                    d * lock_cap,
+                    service="lock",
+                    server_extra=["--lock-p", "0.2", *extra],
+                    duration=dur,
+                    warmup=warm,
+                    capacity=lock_cap,
+                    slo_us=lock_slo,
+                    mean_us=1000,
+                    workers=32,
+                )
+                r.pop("timeseries", None)
+                r["demand_x"] = d
+                lock[name].append(r)
+                print(
+                    f"  {name:>16} {d}x: goodput {r['goodput_rps']:.0f}  p99 {r['p99_us']:.0f} us  "
+                    f"drop {r['server_drop_rate']:.3f}",
+                    flush=True,
+                )
+        result["lock"] = {"capacity_rps": lock_cap, "slo_us": lock_slo, "runs": lock}
+    print("simulator (10 µs service, 10 cores, 1000 clients)...", flush=True)
+    sim_json = Path(tempfile.mkstemp(prefix="bw-sim-", suffix=".json")[1])
+    cmd = [str(SIM), "--experiment", "all", "--json", str(sim_json)] + (["--quick"] if args.quick else [])
+    if subprocess.run(cmd).returncode != 0:
+        die("bw-sim failed")
+    result["sim"] = json.loads(sim_json.read_text())
+    sim_json.unlink(missing_ok=True)
+    result["elapsed_s"] = round(time.time() - t0, 1)
+    from report import render_html, render_md, verdicts
+
+    result["verdicts"] = verdicts(result)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "breakwater.json").write_text(json.dumps(result, indent=1) + "\n")
+    md = render_md(result)
+    (RESULTS / "breakwater.md").write_text(md)
+    (RESULTS / "breakwater.html").write_text(render_html(result))
+    print()
+    print(md)
+    print(f"wrote {RESULTS}/breakwater.{{md,json,html}} in {result['elapsed_s']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
