@@ -157,7 +157,7 @@ def cmd_flags(ns: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tailscope", description="Why was that request slow?")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
-    sub = p.add_subparsers(dest="command", metavar="{record,report,timeline,flags}")
+    sub = p.add_subparsers(dest="command", metavar="{record,report,timeline,flags,clone,clone-report}")
     sub.add_parser("record", help="record a service (runs tailscope-agent; arguments pass through)",
                    add_help=False)
     r = sub.add_parser("report", help="analyse a recording: terminal summary + DIR/report.html")
@@ -186,6 +186,9 @@ def build_parser() -> argparse.ArgumentParser:
     f.add_argument("--exclude-function-list", default="", metavar="NAMES",
                    help="comma-separated function names not to instrument (hot, tiny functions)")
     f.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
+    from tailscope.clone.cli import register as register_clone  # Ditto: clone, clone-report
+
+    register_clone(sub)
     return p
 
 
@@ -200,6 +203,10 @@ def main(argv: list[str] | None = None) -> int:
         ns = parser.parse_args(argv)
         if ns.command == "report":
             return cmd_report(ns)
+        if ns.command in ("clone", "clone-report"):
+            from tailscope.clone.cli import dispatch
+
+            return dispatch(ns)
         if ns.command == "timeline":
             return cmd_timeline(ns)
         if ns.command == "flags":

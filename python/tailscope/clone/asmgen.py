@@ -1,0 +1,413 @@
+"""The generated body: x86-64 assembly blocks that match a cluster's profiled distributions.
+
+One function per thread cluster, `clone_body_<c>(struct body_state *st)`, runs once per
+trigger event (a request for workers, a wakeup for timer threads). It is a sequence of code
+blocks (Ditto §4.4.5, Fig. 3); block b is a straight-line run of K_b instructions looped n_b
+times per event (n_b may be fractional: a 16.16 fixed-point accumulator in the state carries
+the remainder across events). Each block has
+
+  * a code size W_b in one instruction working-set bin: its instruction fetches reuse lines
+    at distance ~W_b, so they hit in an I-cache of size >= W_b and miss below;
+  * a data region of size R_b in one data working-set bin, walked sequentially one line per
+    access with a cursor that persists across events (Ditto §4.4.4, Fig. 4), plus accesses to a
+    tiny always-hit region (the stack-like accesses of the original);
+  * instructions sampled from the class/memory-flag mix, registers picked so that
+    read-after-write distances follow the profiled histogram (§4.4.6);
+  * conditional branches whose outcome is a bit of a rotating 64-bit pattern register, so a
+    branch's taken rate p and transition rate r are those of the pattern (§4.4.3); rare or
+    near-certain branches (p < 1/64 or > 63/64) test low bits of the iteration counter.
+
+Registers: r15 data base, r14 iteration counter, r13 region cursor, r12 loop count, r11/r10
+branch patterns, rdi the state; rax rbx rcx rdx rsi rbp r8 r9 and xmm0-7 carry the mix.
+Everything is drawn from a numpy Generator seeded by the caller: same seed, same text.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .isa import CLASSES, DEP_BINS, MEMFLAGS
+
+GPR = ["rax", "rbx", "rcx", "rdx", "rsi", "rbp", "r8", "r9"]
+GPR32 = {"rax": "eax", "rbx": "ebx", "rcx": "ecx", "rdx": "edx", "rsi": "esi", "rbp": "ebp", "r8": "r8d",
+         "r9": "r9d"}
+XMM = [f"xmm{i}" for i in range(8)]
+TINY_BYTES = 128          # the always-hit region (two lines)
+PATTERN_OFF = 0           # unused; patterns are immediates
+DIVISOR_OFF = 120         # a constant divisor kept in the tiny region
+STATE_DATA, STATE_ITER, STATE_BLOCKS = 0, 8, 16   # struct body_state offsets
+EST_INSN_BYTES = 4.6      # average encoded size of the generated instructions (measured)
+
+
+@dataclass
+class Block:
+    """One generated block (all sizes in bytes)."""
+
+    weight: float            # fraction of the body's dynamic instructions
+    code_bytes: int          # W_b
+    region_bytes: int        # R_b (0: tiny region only)
+    main_per_insn: float     # main-region accesses per instruction
+    iters_per_event: float = 0.0
+    insns: int = 0
+    region_off: int = 0
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class BodySpec:
+    """What a cluster's body must reproduce (per trigger event)."""
+
+    name: str
+    instructions: float                   # dynamic instructions per event (body share)
+    mix: dict[str, float]                 # class/memflag -> fraction
+    cond_per_insn: float                  # conditional branches per instruction
+    branches: list[list[float]]           # [p, r, weight]
+    dep_hist: list[float]                 # RAW distance histogram over DEP_BINS
+    icode_bins: list[tuple[int, float]]   # (code working-set size, fraction of instructions)
+    data_bins: list[tuple[int, float]]    # (data working-set size, fraction of main accesses)
+    mem_per_insn: float                   # data accesses per instruction
+    main_fraction: float                  # fraction of data accesses that are not tiny-region
+    rep_len: int = 16
+
+
+def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
+    """Comonotone coupling of the instruction and data working-set distributions.
+
+    Both lists are (size, mass) with masses summing to 1; walking both CDFs in size order
+    pairs small code loops with small data and large with large. Returns (mass, W, R) segments.
+    """
+    a = [[s, m] for s, m in sorted(icode_bins) if m > 0]
+    b = [[s, m] for s, m in sorted(data_bins) if m > 0]
+    if not a:
+        a = [[256, 1.0]]
+    if not b:
+        b = [[0, 1.0]]
+    ta, tb = sum(m for _, m in a), sum(m for _, m in b)
+    for x in a:
+        x[1] /= ta
+    for x in b:
+        x[1] /= tb
+    out = []
+    i = j = 0
+    while i < len(a) and j < len(b):
+        m = min(a[i][1], b[j][1])
+        if m > 1e-9:
+            out.append((m, a[i][0], b[j][0]))
+        a[i][1] -= m
+        b[j][1] -= m
+        if a[i][1] <= 1e-9:
+            i += 1
+        if b[j][1] <= 1e-9:
+            j += 1
+    return out
+
+
+def _pattern(p: float, r: float) -> int | None:
+    """A 64-bit cyclic pattern with round(64p) ones and about 64r transitions (even, feasible)."""
+    ones = round(64 * p)
+    if ones <= 0 or ones >= 64:
+        return None
+    maxt = 2 * min(ones, 64 - ones)
+    t = max(2, min(maxt, 2 * round(64 * r / 2)))
+    runs = t // 2
+    one_runs = _split(ones, runs)
+    zero_runs = _split(64 - ones, runs)
+    bits = []
+    for o, z in zip(one_runs, zero_runs, strict=True):
+        bits += [1] * o + [0] * z
+    v = 0
+    for k, bit in enumerate(bits):
+        v |= bit << k
+    return v
+
+
+def _split(n: int, k: int) -> list[int]:
+    base, extra = divmod(n, k)
+    return [base + (1 if i < extra else 0) for i in range(k)]
+
+
+class _Regs:
+    """Register choice following a RAW distance distribution."""
+
+    def __init__(self, rng: np.random.Generator, dep_hist: list[float]):
+        self.rng = rng
+        h = np.asarray(dep_hist, dtype=float)
+        self.dep_p = h / h.sum() if h.sum() > 0 else np.full(len(DEP_BINS), 1 / len(DEP_BINS))
+        self.t = 0
+        self.last_write = {r: -100 for r in GPR}
+        self.last_xwrite = {r: -100 for r in XMM}
+
+    def src(self, xmm: bool = False) -> str:
+        table = self.last_xwrite if xmm else self.last_write
+        b = int(self.rng.choice(len(DEP_BINS), p=self.dep_p))
+        lo = DEP_BINS[b]
+        hi = DEP_BINS[b + 1] if b + 1 < len(DEP_BINS) else 4096
+        want = self.rng.integers(lo, hi)
+        return min(table, key=lambda r: abs((self.t - table[r]) - want))
+
+    def dst(self, xmm: bool = False) -> str:
+        table = self.last_xwrite if xmm else self.last_write
+        # overwrite the register written longest ago (keeps recent values live for readers)
+        r = min(table, key=lambda k: table[k] + self.rng.random())
+        return r
+
+    def wrote(self, r: str):
+        if r in self.last_write:
+            self.last_write[r] = self.t
+        elif r in self.last_xwrite:
+            self.last_xwrite[r] = self.t
+
+    def tick(self, n: int = 1):
+        self.t += n
+
+
+class _Mem:
+    """Addresses: main-region line j of the current block, or a tiny-region slot."""
+
+    def __init__(self, rng):
+        self.rng = rng
+        self.main_left = 0
+        self.main_j = 0
+        self.region_off = 0
+
+    def addr(self, size: str = "qword") -> str:
+        if self.main_left > 0:
+            self.main_left -= 1
+            off = self.region_off + 64 * self.main_j
+            self.main_j += 1
+            return f"{size} ptr [r15 + r13 + {off}]"
+        off = int(self.rng.integers(0, (TINY_BYTES - 16) // 8)) * 8
+        return f"{size} ptr [r15 + {off}]"
+
+
+def _emit(cls: str, mem: str, regs: _Regs, mema: _Mem, rng, rep_len: int) -> list[str]:
+    """Instructions for one sampled (class, memflag); returns the lines (first is the 'real' one)."""
+    g = GPR
+    if cls == "mov":
+        if mem == "load":
+            d = regs.dst()
+            regs.wrote(d)
+            return [f"mov {d}, {mema.addr()}"]
+        if mem == "store":
+            return [f"mov {mema.addr()}, {regs.src()}"]
+        if mem == "rmw":
+            d = regs.dst()
+            regs.wrote(d)
+            return [f"mov {d}, {mema.addr()}"]
+        d, s = regs.dst(), regs.src()
+        regs.wrote(d)
+        if rng.random() < 0.3:
+            return [f"mov {GPR32[d]}, {int(rng.integers(1, 1 << 16))}"]
+        return [f"mov {d}, {s}"]
+    if cls == "arith":
+        op = rng.choice(["add", "sub", "xor", "and", "or", "cmp", "test", "lea", "shl", "inc"])
+        if mem == "load":
+            d = regs.dst()
+            if op in ("lea", "shl", "inc", "test"):
+                op = "add"
+            if op != "cmp":
+                regs.wrote(d)
+            return [f"{op} {d}, {mema.addr()}"]
+        if mem in ("store", "rmw"):
+            op = "add" if op in ("lea", "shl", "inc", "test", "cmp") else op
+            return [f"{op} {mema.addr()}, {regs.src()}"]
+        s = regs.src()
+        d = regs.src() if op in ("cmp", "test") else regs.dst()
+        if op == "lea":
+            regs.wrote(d)
+            return [f"lea {d}, [{s} + {d}*2 + {int(rng.integers(1, 64))}]"]
+        if op == "shl":
+            regs.wrote(d)
+            return [f"shl {d}, {int(rng.integers(1, 8))}"]
+        if op == "inc":
+            regs.wrote(d)
+            return [f"inc {d}"]
+        if op not in ("cmp", "test"):
+            regs.wrote(d)
+        return [f"{op} {d}, {s}"]
+    if cls == "mul":
+        d = regs.dst()
+        regs.wrote(d)
+        if mem in ("load", "rmw", "store"):
+            return [f"imul {d}, {mema.addr()}"]
+        return [f"imul {d}, {regs.src()}"]
+    if cls == "div":
+        regs.wrote("rax")
+        regs.wrote("rdx")
+        return [f"mov eax, {GPR32[regs.src()]}", "xor edx, edx", f"div dword ptr [r15 + {DIVISOR_OFF}]"]
+    if cls == "fp":
+        d = regs.dst(xmm=True)
+        regs.wrote(d)
+        op = rng.choice(["addsd", "mulsd", "subsd", "maxsd"])
+        if mem != "reg":
+            return [f"{op} {d}, {mema.addr()}"]
+        return [f"{op} {d}, {regs.src(xmm=True)}"]
+    if cls == "simd":
+        if mem == "store":
+            return [f"movdqu {mema.addr('xmmword')}, {regs.src(xmm=True)}"]
+        d = regs.dst(xmm=True)
+        regs.wrote(d)
+        if mem != "reg":
+            return [f"movdqu {d}, {mema.addr('xmmword')}"]
+        op = rng.choice(["paddd", "pxor", "pcmpeqb", "por", "pand"])
+        return [f"{op} {d}, {regs.src(xmm=True)}"]
+    if cls == "lock":
+        s = regs.src()
+        return [f"lock add {mema.addr()}, {s}"]
+    if cls == "rep":
+        off = 0
+        return ["push rdi", f"lea rdi, [r15 + {off}]", f"mov ecx, {rep_len}", "rep stosb", "pop rdi"]
+    if cls == "branch":  # unconditional: a direct jump or a call to the cluster's leaf
+        if mem in ("store", "load", "rmw"):
+            return ["call {leaf}"]
+        return ["jmp 1f", "1:"]
+    return ["nop"]
+
+
+def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tuple[list[str], list[Block], int]:
+    """Assembly lines (intel syntax) of clone_body_<name>, its blocks, and its arena size."""
+    instructions = max(0.0, spec.instructions * knobs.get("instr_scale", 1.0))
+    segs = couple(spec.icode_bins, spec.data_bins)
+    blocks: list[Block] = []
+    main_per_insn = spec.mem_per_insn * spec.main_fraction
+    for mass, w, r in segs:
+        code = max(64, int(0.7 * w))
+        region = int(0.75 * r) // 64 * 64 if r > 0 else 0
+        blocks.append(Block(weight=mass, code_bytes=code, region_bytes=region, main_per_insn=main_per_insn))
+    _apply_knobs(blocks, knobs)
+    # layout of the arena: tiny region, then each block's region (4 KiB aligned)
+    off = 4096
+    for b in blocks:
+        if b.region_bytes:
+            b.region_off = off
+            off += b.region_bytes + 64 * 64 + 4096
+            off = (off + 4095) // 4096 * 4096
+    arena = off
+    # mix without the scaffolding-only classes
+    keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
+    mixp = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
+    br_idx = [i for i, k in enumerate(keys) if k.startswith("branch/")]
+    # conditional branches are placed separately; the remaining branch mass is jmp/call
+    cond = min(spec.cond_per_insn, mixp[br_idx].sum())
+    if mixp[br_idx].sum() > 0:
+        mixp[br_idx] *= max(0.0, mixp[br_idx].sum() - cond) / mixp[br_idx].sum()
+    mixp = mixp / mixp.sum() if mixp.sum() > 0 else np.full(len(keys), 1 / len(keys))
+    bw = np.array([b[2] for b in spec.branches], dtype=float) if spec.branches else np.array([1.0])
+    bw = bw / bw.sum()
+    out = [f"    .globl clone_body_{spec.name}", f"    .type clone_body_{spec.name}, @function",
+           "    .p2align 6", f"clone_body_{spec.name}:",
+           "    push rbx", "    push rbp", "    push r12", "    push r13", "    push r14", "    push r15",
+           f"    mov r15, [rdi + {STATE_DATA}]", f"    mov r14, [rdi + {STATE_ITER}]"]
+    out += [f"    pxor {x}, {x}" for x in XMM[:4]]
+    regs = _Regs(rng, spec.dep_hist)
+    leaf = f".Lleaf_{spec.name}"
+    for bi, b in enumerate(blocks):
+        k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
+        b.iters_per_event = b.weight * instructions / k_target if k_target else 0
+        if b.iters_per_event <= 0:
+            continue
+        fixed = max(1, round(b.iters_per_event * 65536))
+        lab = f".L{spec.name}_{bi}"
+        frac_off = STATE_BLOCKS + 16 * bi
+        cur_off = frac_off + 8
+        out += [f"    mov r12, [rdi + {frac_off}]", f"    add r12, {fixed}" if fixed < 2**31 else
+                f"    mov rax, {fixed}\n    add r12, rax",
+                "    mov rax, r12", "    and eax, 65535", f"    mov [rdi + {frac_off}], rax", "    shr r12, 16",
+                f"    jz {lab}_done", f"    mov r13, [rdi + {cur_off}]"]
+        # the patterns of this block's two branch families
+        pats = []
+        for _ in range(2):
+            bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
+            p, r = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
+            r = min(1.0, r * knobs.get("branch_r_scale", 1.0))
+            pats.append((p, r, _pattern(p, r)))
+        out += [f"    mov r11, {pats[0][2] or 0x5555555555555555}", f"    mov r10, {pats[1][2] or 0x3333333333333333}"]
+        out.append(f"    .p2align 4\n{lab}:")
+        mema = _Mem(rng)
+        main_n = int(round(b.main_per_insn * k_target)) if b.region_bytes else 0
+        main_n = min(main_n, max(0, b.region_bytes // 64 - 1)) if b.region_bytes else 0
+        mema.main_left, mema.main_j, mema.region_off = main_n, 0, b.region_off
+        body: list[str] = []
+        count = 0
+        n_cond = int(round(cond * k_target)) if cond > 0 else 0
+        cond_at = set(rng.choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist()) \
+            if n_cond else set()
+        pending_jump = 0
+        # scaffolding per iteration: ror x2, add/cmp/jb/sub (cursor), inc, dec, jnz
+        while count < k_target:
+            if count in cond_at:
+                which = int(rng.integers(0, 2))
+                p, r, pat = pats[which]
+                reg = "r11" if which == 0 else "r10"
+                if pat is None:
+                    bits = max(1, min(20, round(-math.log2(max(min(p, 1 - p), 1e-6)))))
+                    mask = (1 << bits) - 1
+                    jcc = "jz" if p < 0.5 else "jnz"
+                    body += [f"    test r14d, {mask}", f"    {jcc} {lab}_s{count}"]
+                else:
+                    bit = int(rng.integers(0, 64))
+                    body += [f"    bt {reg}, {bit}", f"    jc {lab}_s{count}"]
+                pending_jump = count
+                count += 2
+                regs.tick(2)
+                lines = _emit("arith", "reg", regs, mema, rng, spec.rep_len)
+                body += [f"    {ln}" for ln in lines]
+                body.append(f"{lab}_s{pending_jump}:")
+                count += 1
+                regs.tick()
+                continue
+            k = int(rng.choice(len(keys), p=mixp))
+            cls, mem = keys[k].split("/")
+            lines = _emit(cls, mem, regs, mema, rng, spec.rep_len)
+            for ln in lines:
+                if ln == "1:":
+                    body.append(f"{lab}_j{count}:")
+                    continue
+                if ln == "jmp 1f":
+                    ln = f"jmp {lab}_j{count}"
+                body.append("    " + ln.replace("{leaf}", leaf))
+            n = sum(1 for ln in lines if ln != "1:")
+            if cls == "rep":
+                n += spec.rep_len - 1
+            count += n
+            regs.tick(n)
+        # any main-region accesses not placed by the mix: add loads so each iteration touches main_n lines
+        while mema.main_left > 0:
+            d = regs.dst()
+            body.append(f"    mov {d}, {mema.addr()}")
+            regs.wrote(d)
+            count += 1
+        out += body
+        out += ["    ror r11, 1", "    ror r10, 1"]
+        if b.region_bytes:
+            step = 64 * max(1, main_n)
+            limit = max(step * 2, b.region_bytes)
+            out += [f"    add r13, {step}", f"    cmp r13, {limit}", f"    jb {lab}_nw", f"    sub r13, {limit}",
+                    f"{lab}_nw:"]
+        out += ["    inc r14", "    dec r12", f"    jnz {lab}", f"    mov [rdi + {cur_off}], r13", f"{lab}_done:"]
+        b.insns = count
+    out += [f"    mov [rdi + {STATE_ITER}], r14", "    pop r15", "    pop r14", "    pop r13", "    pop r12",
+            "    pop rbp", "    pop rbx", "    ret", f"{leaf}:", "    ret",
+            f"    .size clone_body_{spec.name}, .-clone_body_{spec.name}"]
+    return out, blocks, arena
+
+
+def _apply_knobs(blocks: list[Block], knobs: dict) -> None:
+    """Tuning knobs: scale the weight of large code blocks and the density of far data."""
+    i1 = knobs.get("i1_bytes", 32768)
+    d1 = knobs.get("d1_bytes", 32768)
+    ll = knobs.get("ll_bytes", 2 << 20)
+    for b in blocks:
+        if b.code_bytes > i1:
+            b.weight *= knobs.get("icode_far_scale", 1.0)
+        if b.region_bytes > ll:
+            b.main_per_insn *= knobs.get("data_ll_scale", 1.0) * knobs.get("data_far_scale", 1.0)
+        elif b.region_bytes > d1:
+            b.main_per_insn *= knobs.get("data_far_scale", 1.0)
+    tot = sum(b.weight for b in blocks)
+    if tot > 0:
+        for b in blocks:
+            b.weight /= tot

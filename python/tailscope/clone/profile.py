@@ -1,0 +1,403 @@
+"""Profile a running server into profile.json (Ditto §4.3-4.4).
+
+Steps (each prints a progress line):
+  1. /proc: the launch (argv, cwd, environment, fd limit), threads, fds, listening sockets and
+     their options (pidfd_getfd + getsockopt), epoll registrations.
+  2. eBPF idle window (no load): time-driven syscalls and wakeups.
+  3. eBPF + perf window at medium load on the live server: syscalls per thread with argument
+     distributions and reply sizes, context switches, call stacks; a connected socket's options.
+  4. callgrind window (relaunched copy, private netns, low rate): per-instruction counts and
+     branch outcomes -> instruction mix, branches, dependency distances, instructions per request.
+  5. cache-size sweep (same relaunch): instruction and data working sets per thread.
+The profile keeps distributions and counts only: no addresses, strings or data of the target
+except in the `private` section (the launch command, used to validate), which is never
+written into the clone.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from . import isa, runner, target, threads, trace, workingset
+from . import valgrind as vg
+from .errors import CloneError
+from .tools import find_loadgen, need
+
+PROFILE_VERSION = 1
+PROTOCOLS = {"memcached": 1, "redis": 2, "line": 3, "http": 4}
+
+
+def _deltas(before: list[dict], after: list[dict]) -> dict[int, dict]:
+    b = {t["tid"]: t for t in before}
+    out = {}
+    for t in after:
+        p = b.get(t["tid"], {k: 0 for k in t})
+        out[t["tid"]] = {k: t[k] - p.get(k, 0) for k in ("utime", "stime", "minflt", "majflt", "vcsw", "ivcsw")}
+    return out
+
+
+def _tids_alive(pid: int, what: str, t0: float):
+    if not target.proc_alive(pid):
+        raise CloneError(f"the target exited {time.monotonic() - t0:.1f} s into profiling ({what}): it is too "
+                         "short-lived to profile; keep it running for the whole pipeline")
+
+
+def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, progress, workdir: Path) -> dict:
+    """Steps 2-3 on the live target."""
+    tools = need("bpftrace", "perf")
+    pid = info["pid"]
+    t0 = time.monotonic()
+    listen_fds = [x["fd"] for x in info["listeners"]]
+    notify = [int(fd) for fd, k in info["fds"].items() if k in ("eventfd", "pipe")]
+    host = "127.0.0.1"
+    progress("eBPF idle window (1.5 s, no load)")
+    idle = trace.SyscallTrace(tools["bpftrace"], pid, listen_fds, notify, workdir / "idle")
+    time.sleep(1.5)
+    idle_maps = idle.stop()
+    _tids_alive(pid, "idle window", t0)
+    if load_args and "--preload" in load_args:
+        progress("preloading the target's keys")
+        runner.loadgen(None, info["port"], load_args, min(rate, 5000), 0.5, preload=True, host=host)
+    progress(f"eBPF + perf window at medium load ({rate:g} req/s, {seconds:g} s)")
+    before = target.threads(pid)
+    live = trace.SyscallTrace(tools["bpftrace"], pid, listen_fds, notify, workdir / "live")
+    stacks: dict = {}
+
+    def _perf():
+        try:
+            stacks.update(trace.perf_stacks(tools["perf"], pid, max(1.0, seconds - 0.5), workdir / "live"))
+        except CloneError as exc:
+            stacks["error"] = str(exc)
+
+    pt = threading.Thread(target=_perf)
+    lg = find_loadgen()
+    cmd = [lg, "--target", f"{host}:{info['port']}", *[a for a in load_args if a != "--preload"], "--rate",
+           f"{rate:g}", "--duration", f"{seconds:g}", "--warmup", "0", "--quiet", "--json", "-"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pt.start()
+    time.sleep(min(1.0, seconds / 3))
+    conn_opts = target.conn_options(pid, set(listen_fds)) or {}
+    out, err = proc.communicate(timeout=seconds + 120)
+    pt.join()
+    maps = live.stop()
+    after = target.threads(pid)
+    _tids_alive(pid, "load window", t0)
+    if proc.returncode != 0:
+        raise CloneError(f"load generator failed against the target: {(err.strip().splitlines() or ['?'])[-1]}")
+    summary = json.loads(out)
+    if "error" in stacks:
+        raise CloneError(stacks["error"])
+    return {"idle": idle_maps, "live": maps, "stacks": stacks, "before": before, "after": after,
+            "conn_opts": conn_opts, "loadgen": summary}
+
+
+def _per_thread_calls(maps: dict) -> dict[int, dict[str, int]]:
+    out: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for (tid, nr, c), n in maps.get("calls", {}).items():
+        out[tid][f"{trace.SYSCALLS.get(nr, f'sys{nr}')}:{trace.CLASS_NAMES.get(c, c)}"] += n
+    return {t: dict(v) for t, v in out.items()}
+
+
+def _mode(d: dict, default):
+    return max(d.items(), key=lambda kv: kv[1])[0] if d else default
+
+
+def network_and_threads(info: dict, w: dict) -> dict:
+    """The skeleton: network model, thread clusters, syscalls per request/connection/second."""
+    maps, idle = w["live"], w["idle"]
+    requests = max(1, int(w["loadgen"].get("completed", 0)))
+    accepts = max(1, sum(maps.get("accepts", {}).values()))
+    window_s = maps["duration_s"]
+    calls = _per_thread_calls(maps)
+    idle_calls = _per_thread_calls(idle)
+    tids = [t["tid"] for t in w["after"]]
+    roles = {t: threads.role(calls.get(t, {})) for t in tids}
+    dmat = threads.distance_matrix(tids, roles, w["stacks"], calls)
+    groups = threads.agglomerate(dmat)
+    clusters = []
+    for g in groups:
+        members = [tids[i] for i in g]
+        r = roles[members[0]]
+        sleeps = sum(v for t in members for k, v in calls.get(t, {}).items()
+                     if k.startswith(("nanosleep:", "clock_nanosleep:")))
+        wake = sum(maps.get("sw", {}).get((t, 1), 0) for t in members)
+        period_us = 0
+        if r in ("timer", "waiter") and (sleeps or wake):
+            per_thread = (sleeps or wake) / len(members)
+            period_us = int(window_s * 1e6 / max(1, per_thread))
+        clusters.append({"role": r, "tids": members, "count": len(members), "period_us": period_us,
+                         "samples": sum(sum(w["stacks"].get(t, {}).values()) for t in members)})
+    worker_tids = [t for t in tids if roles[t] in ("worker", "acceptor+worker")]
+    acceptor_tids = [t for t in tids if roles[t] in ("acceptor", "acceptor+worker")]
+    if not worker_tids:
+        raise CloneError("no thread of the target read requests from a connection during the load window: "
+                         "is --load driving this server's port?")
+    model = "single" if set(worker_tids) <= set(acceptor_tids) else "dispatch"
+
+    def nr_of(name):
+        return trace.NR.get(name)
+
+    def wsum(keys, tset):
+        return sum(calls.get(t, {}).get(k, 0) for t in tset for k in keys)
+
+    reads = {n: wsum([f"{n}:conn"], worker_tids) for n in ("read", "recvfrom", "recvmsg", "readv")}
+    writes = {n: wsum([f"{n}:conn"], worker_tids) for n in ("write", "sendmsg", "sendto", "writev")}
+    read_call = _mode(reads, "read")
+    write_call = _mode(writes, "write")
+    eagain_reads = sum(n for (tid, nr, c), n in maps.get("eagain", {}).items()
+                       if tid in worker_tids and c == 2 and nr in trace.READS)
+    eagain_accepts = sum(n for (tid, nr, c), n in maps.get("eagain", {}).items() if nr in (43, 288))
+    args = maps.get("arg", {})
+
+    def argdist(nr, cls, k):
+        return {v: n for (a, c, kk, v), n in args.items() if a == nr and c == cls and kk == k}
+
+    read_len = _mode(argdist(nr_of(read_call), 2, 2), 16384)
+    ew_nr = 232 if wsum(["epoll_wait:other"], worker_tids) >= wsum(["epoll_pwait:other"], worker_tids) else 281
+    maxevents = _mode(argdist(ew_nr, 0, 2), 32)
+    timeout = _mode(argdist(ew_nr, 0, 3), -1)
+    timeout = -1 if timeout >= 2**31 or timeout < 0 else int(timeout)
+    notify_bytes = 8
+    wr_notify = {k[2]: v for k, v in maps.get("ret", {}).items() if k[1] == 3 and k[0] in trace.WRITES}
+    if wr_notify:
+        notify_bytes = int(_mode(wr_notify, 8))
+    notify_kind = "eventfd" if notify_bytes == 8 and info["fd_kinds"].get("eventfd") else "pipe"
+    # per-connection syscalls in the worker threads (beyond data), rounded per accepted connection
+    per_conn = defaultdict(float)
+    for t in worker_tids:
+        for k, v in calls.get(t, {}).items():
+            name, cls = k.split(":")
+            if cls == "conn" and name not in (*reads, *writes):
+                per_conn[name] += v / accepts
+    sso = [{"level": lv, "name": nm, "per_conn": n / accepts}
+           for (c, lv, nm), n in maps.get("sso", {}).items() if c == 2]
+    conn_opt_values = w["conn_opts"]
+    name_by = {(lv, opt): nm for nm, lv, opt, _k in target.SOCKOPTS}
+    conn_opts = []
+    for s in sorted(sso, key=lambda x: (x["level"], x["name"])):
+        for _ in range(max(1, round(s["per_conn"]))):
+            nm = name_by.get((s["level"], s["name"]))
+            val = conn_opt_values.get(nm, 1) if nm else 1
+            conn_opts.append([int(s["level"]), int(s["name"]), int(val if not isinstance(val, list) else val[0])])
+    write_per_request = writes[write_call] >= 0.9 * requests
+    # per-request "other" syscalls in worker threads beyond the idle (time-driven) rate
+    idle_s = max(0.1, idle.get("duration_s", 1.5))
+    idle_rate = defaultdict(float)
+    for t in worker_tids:
+        for k, v in idle_calls.get(t, {}).items():
+            idle_rate[k] += v / idle_s
+    extra_req, tick = [], []
+    skip = {"epoll_wait:other", "epoll_pwait:other", f"{read_call}:conn", f"{write_call}:conn"}
+    for k in sorted({k for t in worker_tids for k in calls.get(t, {})}):
+        name, cls = k.split(":")
+        if k in skip or cls in ("conn", "listen", "notify"):
+            continue
+        total = wsum([k], worker_tids)
+        periodic = min(total, idle_rate.get(k, 0.0) * window_s)
+        per_req = (total - periodic) / requests
+        nr = nr_of(name)
+        if nr is None:
+            continue
+        arg = _mode(argdist(nr, 0, 2) or argdist(nr, 0, 1), 0)
+        if per_req > 0.0005:
+            extra_req.append([nr, int(arg) if arg < 2**40 else 0, round(per_req, 6), name])
+        if periodic > 0:
+            tick.append([nr, int(arg) if arg < 2**40 else 0, round(periodic / window_s, 4), name])
+    # reply sizes per request size (reads carrying one request are the common sizes)
+    pairs = maps.get("pair", {})
+    by_req = defaultdict(lambda: defaultdict(int))
+    for (rq, rp), n in pairs.items():
+        by_req[rq][rp] += n
+    total_pairs = sum(pairs.values()) or 1
+    kinds = []
+    for rq in sorted(by_req, key=lambda r: -sum(by_req[r].values())):
+        n = sum(by_req[rq].values())
+        if n < 0.01 * total_pairs or rq <= 0 or len(kinds) >= 12:
+            continue
+        kinds.append({"req_bytes": int(rq), "sizes": {str(k): v for k, v in sorted(by_req[rq].items())}})
+    bytes_in = sum(maps.get("bytes_in", {}).values())
+    bytes_out = sum(maps.get("bytes_out", {}).values())
+    per_request_syscalls = defaultdict(float)
+    for t in tids:
+        for k, v in calls.get(t, {}).items():
+            per_request_syscalls[k] += v / requests
+    return {
+        "requests": requests, "window_s": window_s, "accepts": accepts,
+        "model": model, "workers": len(worker_tids) if model == "dispatch" else 1,
+        "notify": notify_kind, "notify_bytes": notify_bytes,
+        "accept_call": 288 if wsum(["accept4:listen"], acceptor_tids) >= wsum(["accept:listen"], acceptor_tids) else 43,
+        "accept_until_eagain": eagain_accepts > 0.3 * accepts,
+        "read_call": nr_of(read_call), "read_len": int(read_len),
+        "read_until_eagain": eagain_reads > 0.5 * requests,
+        "write_call": nr_of(write_call), "write_per_request": bool(write_per_request),
+        "epoll_maxevents": int(maxevents), "epoll_timeout_ms": timeout,
+        "conn_opts": conn_opts,
+        "getpeername_per_conn": round(per_conn.get("getpeername", 0)),
+        "fcntl_per_conn": round(per_conn.get("fcntl", 0)),
+        "epoll_ctl_per_conn": round(per_conn.get("epoll_ctl", 0)),
+        "extra_per_request": extra_req, "tick_per_second": tick,
+        "reply_kinds": kinds, "bytes_in_per_request": bytes_in / requests, "bytes_out_per_request": bytes_out / requests,
+        "syscalls_per_request": dict(per_request_syscalls),
+        "threads": {"tids": tids, "roles": {str(t): roles[t] for t in tids}, "distance": dmat,
+                    "clusters": clusters, "method": "weighted Jaccard of perf call edges / syscall cosine",
+                    "stack_samples": {str(t): sum(w["stacks"].get(t, {}).values()) for t in tids}},
+    }
+
+
+def thread_map(native_tids: list[int], vg_threads: list[int]) -> dict[int, int]:
+    """valgrind thread number -> native tid, by creation order."""
+    vt = sorted(vg_threads)
+    return {v: native_tids[i] for i, v in enumerate(vt) if i < len(native_tids)}
+
+
+def body_profile(win: vg.Window, sweep: dict | None, clusters: list[dict], native_tids: list[int],
+                 events_by_role: dict[str, float]) -> dict:
+    """Per cluster: the body's distributions per trigger event."""
+    vmap = thread_map(native_tids, [t.thread for t in win.threads])
+    out = {}
+    for ci, c in enumerate(clusters):
+        members = set(c["tids"])
+        ts = [t for t in win.threads if vmap.get(t.thread) in members]
+        if not ts:
+            continue
+        role = c["role"]
+        events = events_by_role.get(role) or events_by_role.get("default", 1)
+        if role in ("timer", "waiter") and c["period_us"]:
+            events = max(1.0, win.seconds * 1e6 / c["period_us"] * len(members))
+        a = isa.analyse(ts)
+        ir = sum(t.summary.get("Ir", 0) for t in ts)
+        dref = sum(t.summary.get("Dr", 0) + t.summary.get("Dw", 0) for t in ts)
+        entry = {
+            "role": role, "events": events, "instructions_per_event": ir / max(1, events),
+            "data_refs_per_event": dref / max(1, events), "mix": a["mix_fraction"],
+            "cond_per_insn": a["cond_branches"] / ir if ir else 0.0,
+            "mispredict_rate": a["cond_mispredicts"] / a["cond_branches"] if a["cond_branches"] else 0.0,
+            "branches": _branch_table(a["branches"]), "dep_hist": a["raw_dep_hist"],
+            "avg_insn_bytes": a["avg_insn_bytes"], "code_footprint_bytes": a["code_footprint_bytes"],
+            "static_cond_branches": a["static_cond_branches"],
+        }
+        if sweep:
+            entry.update(_ws_bins(sweep, [str(v) for v, tid in vmap.items() if tid in members]))
+        out[str(ci)] = entry
+    return out
+
+
+def _branch_table(branches: list[list[float]], keep: int = 256) -> list[list[float]]:
+    """The (p, r, executions) of the most executed branches (enough to sample from)."""
+    top = sorted(branches, key=lambda b: -b[2])[:keep]
+    return [[b[0], b[1], b[2]] for b in top]
+
+
+def _ws_bins(sweep: dict, vthreads: list[str]) -> dict:
+    sizes = sweep["sizes"]
+    n = len(sizes)
+    ih, dh, ir, dref = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
+    for t in vthreads:
+        s = sweep["threads"].get(t)
+        if not s:
+            continue
+        for i in range(n):
+            ih[i] += s["I"][i]
+            dh[i] += s["D"][i]
+            ir[i] += s["Ir"][i]
+            dref[i] += s["Dref"][i]
+    ir_mean = sum(ir) / n if n else 0
+    dr_mean = sum(dref) / n if n else 0
+    # hit ratios per run (runs differ slightly in requests served), scaled to the mean accesses
+    ihr = [ih[i] / ir[i] * ir_mean if ir[i] else 0 for i in range(n)]
+    dhr = [dh[i] / dref[i] * dr_mean if dref[i] else 0 for i in range(n)]
+    return {"ws_sizes": sizes, "I_hits": ihr, "D_hits": dhr, "I_accesses": ir_mean, "D_accesses": dr_mean,
+            "I_bins": workingset.bins(sizes, ihr, ir_mean), "D_bins": workingset.bins(sizes, dhr, dr_mean)}
+
+
+def run_profile(pid: int, load: str, rate: float, out: Path, progress, relaunch: str | None = None,
+                seconds: float = 4.0, vg_rate: float = 400, vg_requests: int = 2000,
+                sweep_requests: int = 800, max_ws: int | None = None) -> dict:
+    """The whole profile of `pid` under `load` at medium `rate`; writes out/profile.json."""
+    need("bpftrace", "perf", "valgrind", "callgrind_control", "unshare", "ip", "ss")
+    load_args = runner.split_load(load)
+    proto = runner.load_value(load_args, "--protocol", "redis")
+    if proto not in PROTOCOLS:
+        raise CloneError(f"--load: protocol {proto!r} is not one the clone can speak ({', '.join(PROTOCOLS)})")
+    progress(f"inspecting pid {pid}")
+    info = target.inspect(pid)
+    if info["age_s"] < 1.0:
+        time.sleep(1.0)
+        _tids_alive(pid, "start", time.monotonic())
+    work = out / "private" / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    (work / "idle").mkdir(exist_ok=True)
+    (work / "live").mkdir(exist_ok=True)
+    w = live_windows(info, load_args, rate, seconds, progress, work)
+    net = network_and_threads(info, w)
+    argv = info["cmdline"]
+    if relaunch:
+        import shlex
+
+        argv = shlex.split(relaunch)
+    elif len(argv) == 1 and " " in argv[0]:
+        raise CloneError(f"pid {pid} rewrote its command line ({argv[0]!r}); pass --relaunch with the "
+                         "command that starts it, so valgrind can profile a second copy")
+    launch = {"argv": argv, "cwd": info["cwd"], "env": info["env"], "nofile": info["nofile"]}
+    progress(f"callgrind window: relaunched copy under valgrind, {vg_requests} requests at {vg_rate:g} req/s")
+    win = vg.window(launch, info["port"], load_args, vg_rate, vg_requests, work, "detail", cache=vg.CONFIG_A,
+                    detail=True, preload="--preload" in load_args)
+    if win.requests < 0.5 * vg_requests:
+        raise CloneError(f"the valgrind copy served only {win.requests} of {vg_requests} requests; lower --vg-rate")
+    code_fp = isa.analyse(win.threads)["code_footprint_bytes"]
+    dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
+    sizes = workingset.sizes(max(dmax, 2 * code_fp))
+    progress(f"cache-size sweep: {len(sizes)} sizes, {sizes[0]} B .. {sizes[-1] >> 10} KiB")
+    sw = vg.sweep(launch, info["port"], load_args, vg_rate, sweep_requests, work, sizes, progress=progress,
+                  preload="--preload" in load_args)
+    roles_events = {"worker": win.requests, "acceptor+worker": win.requests,
+                    "acceptor": max(1, sum(1 for _ in range(16))), "default": win.requests}
+    conns = int(runner.load_value(load_args, "--connections", "16") or 16)
+    roles_events["acceptor"] = conns
+    body = body_profile(win, sw, net["threads"]["clusters"], net["threads"]["tids"], roles_events)
+    prof = {
+        "version": PROFILE_VERSION,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "load": {"args": load_args, "protocol": proto, "medium_rate": rate,
+                 "value_size": int(runner.load_value(load_args, "--value-size", "32") or 32),
+                 "connections": conns},
+        "network": {k: v for k, v in net.items() if k != "threads"},
+        "threads": net["threads"],
+        "listen": {"port": info["port"], "v6": all(x["family"] == 6 for x in info["listeners"]),
+                   "backlog": info["backlog"] or 1024, "options": info["listen_options"]},
+        "body": body,
+        "valgrind": {"config": vg.CONFIG_A, "requests": win.requests, "seconds": win.seconds,
+                     "metrics": vg.metrics(win), "rate": vg_rate, "window_requests": vg_requests,
+                     "sweep_requests": sweep_requests},
+        "private": {"launch": launch, "comm": info["comm"], "exe": info["exe"], "pid": pid},
+    }
+    (out / "private").mkdir(parents=True, exist_ok=True)
+    (out / "private" / "profile.json").write_text(json.dumps(prof, indent=1, default=_json_default))
+    return prof
+
+
+def _json_default(o):
+    if isinstance(o, tuple):
+        return list(o)
+    return str(o)
+
+
+def load_profile(path: Path) -> dict:
+    """Read a profile.json; a corrupt or foreign file is a one-line CloneError."""
+    try:
+        prof = json.loads(Path(path).read_text())
+    except OSError as exc:
+        raise CloneError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        raise CloneError(f"{path} is corrupt: not JSON ({exc.msg} at line {exc.lineno})") from None
+    if not isinstance(prof, dict) or prof.get("version") != PROFILE_VERSION:
+        raise CloneError(f"{path} is not a tailscope clone profile (version {PROFILE_VERSION})")
+    for key in ("network", "threads", "listen", "body", "load"):
+        if key not in prof:
+            raise CloneError(f"{path} is corrupt: no {key!r} section")
+    return prof

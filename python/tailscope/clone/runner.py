@@ -1,0 +1,221 @@
+"""Run a server (the original, relaunched, or the clone) in a private network namespace.
+
+Valgrind cannot attach to a running process, and validation must drive the original and the
+clone under identical conditions, so both are started here from their launch spec, each in its
+own network namespace (the same port never collides with the production instance) with the
+load generator inside the same namespace.
+
+A launch spec is a dict: argv, cwd, env (list of K=V), nofile (RLIMIT_NOFILE to give it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import CloneError
+from .tools import find_loadgen, need
+
+# valgrind keeps this many fds above the client's limit for itself (memcached sets its
+# RLIMIT_NOFILE to maxconns and fails if the hard limit it sees differs).
+VALGRIND_RESERVED_FDS = 12
+
+
+class NetNs:
+    """A private network namespace held open by a sleeping process we own."""
+
+    def __init__(self):
+        need("unshare", "ip")
+        self.holder = subprocess.Popen(["unshare", "--net", "sleep", "100000"], start_new_session=True)
+        time.sleep(0.05)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            if os.readlink(f"/proc/{self.holder.pid}/ns/net") != os.readlink("/proc/self/ns/net"):
+                break
+            time.sleep(0.02)
+        else:
+            self.close()
+            raise CloneError("could not create a network namespace (unshare --net needs root)")
+        self.run(["ip", "link", "set", "lo", "up"], check=True)
+
+    def wrap(self, cmd: list[str]) -> list[str]:
+        return ["nsenter", "-t", str(self.holder.pid), "-n", "--", *cmd]
+
+    def run(self, cmd: list[str], check: bool = False, timeout: float = 600, **kw):
+        return subprocess.run(self.wrap(cmd), capture_output=True, text=True, timeout=timeout, check=check, **kw)
+
+    def popen(self, cmd: list[str], **kw) -> subprocess.Popen:
+        return subprocess.Popen(self.wrap(cmd), start_new_session=True, **kw)
+
+    def listener_pid(self, port: int) -> int | None:
+        p = self.run(["ss", "-ltnpH", f"sport = :{port}"])
+        m = re.search(r"pid=(\d+)", p.stdout)
+        return int(m.group(1)) if m else None
+
+    def close(self):
+        if self.holder.poll() is None:
+            self.holder.kill()
+            self.holder.wait()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+@dataclass
+class Server:
+    """A server started in a NetNs; `pid` is the listening process."""
+
+    ns: NetNs
+    proc: subprocess.Popen
+    pid: int
+    port: int
+    log: Path
+    extra_pids: list[int] = field(default_factory=list)
+
+    def stop(self, timeout: float = 30):
+        for pid in [self.pid, *self.extra_pids]:
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and Path(f"/proc/{self.pid}").exists():
+            try:
+                if self.proc.poll() is not None and not _is_alive(self.pid):
+                    break
+            except Exception:
+                break
+            time.sleep(0.1)
+        if _is_alive(self.pid):
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        st = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return st[st.rfind(")") + 2:].split()[0] != "Z"
+
+
+def start(ns: NetNs, launch: dict, port: int, log: Path, prefix: list[str] | None = None,
+          cpu: int | None = None, startup_s: float = 60) -> Server:
+    """Start `launch` (optionally under `prefix`, e.g. valgrind) in `ns`; wait for `port`."""
+    argv = list(launch["argv"])
+    if prefix:
+        argv = [*prefix, *argv]
+    if cpu is not None:
+        argv = ["taskset", "-c", str(cpu), *argv]
+    nofile = launch.get("nofile")
+    if nofile and prefix and "valgrind" in os.path.basename(prefix[0]):
+        nofile = int(nofile) + VALGRIND_RESERVED_FDS
+    shell = "ulimit -n {n} 2>/dev/null || ulimit -Sn {n} 2>/dev/null; cd {cwd} && exec \"$@\"".format(
+        n=int(nofile) if nofile else 1024, cwd=shlex.quote(launch.get("cwd") or "/"))
+    env = {}
+    for kv in launch.get("env") or []:
+        k, _, v = kv.partition("=")
+        env[k] = v
+    env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
+    fh = open(log, "w")
+    proc = ns.popen(["bash", "-c", shell, "server", *argv], stdout=fh, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + startup_s
+    pid = None
+    while time.monotonic() < deadline:
+        pid = ns.listener_pid(port)
+        if pid:
+            break
+        if proc.poll() is not None and not ns.listener_pid(port):
+            # daemonising servers exit their first process: give the child a moment
+            time.sleep(0.5)
+            pid = ns.listener_pid(port)
+            if pid:
+                break
+            tail = log.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            raise CloneError(f"{Path(argv[0]).name} exited before listening on port {port}: {tail[0][:200]}")
+        time.sleep(0.1)
+    if not pid:
+        proc.kill()
+        raise CloneError(f"{Path(launch['argv'][0]).name} did not listen on port {port} within {startup_s:.0f} s")
+    return Server(ns=ns, proc=proc, pid=pid, port=port, log=log)
+
+
+def loadgen(ns: NetNs | None, port: int, load_args: list[str], rate: float, duration: float,
+            out_json: Path | None = None, warmup: float = 0.0, preload: bool = False,
+            cpu: int | None = None, host: str = "127.0.0.1", timeout: float | None = None) -> dict:
+    """Run tailscope-loadgen once (open loop at `rate`) and return its JSON summary."""
+    lg = find_loadgen()
+    args = [a for a in load_args if a != "--preload"]
+    cmd = [lg, "--target", f"{host}:{port}", *args, "--rate", f"{rate:g}", "--duration", f"{duration:g}",
+           "--warmup", f"{warmup:g}", "--quiet", "--json", "-"]
+    if preload:
+        cmd.append("--preload")
+    if cpu is not None:
+        cmd += ["--cpu", str(cpu)]
+    full = ns.wrap(cmd) if ns else cmd
+    try:
+        p = subprocess.run(full, capture_output=True, text=True,
+                           timeout=timeout or (duration + warmup + 120), check=False)
+    except subprocess.TimeoutExpired:
+        raise CloneError("the load generator did not finish (server stuck?)") from None
+    if p.returncode != 0:
+        last = (p.stderr.strip().splitlines() or ["no output"])[-1]
+        raise CloneError(f"load generator failed: {last[:300]}")
+    try:
+        summary = json.loads(p.stdout)
+    except json.JSONDecodeError:
+        raise CloneError("load generator printed no JSON summary") from None
+    if out_json:
+        out_json.write_text(p.stdout)
+    return summary
+
+
+def split_load(load: str) -> list[str]:
+    """The user's --load string -> loadgen arguments (without --target/--rate/--duration)."""
+    try:
+        args = shlex.split(load)
+    except ValueError as exc:
+        raise CloneError(f"--load: {exc}") from None
+    out = []
+    skip = False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a in ("--target", "--rate", "--duration", "--warmup", "--json", "--csv", "--steps", "--cpu"):
+            skip = True
+            continue
+        if a.startswith(("--target=", "--rate=", "--duration=", "--warmup=", "--json=", "--csv=")):
+            continue
+        if a in ("-q", "--quiet"):
+            continue
+        out.append(a)
+        if i == 0 and a.startswith("tailscope-loadgen"):
+            out.pop()
+    return out
+
+
+def load_value(args: list[str], flag: str, default: str | None = None) -> str | None:
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            return args[i + 1]
+        if a.startswith(flag + "="):
+            return a.split("=", 1)[1]
+    return default

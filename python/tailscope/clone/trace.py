@@ -1,0 +1,226 @@
+"""Syscall and scheduler profile of a live process from eBPF tracepoints (bpftrace front end).
+
+One bpftrace program on `raw_syscalls:sys_enter/sys_exit` and `sched:sched_switch`,
+`sched_process_fork/exit`, filtered to the target's pid, aggregates in kernel maps (no
+per-event output, so a busy server does not overflow a ring):
+
+  calls[tid, nr, fdclass]        syscalls per thread, by the class of their fd argument:
+                                 0 none/other, 1 listening socket, 2 connection, 3 eventfd/pipe
+  ret[nr, fdclass, size]         return values (bytes moved) for data syscalls, exact
+  arg[nr, fdclass, k, value]     scalar arguments: buffer lengths, flags, timeouts, options
+  eagain[tid, nr]                calls that failed with EAGAIN
+  pair[reqbytes, replybytes]     for each reply written on a connection, the bytes of the last
+                                 read on it (request -> reply sizes)
+  sw[tid, voluntary]             context switches; wake[tid] wakeups
+  fork / exit                    threads created and exited in the window
+
+Connection fds are learnt from accept/accept4 return values inside the window (the load
+generator connects after the trace starts), the listening fds are passed in.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+from .errors import CloneError
+
+# x86_64 syscall numbers we name; others are reported by number.
+SYSCALLS = {
+    0: "read", 1: "write", 3: "close", 7: "poll", 9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk",
+    13: "rt_sigaction", 14: "rt_sigprocmask", 16: "ioctl", 17: "pread64", 18: "pwrite64", 19: "readv",
+    20: "writev", 23: "select", 24: "sched_yield", 28: "madvise", 32: "dup", 35: "nanosleep",
+    39: "getpid", 41: "socket", 42: "connect", 43: "accept", 44: "sendto", 45: "recvfrom",
+    46: "sendmsg", 47: "recvmsg", 48: "shutdown", 49: "bind", 50: "listen", 51: "getsockname",
+    52: "getpeername", 54: "setsockopt", 55: "getsockopt", 56: "clone", 60: "exit", 72: "fcntl",
+    74: "fsync", 75: "fdatasync", 96: "gettimeofday", 98: "getrusage", 102: "getuid", 186: "gettid",
+    201: "time", 202: "futex", 228: "clock_gettime", 230: "clock_nanosleep", 231: "exit_group",
+    232: "epoll_wait", 233: "epoll_ctl", 257: "openat", 262: "newfstatat", 270: "pselect6",
+    271: "ppoll", 281: "epoll_pwait", 284: "eventfd", 288: "accept4", 290: "eventfd2", 291: "epoll_create1",
+    293: "pipe2", 302: "prlimit64", 318: "getrandom", 332: "statx", 435: "clone3", 441: "epoll_pwait2",
+    5: "fstat", 8: "lseek", 4: "stat", 6: "lstat", 2: "open", 21: "access", 89: "readlink",
+    61: "wait4", 62: "kill", 200: "tkill", 234: "tgkill", 273: "set_robust_list", 334: "rseq",
+}
+NR = {v: k for k, v in SYSCALLS.items()}
+READS = {0, 17, 19, 45, 47}
+WRITES = {1, 18, 20, 44, 46}
+DATA = READS | WRITES
+# syscalls whose arg0 is an fd (for the fd class); epoll_ctl's watched fd is arg2
+FD_ARG0 = DATA | {3, 5, 8, 16, 43, 48, 51, 52, 54, 55, 72, 74, 75, 288}
+# (nr -> argument indexes worth a distribution: scalars only)
+SCALAR_ARGS = {0: (2,), 1: (2,), 44: (2, 3), 45: (2, 3), 46: (2,), 47: (2,), 232: (2, 3), 281: (2, 3),
+               288: (3,), 54: (1, 2), 55: (1, 2), 72: (1, 2), 202: (1,), 233: (1,), 257: (2,), 9: (1, 2),
+               11: (1,), 28: (1, 2), 230: (0, 1), 17: (2,), 18: (2,), 20: (2,), 19: (2,), 290: (1,), 293: (1,)}
+
+CLASS_NAMES = {0: "other", 1: "listen", 2: "conn", 3: "notify"}
+
+
+def bpftrace_script(pid: int, listen_fds: list[int], notify_fds: list[int]) -> str:
+    """The bpftrace program for `pid` (see the module docstring for the maps)."""
+    init = "".join(f"  @lfd[{fd}] = 1;\n" for fd in listen_fds)
+    init += "".join(f"  @nfd[{fd}] = 1;\n" for fd in notify_fds)
+    arg_rules = []
+    for nr, idxs in SCALAR_ARGS.items():
+        body = " ".join(f"@arg[{nr}, $c, {k}, (int64)@a{k}[tid]] = count();" for k in idxs)
+        arg_rules.append(f"  if ($nr == {nr}) {{ {body} }}")
+    fd0 = " || ".join(f"$nr == {n}" for n in sorted(FD_ARG0))
+    reads = " || ".join(f"$nr == {n}" for n in sorted(READS))
+    writes = " || ".join(f"$nr == {n}" for n in sorted(WRITES))
+    return f"""
+BEGIN {{
+{init}  @go = 1;
+}}
+tracepoint:raw_syscalls:sys_enter /pid == {pid}/ {{
+  @nr[tid] = args->id;
+  @a0[tid] = args->args[0]; @a1[tid] = args->args[1]; @a2[tid] = args->args[2]; @a3[tid] = args->args[3];
+}}
+tracepoint:raw_syscalls:sys_exit /pid == {pid} && @nr[tid] == args->id/ {{
+  $nr = args->id; $r = args->ret;
+  $fd = (int64)-1;
+  if ({fd0}) {{ $fd = (int64)@a0[tid]; }}
+  if ($nr == 233) {{ $fd = (int64)@a2[tid]; }}
+  $c = 0;
+  if ($fd >= 0) {{
+    if (@lfd[$fd] == 1) {{ $c = 1; }}
+    if (@cfd[$fd] == 1) {{ $c = 2; }}
+    if (@nfd[$fd] == 1) {{ $c = 3; }}
+  }}
+  @calls[tid, $nr, $c] = count();
+  if ($r == -11) {{ @eagain[tid, $nr, $c] = count(); }}
+  if (($nr == 43 || $nr == 288) && $r >= 0) {{ @cfd[$r] = 1; @accepts = count(); }}
+  if ($nr == 3 && $c == 2) {{ delete(@cfd[$fd]); }}
+  if (($c == 2 || $c == 3) && ({reads} || {writes})) {{ @ret[$nr, $c, $r > 0 ? $r : ($r == 0 ? 0 : -1)] = count(); }}
+  if ($c == 2 && ({reads}) && $r > 0) {{ @last[$fd] = $r; }}
+  if ($c == 2 && ({writes}) && $r > 0) {{ @pair[@last[$fd], $r] = count(); @bytes_out = sum($r); }}
+  if ($c == 2 && ({reads}) && $r > 0) {{ @bytes_in = sum($r); }}
+{chr(10).join(arg_rules)}
+  if ($nr == 54) {{ @sso[$c, (int64)@a1[tid], (int64)@a2[tid]] = count(); }}
+  delete(@nr[tid]);
+}}
+tracepoint:sched:sched_switch /pid == {pid}/ {{ @sw[tid, args->prev_state > 0 ? 1 : 0] = count(); }}
+tracepoint:sched:sched_wakeup /args->pid != 0/ {{ @wake[args->pid] = count(); }}
+tracepoint:sched:sched_process_fork /pid == {pid}/ {{ @fork = count(); }}
+tracepoint:sched:sched_process_exit /pid == {pid}/ {{ @exit = count(); }}
+END {{ clear(@nr); clear(@a0); clear(@a1); clear(@a2); clear(@a3); clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); }}
+"""
+
+
+class SyscallTrace:
+    """A running bpftrace session; `stop()` returns the parsed maps."""
+
+    def __init__(self, bpftrace: str, pid: int, listen_fds: list[int], notify_fds: list[int], workdir: Path):
+        self.script = workdir / "syscalls.bt"
+        self.script.write_text(bpftrace_script(pid, listen_fds, notify_fds))
+        self.out = workdir / "syscalls.txt"
+        self.fh = open(self.out, "w")
+        self.proc = subprocess.Popen([bpftrace, str(self.script)], stdout=self.fh, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.t_start = None
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            time.sleep(0.2)
+            if self.proc.poll() is not None:
+                self.fh.close()
+                tail = self.out.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
+                raise CloneError(f"bpftrace failed to start: {tail[0][:200]}")
+            if "Attaching" in self.out.read_text(errors="replace"):
+                break
+        time.sleep(0.5)
+        self.t_start = time.monotonic()
+
+    def stop(self) -> dict:
+        dur = time.monotonic() - (self.t_start or time.monotonic())
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGINT)
+            try:
+                self.proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.fh.close()
+        return parse_maps(self.out.read_text(errors="replace"), dur)
+
+
+_MAP = re.compile(r"^@(\w+)(?:\[([^\]]*)\])?:\s*(-?\d+)\s*$")
+
+
+def parse_maps(text: str, duration_s: float) -> dict:
+    """bpftrace's map printout -> {name: {key tuple: value}} plus the window length."""
+    maps: dict[str, dict] = defaultdict(dict)
+    for line in text.splitlines():
+        m = _MAP.match(line.strip())
+        if not m:
+            continue
+        name, key, val = m.group(1), m.group(2), int(m.group(3))
+        k = tuple(int(x) for x in key.split(",")) if key else ()
+        maps[name][k] = val
+    if "go" not in maps and not maps:
+        raise CloneError("the syscall trace is empty or corrupt (bpftrace printed no maps)")
+    out = {k: dict(v) for k, v in maps.items()}
+    out["duration_s"] = duration_s
+    return out
+
+
+def summarise(maps: dict, tids: list[int] | None = None) -> dict:
+    """Per-thread syscall counts by name and fd class, JSON-able."""
+    per_thread: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for (tid, nr, c), n in maps.get("calls", {}).items():
+        if tids is not None and tid not in tids:
+            continue
+        per_thread[tid][f"{SYSCALLS.get(nr, f'sys{nr}')}:{CLASS_NAMES.get(c, c)}"] += n
+    return {str(t): dict(v) for t, v in per_thread.items()}
+
+
+def perf_stacks(perf: str, pid: int, seconds: float, workdir: Path) -> dict[int, dict[str, int]]:
+    """Per-thread call-edge counts from `perf record -e cpu-clock -g` (caller>callee frames)."""
+    data = workdir / "perf.data"
+    try:
+        subprocess.run([perf, "record", "-q", "-e", "cpu-clock", "-F", "997", "-g", "-p", str(pid), "-o",
+                        str(data), "--", "sleep", f"{seconds:.1f}"], capture_output=True, text=True,
+                       timeout=seconds + 60, check=False)
+        p = subprocess.run([perf, "script", "-i", str(data), "-F", "tid,ip,sym,dso"], capture_output=True,
+                           text=True, timeout=120, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CloneError(f"perf record failed: {exc}") from None
+    if not data.exists():
+        raise CloneError("perf record wrote no data (is perf_event_paranoid too strict? run as root)")
+    edges: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    tid = None
+    frames: list[str] = []
+
+    def flush():
+        if tid is not None and frames:
+            for callee, caller in zip(frames, frames[1:], strict=False):
+                edges[tid][f"{caller}>{callee}"] += 1
+            edges[tid][f"leaf:{frames[0]}"] += 1
+
+    for line in p.stdout.splitlines():
+        if not line.strip():
+            flush()
+            tid, frames = None, []
+            continue
+        if not line.startswith((" ", "\t")):
+            flush()
+            frames = []
+            try:
+                tid = int(line.split()[0])
+            except (ValueError, IndexError):
+                tid = None
+            continue
+        parts = line.split()
+        if len(parts) >= 2:
+            sym = parts[1] if parts[1] != "[unknown]" else parts[0]
+            dso = parts[-1].strip("()")
+            frames.append(f"{os.path.basename(dso)}:{sym.split('+')[0]}")
+    flush()
+    return {t: dict(v) for t, v in edges.items()}
+
+
+def tmpdir(prefix: str = "tailscope-clone-") -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -1,0 +1,143 @@
+"""Callgrind windows: a server under valgrind, driven by the load, counted over one window.
+
+The server starts under `valgrind --tool=callgrind --separate-threads=yes` in a private
+network namespace, the load generator preloads and warms it, `callgrind_control -z` zeroes
+the counters (the simulated caches stay warm), the measured window runs at a low open-loop
+rate (valgrind is ~50x slower than native), and `callgrind_control -d` dumps one file per
+thread. Costs are then per request of the window.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import callgrind as cg
+from . import runner
+from .errors import CloneError
+from .tools import need, run
+
+CONFIG_A = {"I1": "32768,8,64", "D1": "32768,8,64", "LL": "2097152,16,64"}      # profiled/tuned
+CONFIG_B = {"I1": "16384,4,64", "D1": "49152,12,64", "LL": "8388608,16,64"}     # held out
+
+
+@dataclass
+class Window:
+    threads: list[cg.ThreadCosts]
+    requests: int
+    seconds: float
+    loadgen: dict
+
+    def total(self, event: str) -> int:
+        return sum(t.summary.get(event, 0) for t in self.threads)
+
+    def per_request(self, event: str) -> float:
+        return self.total(event) / max(1, self.requests)
+
+
+def metrics(win: Window, threads: list[int] | None = None) -> dict:
+    """Simulated miss rates and per-request counts of a window (cachegrind's definitions)."""
+    ts = [t for t in win.threads if threads is None or t.thread in threads]
+
+    def tot(e):
+        return sum(t.summary.get(e, 0) for t in ts)
+
+    ir, dr, dw = tot("Ir"), tot("Dr"), tot("Dw")
+    out = {
+        "instructions_per_request": ir / max(1, win.requests),
+        "data_refs_per_request": (dr + dw) / max(1, win.requests),
+        "I1_miss_rate": tot("I1mr") / ir if ir else 0.0,
+        "D1_miss_rate": (tot("D1mr") + tot("D1mw")) / (dr + dw) if dr + dw else 0.0,
+        "LL_miss_rate": (tot("ILmr") + tot("DLmr") + tot("DLmw")) / (ir + dr + dw) if ir + dr + dw else 0.0,
+    }
+    if "Bc" in (ts[0].events if ts else []):
+        bc = tot("Bc")
+        out["branch_mispredict_rate"] = tot("Bcm") / bc if bc else 0.0
+        out["cond_branches_per_request"] = bc / max(1, win.requests)
+    return out
+
+
+def window(launch: dict, port: int, load_args: list[str], rate: float, requests: int, workdir: Path,
+           tag: str, cache: dict | None = None, detail: bool = False, branch: bool = True,
+           preload: bool = False) -> Window:
+    """Run one callgrind window (see the module docstring) and parse its dumps."""
+    tools = need("valgrind", "callgrind_control")
+    workdir.mkdir(parents=True, exist_ok=True)
+    prefix = workdir / f"{tag}.cg"
+    for old in workdir.glob(f"{tag}.cg*"):
+        old.unlink()
+    cache = cache or CONFIG_A
+    vg = [tools["valgrind"], "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={prefix}",
+          "--cache-sim=yes", f"--I1={cache['I1']}", f"--D1={cache['D1']}", f"--LL={cache['LL']}"]
+    if branch:
+        vg.append("--branch-sim=yes")
+    if detail:
+        vg += ["--dump-instr=yes", "--collect-jumps=yes"]
+    duration = max(1.0, requests / rate)
+    with runner.NetNs() as ns:
+        srv = runner.start(ns, launch, port, workdir / f"{tag}.log", prefix=vg, startup_s=90)
+        if srv.pid != srv.proc.pid:
+            srv.stop()
+            raise CloneError(f"the copy started under valgrind daemonised ({' '.join(launch['argv'])[:80]}); "
+                             "pass --relaunch with a command that stays in the foreground")
+        try:
+            runner.loadgen(ns, port, load_args, min(rate, 500), 1.5, preload=preload)
+            run([tools["callgrind_control"], "-z", str(srv.pid)], timeout=60)
+            t0 = time.monotonic()
+            lg = runner.loadgen(ns, port, load_args, rate, duration)
+            secs = time.monotonic() - t0
+            run([tools["callgrind_control"], "-d", str(srv.pid)], timeout=120)
+            _wait_dump(prefix, srv.pid)
+        finally:
+            srv.stop()
+    files = cg.dumps(prefix)
+    if not files:
+        raise CloneError(f"callgrind wrote no dump for {tag} (see {workdir / (tag + '.log')})")
+    threads = [cg.parse(f, with_instr=detail) for f in files]
+    for f, t in zip(files, threads, strict=True):
+        if not t.thread:
+            suffix = f.name.rsplit("-", 1)[-1]
+            t.thread = int(suffix) if suffix.isdigit() else 1
+    return Window(threads=threads, requests=int(lg.get("completed", 0)), seconds=secs, loadgen=lg)
+
+
+def _wait_dump(prefix: Path, pid: int, timeout: float = 60) -> None:
+    """callgrind_control returns when the command is sent; wait until the dump files settle."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        files = cg.dumps(prefix)
+        sig = [(f.name, f.stat().st_size) for f in files]
+        if files and sig == last and all(s > 0 for _, s in sig):
+            return
+        last = sig
+        time.sleep(0.5)
+
+
+def sweep(launch: dict, port: int, load_args: list[str], rate: float, requests: int, workdir: Path,
+          sizes: list[int], progress=None, tag: str = "sweep", preload: bool = False) -> dict:
+    """Per thread hits at each size: {thread: {"I": [...], "D": [...], "Ir": n, "Dref": n, "requests": n}}."""
+    from .workingset import cache_arg
+
+    out: dict[int, dict] = {}
+    reqs = []
+    for i, s in enumerate(sizes):
+        if progress:
+            progress(f"{tag}: cache size {s} B ({i + 1}/{len(sizes)})")
+        ll = max(s * 2, 2 << 20)
+        cfg = {"I1": cache_arg(s), "D1": cache_arg(s), "LL": cache_arg(ll)}
+        win = window(launch, port, load_args, rate, requests, workdir, f"{tag}{i}", cache=cfg, detail=False,
+                     branch=False, preload=preload)
+        reqs.append(win.requests)
+        for t in win.threads:
+            slot = out.setdefault(t.thread, {"I": [0.0] * len(sizes), "D": [0.0] * len(sizes),
+                                             "Ir": [0.0] * len(sizes), "Dref": [0.0] * len(sizes)})
+            n = max(1, win.requests)
+            ir = t.summary.get("Ir", 0)
+            dref = t.summary.get("Dr", 0) + t.summary.get("Dw", 0)
+            slot["I"][i] = (ir - t.summary.get("I1mr", 0)) / n
+            slot["D"][i] = (dref - t.summary.get("D1mr", 0) - t.summary.get("D1mw", 0)) / n
+            slot["Ir"][i] = ir / n
+            slot["Dref"][i] = dref / n
+    return {"sizes": sizes, "threads": {str(k): v for k, v in out.items()}, "requests": reqs}

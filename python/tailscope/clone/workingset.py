@@ -1,0 +1,49 @@
+"""Working sets from cache-size sweeps (Ditto §4.4.4-4.4.5).
+
+H(S) is the number of hits in a cache of S bytes; N(S) = H(S) - H(S/2) is then the number of
+accesses whose working set is S: they hit at size S and miss at S/2. One valgrind run per size
+S (64-byte lines, 8-way below 1 MiB and 16-way from 1 MiB, as in the paper) simulates an I1 and
+a D1 of that size at once. Valgrind's smallest cache is 128 B (two lines), so the first bin is
+"<= 128 B" (N(128) = H(128)); accesses that miss even at the largest size form the last bin.
+"""
+
+from __future__ import annotations
+
+MIN_SIZE = 128
+
+
+def sizes(max_bytes: int) -> list[int]:
+    out = [MIN_SIZE]
+    while out[-1] < max_bytes:
+        out.append(out[-1] * 2)
+    return out
+
+
+def cache_arg(size: int) -> str:
+    assoc = min(size // 64, 8 if size < (1 << 20) else 16)
+    return f"{size},{assoc},64"
+
+
+def bins(size_list: list[int], hits: list[float], accesses: float) -> list[tuple[int, float]]:
+    """(size, N(size)) for each swept size plus (2*max, misses at max): per access unit given.
+
+    Hits are made monotone first (a larger cache never hits less in LRU; simulation noise and
+    associativity can make it dip slightly).
+    """
+    mono = []
+    best = 0.0
+    for h in hits:
+        best = max(best, h)
+        mono.append(min(best, accesses))
+    out = []
+    prev = 0.0
+    for s, h in zip(size_list, mono, strict=True):
+        out.append((s, max(0.0, h - prev)))
+        prev = h
+    out.append((size_list[-1] * 2, max(0.0, accesses - prev)))
+    return out
+
+
+def misses_at(bin_list: list[tuple[int, float]], size: int) -> float:
+    """Misses in a cache of `size` bytes predicted by the bins (all bins with S > size)."""
+    return sum(n for s, n in bin_list if s > size)
