@@ -32,6 +32,10 @@ import numpy as np
 from .isa import CLASSES, DEP_BINS, MEMFLAGS
 
 GPR = ["rax", "rbx", "rcx", "rdx", "rsi", "rbp", "r8", "r9"]
+ACC = GPR[:4]          # written only read-modify-write: their values stay live
+TMP = GPR[4:]          # loads and moves land here and are consumed into an accumulator
+XACC = ["xmm0", "xmm1", "xmm2", "xmm3"]
+XTMP = ["xmm4", "xmm5", "xmm6", "xmm7"]
 GPR32 = {"rax": "eax", "rbx": "ebx", "rcx": "ecx", "rdx": "edx", "rsi": "esi", "rbp": "ebp", "r8": "r8d",
          "r9": "r9d"}
 XMM = [f"xmm{i}" for i in range(8)]
@@ -71,6 +75,7 @@ class BodySpec:
     mem_per_insn: float                   # data accesses per instruction
     main_fraction: float                  # fraction of data accesses that are not tiny-region
     rep_len: int = 16
+    chunk_insns: int = 0                  # instructions per cache-line chunk (0: straight-line blocks)
 
 
 def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
@@ -105,16 +110,20 @@ def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
     return out
 
 
-def _pattern(p: float, r: float) -> int | None:
-    """A 64-bit cyclic pattern with round(64p) ones and about 64r transitions (even, feasible)."""
+def _pattern(p: float, r: float, rng: np.random.Generator | None = None) -> int | None:
+    """A 64-bit cyclic pattern with round(64p) ones and about 64r transitions (even, feasible).
+
+    Run lengths are split at random (seeded), so the sequence is irregular like a two-state
+    Markov chain rather than a strictly periodic one a history predictor would learn.
+    """
     ones = round(64 * p)
     if ones <= 0 or ones >= 64:
         return None
     maxt = 2 * min(ones, 64 - ones)
     t = max(2, min(maxt, 2 * round(64 * r / 2)))
     runs = t // 2
-    one_runs = _split(ones, runs)
-    zero_runs = _split(64 - ones, runs)
+    one_runs = _split(ones, runs, rng)
+    zero_runs = _split(64 - ones, runs, rng)
     bits = []
     for o, z in zip(one_runs, zero_runs, strict=True):
         bits += [1] * o + [0] * z
@@ -124,13 +133,23 @@ def _pattern(p: float, r: float) -> int | None:
     return v
 
 
-def _split(n: int, k: int) -> list[int]:
-    base, extra = divmod(n, k)
-    return [base + (1 if i < extra else 0) for i in range(k)]
+def _split(n: int, k: int, rng: np.random.Generator | None = None) -> list[int]:
+    """n into k positive parts: even, or uniformly random compositions when rng is given."""
+    if rng is None or k <= 1 or n == k:
+        base, extra = divmod(n, k)
+        return [base + (1 if i < extra else 0) for i in range(k)]
+    cuts = sorted(rng.choice(np.arange(1, n), size=k - 1, replace=False).tolist())
+    edges = [0, *cuts, n]
+    return [edges[i + 1] - edges[i] for i in range(k)]
 
 
 class _Regs:
-    """Register choice following a RAW distance distribution."""
+    """Register choice following a RAW distance distribution.
+
+    Every value written is read before its register is overwritten when possible: a load
+    whose result is never read is dead code that valgrind's JIT removes (and out-of-order
+    cores may too), so the clone's data references would not count.
+    """
 
     def __init__(self, rng: np.random.Generator, dep_hist: list[float]):
         self.rng = rng
@@ -139,26 +158,40 @@ class _Regs:
         self.t = 0
         self.last_write = {r: -100 for r in GPR}
         self.last_xwrite = {r: -100 for r in XMM}
+        self.unread: set[str] = set()
 
-    def src(self, xmm: bool = False) -> str:
-        table = self.last_xwrite if xmm else self.last_write
+    def _pick(self, names: list[str], table: dict) -> str:
         b = int(self.rng.choice(len(DEP_BINS), p=self.dep_p))
         lo = DEP_BINS[b]
         hi = DEP_BINS[b + 1] if b + 1 < len(DEP_BINS) else 4096
         want = self.rng.integers(lo, hi)
-        return min(table, key=lambda r: abs((self.t - table[r]) - want))
+        return min(names, key=lambda r: abs((self.t - table[r]) - want))
+
+    def src(self, xmm: bool = False) -> str:
+        """A source that consumes a pending temporary value if there is one."""
+        table = self.last_xwrite if xmm else self.last_write
+        tmps = [r for r in (XTMP if xmm else TMP) if r in self.unread]
+        r = self._pick(tmps, table) if tmps else self._pick(XACC if xmm else ACC, table)
+        self.unread.discard(r)
+        return r
+
+    def acc(self, xmm: bool = False) -> str:
+        """An accumulator (read-modify-write destination, or a flags-only source)."""
+        return self._pick(XACC if xmm else ACC, self.last_xwrite if xmm else self.last_write)
 
     def dst(self, xmm: bool = False) -> str:
+        """A temporary to load or move into: one whose value was consumed, oldest first."""
         table = self.last_xwrite if xmm else self.last_write
-        # overwrite the register written longest ago (keeps recent values live for readers)
-        r = min(table, key=lambda k: table[k] + self.rng.random())
-        return r
+        names = XTMP if xmm else TMP
+        cands = [r for r in names if r not in self.unread] or list(names)
+        return min(cands, key=lambda k: table[k] + self.rng.random())
 
     def wrote(self, r: str):
         if r in self.last_write:
             self.last_write[r] = self.t
         elif r in self.last_xwrite:
             self.last_xwrite[r] = self.t
+        self.unread.add(r)
 
     def tick(self, n: int = 1):
         self.t += n
@@ -173,93 +206,87 @@ class _Mem:
         self.main_j = 0
         self.region_off = 0
 
-    def addr(self, size: str = "qword") -> str:
+    def addr(self, size: str = "qword", align: int = 8) -> str:
         if self.main_left > 0:
             self.main_left -= 1
             off = self.region_off + 64 * self.main_j
             self.main_j += 1
             return f"{size} ptr [r15 + r13 + {off}]"
-        off = int(self.rng.integers(0, (TINY_BYTES - 16) // 8)) * 8
+        off = int(self.rng.integers(0, (TINY_BYTES - 16) // align)) * align
         return f"{size} ptr [r15 + {off}]"
 
 
 def _emit(cls: str, mem: str, regs: _Regs, mema: _Mem, rng, rep_len: int) -> list[str]:
-    """Instructions for one sampled (class, memflag); returns the lines (first is the 'real' one)."""
-    g = GPR
+    """Instructions for one sampled (class, memflag).
+
+    Data flow keeps every load live: loads and moves write temporaries, arithmetic consumes a
+    pending temporary into an accumulator (read-modify-write), compares read accumulators.
+    """
     if cls == "mov":
-        if mem == "load":
+        if mem in ("load", "rmw"):
             d = regs.dst()
             regs.wrote(d)
             return [f"mov {d}, {mema.addr()}"]
         if mem == "store":
             return [f"mov {mema.addr()}, {regs.src()}"]
-        if mem == "rmw":
-            d = regs.dst()
-            regs.wrote(d)
-            return [f"mov {d}, {mema.addr()}"]
-        d, s = regs.dst(), regs.src()
-        regs.wrote(d)
-        if rng.random() < 0.3:
-            return [f"mov {GPR32[d]}, {int(rng.integers(1, 1 << 16))}"]
-        return [f"mov {d}, {s}"]
-    if cls == "arith":
-        op = rng.choice(["add", "sub", "xor", "and", "or", "cmp", "test", "lea", "shl", "inc"])
-        if mem == "load":
-            d = regs.dst()
-            if op in ("lea", "shl", "inc", "test"):
-                op = "add"
-            if op != "cmp":
-                regs.wrote(d)
-            return [f"{op} {d}, {mema.addr()}"]
-        if mem in ("store", "rmw"):
-            op = "add" if op in ("lea", "shl", "inc", "test", "cmp") else op
-            return [f"{op} {mema.addr()}, {regs.src()}"]
-        s = regs.src()
-        d = regs.src() if op in ("cmp", "test") else regs.dst()
-        if op == "lea":
-            regs.wrote(d)
-            return [f"lea {d}, [{s} + {d}*2 + {int(rng.integers(1, 64))}]"]
-        if op == "shl":
-            regs.wrote(d)
-            return [f"shl {d}, {int(rng.integers(1, 8))}"]
-        if op == "inc":
-            regs.wrote(d)
-            return [f"inc {d}"]
-        if op not in ("cmp", "test"):
-            regs.wrote(d)
-        return [f"{op} {d}, {s}"]
-    if cls == "mul":
         d = regs.dst()
+        if rng.random() < 0.3:
+            regs.wrote(d)
+            return [f"mov {GPR32[d]}, {int(rng.integers(1, 1 << 16))}"]
+        s_ = regs.src()
         regs.wrote(d)
-        if mem in ("load", "rmw", "store"):
-            return [f"imul {d}, {mema.addr()}"]
-        return [f"imul {d}, {regs.src()}"]
+        return [f"mov {d}, {s_}"]
+    if cls == "arith":
+        op = str(rng.choice(["add", "sub", "xor", "and", "or", "cmp", "test", "lea", "shl", "inc"]))
+        if mem == "load":
+            a = regs.acc()
+            op = op if op in ("add", "sub", "xor", "and", "or") else "add"
+            regs.wrote(a)
+            regs.unread.discard(a)
+            return [f"{op} {a}, {mema.addr()}"]
+        if mem in ("store", "rmw"):
+            op = op if op in ("add", "sub", "xor", "and", "or") else "add"
+            return [f"{op} {mema.addr()}, {regs.src()}"]
+        if op in ("cmp", "test"):
+            return [f"{op} {regs.acc()}, {regs.acc()}"]
+        if op == "lea":
+            s_ = regs.src()
+            d = regs.dst()
+            regs.wrote(d)
+            return [f"lea {d}, [{s_} + {regs.acc()}*2 + {int(rng.integers(1, 64))}]"]
+        a = regs.acc()
+        if op == "shl":
+            return [f"shl {a}, {int(rng.integers(1, 8))}"]
+        if op == "inc":
+            return [f"inc {a}"]
+        return [f"{op} {a}, {regs.src()}"]
+    if cls == "mul":
+        a = regs.acc()
+        if mem != "reg":
+            return [f"imul {a}, {mema.addr()}"]
+        return [f"imul {a}, {regs.src()}"]
     if cls == "div":
-        regs.wrote("rax")
-        regs.wrote("rdx")
         return [f"mov eax, {GPR32[regs.src()]}", "xor edx, edx", f"div dword ptr [r15 + {DIVISOR_OFF}]"]
     if cls == "fp":
-        d = regs.dst(xmm=True)
-        regs.wrote(d)
-        op = rng.choice(["addsd", "mulsd", "subsd", "maxsd"])
+        a = regs.acc(xmm=True)
+        op = str(rng.choice(["addsd", "mulsd", "subsd", "maxsd"]))
         if mem != "reg":
-            return [f"{op} {d}, {mema.addr()}"]
-        return [f"{op} {d}, {regs.src(xmm=True)}"]
+            return [f"{op} {a}, {mema.addr()}"]
+        return [f"{op} {a}, {regs.src(xmm=True)}"]
     if cls == "simd":
         if mem == "store":
-            return [f"movdqu {mema.addr('xmmword')}, {regs.src(xmm=True)}"]
-        d = regs.dst(xmm=True)
-        regs.wrote(d)
+            return [f"movdqu {mema.addr('xmmword', 16)}, {regs.src(xmm=True)}"]
         if mem != "reg":
-            return [f"movdqu {d}, {mema.addr('xmmword')}"]
-        op = rng.choice(["paddd", "pxor", "pcmpeqb", "por", "pand"])
-        return [f"{op} {d}, {regs.src(xmm=True)}"]
+            d = regs.dst(xmm=True)
+            regs.wrote(d)
+            return [f"movdqu {d}, {mema.addr('xmmword', 16)}"]
+        op = str(rng.choice(["paddd", "pxor", "pcmpeqb", "por", "pand"]))
+        return [f"{op} {regs.acc(xmm=True)}, {regs.src(xmm=True)}"]
     if cls == "lock":
-        s = regs.src()
-        return [f"lock add {mema.addr()}, {s}"]
+        return [f"lock add {mema.addr()}, {regs.src()}"]
     if cls == "rep":
-        off = 0
-        return ["push rdi", f"lea rdi, [r15 + {off}]", f"mov ecx, {rep_len}", "rep stosb", "pop rdi"]
+        return ["push rdi", "push rcx", "lea rdi, [r15 + 0]", f"mov ecx, {rep_len}", "rep stosb", "pop rcx",
+                "pop rdi"]
     if cls == "branch":  # unconditional: a direct jump or a call to the cluster's leaf
         if mem in ("store", "load", "rmw"):
             return ["call {leaf}"]
@@ -291,7 +318,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     mixp = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
     br_idx = [i for i, k in enumerate(keys) if k.startswith("branch/")]
     # conditional branches are placed separately; the remaining branch mass is jmp/call
-    cond = min(spec.cond_per_insn, mixp[br_idx].sum())
+    cond = spec.cond_per_insn
     if mixp[br_idx].sum() > 0:
         mixp[br_idx] *= max(0.0, mixp[br_idx].sum() - cond) / mixp[br_idx].sum()
     mixp = mixp / mixp.sum() if mixp.sum() > 0 else np.full(len(keys), 1 / len(keys))
@@ -305,10 +332,21 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     regs = _Regs(rng, spec.dep_hist)
     leaf = f".Lleaf_{spec.name}"
     for bi, b in enumerate(blocks):
-        k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
+        if spec.chunk_insns > 0:
+            k_target = max(1, b.code_bytes // 64) * spec.chunk_insns
+        else:
+            k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
         b.iters_per_event = b.weight * instructions / k_target if k_target else 0
         if b.iters_per_event <= 0:
             continue
+        if b.region_bytes:
+            # the first pass over a region in each event reuses lines last touched one event
+            # earlier (after every other block ran): those accesses land in a larger working set.
+            # Add one region's worth of accesses so the intended number stays at distance R_b.
+            warm = b.main_per_insn * k_target * b.iters_per_event
+            lines_ = b.region_bytes / 64
+            if warm > lines_:
+                b.main_per_insn = min(1.0, b.main_per_insn * (warm + lines_) / warm)
         fixed = max(1, round(b.iters_per_event * 65536))
         lab = f".L{spec.name}_{bi}"
         frac_off = STATE_BLOCKS + 16 * bi
@@ -323,57 +361,89 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
             p, r = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
             r = min(1.0, r * knobs.get("branch_r_scale", 1.0))
-            pats.append((p, r, _pattern(p, r)))
-        out += [f"    mov r11, {pats[0][2] or 0x5555555555555555}", f"    mov r10, {pats[1][2] or 0x3333333333333333}"]
+            pats.append((p, r, _pattern(p, r, rng)))
+        # the pattern registers rotate once per iteration; start them at the phase of the
+        # iteration counter, which persists across events
+        out += [f"    mov r11, {pats[0][2] or 0x5555555555555555}", f"    mov r10, {pats[1][2] or 0x3333333333333333}",
+                "    push rcx", "    mov ecx, r14d", "    ror r11, cl", "    ror r10, cl", "    pop rcx"]
         out.append(f"    .p2align 4\n{lab}:")
         mema = _Mem(rng)
         main_n = int(round(b.main_per_insn * k_target)) if b.region_bytes else 0
         main_n = min(main_n, max(0, b.region_bytes // 64 - 1)) if b.region_bytes else 0
         mema.main_left, mema.main_j, mema.region_off = main_n, 0, b.region_off
         body: list[str] = []
-        count = 0
-        n_cond = int(round(cond * k_target)) if cond > 0 else 0
-        cond_at = set(rng.choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist()) \
-            if n_cond else set()
-        pending_jump = 0
-        # scaffolding per iteration: ror x2, add/cmp/jb/sub (cursor), inc, dec, jnz
-        while count < k_target:
-            if count in cond_at:
-                which = int(rng.integers(0, 2))
-                p, r, pat = pats[which]
-                reg = "r11" if which == 0 else "r10"
-                if pat is None:
-                    bits = max(1, min(20, round(-math.log2(max(min(p, 1 - p), 1e-6)))))
-                    mask = (1 << bits) - 1
-                    jcc = "jz" if p < 0.5 else "jnz"
-                    body += [f"    test r14d, {mask}", f"    {jcc} {lab}_s{count}"]
-                else:
-                    bit = int(rng.integers(0, 64))
-                    body += [f"    bt {reg}, {bit}", f"    jc {lab}_s{count}"]
-                pending_jump = count
-                count += 2
-                regs.tick(2)
-                lines = _emit("arith", "reg", regs, mema, rng, spec.rep_len)
-                body += [f"    {ln}" for ln in lines]
-                body.append(f"{lab}_s{pending_jump}:")
-                count += 1
-                regs.tick()
-                continue
+        state = {"count": 0}
+
+        def emit_mix():
             k = int(rng.choice(len(keys), p=mixp))
             cls, mem = keys[k].split("/")
             lines = _emit(cls, mem, regs, mema, rng, spec.rep_len)
             for ln in lines:
                 if ln == "1:":
-                    body.append(f"{lab}_j{count}:")
+                    body.append(f"{lab}_j{state['count']}:")
                     continue
                 if ln == "jmp 1f":
-                    ln = f"jmp {lab}_j{count}"
+                    ln = f"jmp {lab}_j{state['count']}"
                 body.append("    " + ln.replace("{leaf}", leaf))
             n = sum(1 for ln in lines if ln != "1:")
             if cls == "rep":
                 n += spec.rep_len - 1
-            count += n
+            state["count"] += n
             regs.tick(n)
+
+        def emit_cond(target: str | None = None):
+            which = int(rng.integers(0, 2))
+            p, _r, pat = pats[which]
+            reg = "r11" if which == 0 else "r10"
+            skip = target or f"{lab}_s{state['count']}"
+            if pat is None:
+                bits = max(1, min(20, round(-math.log2(max(min(p, 1 - p), 1e-6)))))
+                jcc = "jz" if p < 0.5 else "jnz"
+                body.extend([f"    test r14d, {(1 << bits) - 1}", f"    {jcc} {skip}"])
+            else:
+                body.extend([f"    bt {reg}, {int(rng.integers(0, 64))}", f"    jc {skip}"])
+            state["count"] += 2
+            regs.tick(2)
+            body.extend(f"    {ln}" for ln in _emit("arith", "reg", regs, mema, rng, spec.rep_len))
+            state["count"] += 1
+            regs.tick()
+            if target is None:
+                body.append(f"{skip}:")
+
+        if spec.chunk_insns > 0:
+            # chunks of chunk_insns instructions, each starting a new cache line, ending in a
+            # conditional branch (or a jump) to the next chunk: line entries per instruction
+            # match the original's (its instruction fetches that miss even a 128-byte cache)
+            n_chunks = max(1, b.code_bytes // 64)
+            per_chunk_cond = cond * spec.chunk_insns
+            for ci in range(n_chunks):
+                nxt = f"{lab}_c{ci + 1}" if ci + 1 < n_chunks else f"{lab}_t"
+                body.append(f"    .p2align 6\n{lab}_c{ci}:")
+                start_count = state["count"]
+                extra_conds = max(0.0, per_chunk_cond - 1)
+                n_in = int(extra_conds) + (1 if rng.random() < extra_conds - int(extra_conds) else 0)
+                while state["count"] - start_count < spec.chunk_insns - 2:
+                    if n_in and rng.random() < 0.3:
+                        emit_cond()
+                        n_in -= 1
+                    else:
+                        emit_mix()
+                if rng.random() < min(1.0, per_chunk_cond):
+                    emit_cond(target=nxt)
+                body.append(f"    jmp {nxt}")
+                state["count"] += 1
+            body.append(f"{lab}_t:")
+        else:
+            k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
+            n_cond = int(round(cond * k_target)) if cond > 0 else 0
+            cond_at = set(rng.choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist()) \
+                if n_cond else set()
+            while state["count"] < k_target:
+                if state["count"] in cond_at:
+                    emit_cond()
+                else:
+                    emit_mix()
+        count = state["count"]
         # any main-region accesses not placed by the mix: add loads so each iteration touches main_n lines
         while mema.main_left > 0:
             d = regs.dst()
@@ -411,3 +481,39 @@ def _apply_knobs(blocks: list[Block], knobs: dict) -> None:
     if tot > 0:
         for b in blocks:
             b.weight /= tot
+
+
+def harness_c(name: str, arena: int, calls: int, max_blocks: int = 64) -> str:
+    """A standalone C driver that calls clone_body_<name> `calls` times (tests, offline checks)."""
+    return f"""/* harness for clone_body_{name}: generated by tailscope */
+#include <stdint.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+struct body_state {{ char *data; uint64_t iter; uint64_t blocks[2 * {max_blocks}]; }};
+void clone_body_{name}(struct body_state *);
+int main(int argc, char **argv) {{
+	long n = argc > 1 ? atol(argv[1]) : {calls};
+	struct body_state st = {{0}};
+	st.data = mmap(NULL, {arena}, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (st.data == MAP_FAILED) return 1;
+	*(uint32_t *)(st.data + {DIVISOR_OFF}) = 7;
+	for (long i = 0; i < n; i++) clone_body_{name}(&st);
+	return 0;
+}}
+"""
+
+
+def write_standalone(spec: BodySpec, out_dir, seed: int, calls: int, knobs: dict | None = None) -> dict:
+    """body.S + harness.c + a build of ./harness in out_dir; returns the blocks and arena."""
+    import subprocess
+    from pathlib import Path
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines, blocks, arena = generate_body(spec, np.random.default_rng(seed), knobs or {})
+    asm = ["    .intel_syntax noprefix", "    .text", *lines, '    .section .note.GNU-stack,"",@progbits']
+    (out_dir / "body.S").write_text("\n".join(asm) + "\n")
+    (out_dir / "harness.c").write_text(harness_c(spec.name, arena, calls, max(64, len(blocks))))
+    subprocess.run(["gcc", "-O1", "-o", str(out_dir / "harness"), str(out_dir / "harness.c"), str(out_dir / "body.S")],
+                   check=True, capture_output=True, text=True)
+    return {"blocks": blocks, "arena": arena, "lines": lines}

@@ -46,7 +46,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         tot = sum(mix.values()) or 1.0
         mix = {k: v / tot for k, v in mix.items()}
     avg = b.get("avg_insn_bytes", 4.0) or 4.0
-    ibins, dbins, main_frac = [(256, 1.0)], [(0, 1.0)], 0.0
+    ibins, dbins, main_frac, chunk = [(256, 1.0)], [(0, 1.0)], 0.0, 0
     dref = b.get("data_refs_per_event", 0.0)
     if b.get("I_bins"):
         i_bins = [list(x) for x in b["I_bins"]]
@@ -55,13 +55,12 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
             i_bins = _subtract(i_bins, skel["I_bins"])
             d_bins = _subtract(d_bins, skel["D_bins"])
             dref = max(0.0, dref - skel.get("data_refs_per_event", 0.0))
-        lines = max(1e-9, body_ir * avg / 64)
-        far = [(s, n / lines) for s, n in i_bins[1:] if n > 0]
-        tot = sum(f for _, f in far)
-        if tot > 1:
-            far = [(s, f / tot) for s, f in far]
-            tot = 1.0
-        ibins = [(i_bins[0][0], max(0.0, 1 - tot)), *far]
+        # line entries: fetches that miss even a 128-byte cache; the clone starts a new line
+        # every `chunk` instructions, and each working-set bin gets its share of line entries
+        far = [(s, n) for s, n in i_bins[1:] if n > 0]
+        entries = sum(n for _, n in far)
+        chunk = int(min(24, max(3, round(body_ir / entries)))) if entries > 0 else 0
+        ibins = [(s, n / entries) for s, n in far] if entries > 0 else [(256, 1.0)]
         main = [(s, n) for s, n in d_bins[1:] if n > 0]
         mtot = sum(n for _, n in main)
         main_frac = min(1.0, mtot / dref) if dref > 0 else 0.0
@@ -70,7 +69,8 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
     return asmgen.BodySpec(
         name=name, instructions=body_ir, mix=mix, cond_per_insn=b.get("cond_per_insn", 0.0),
         branches=b.get("branches") or [], dep_hist=b.get("dep_hist") or [1] * len(asmgen.DEP_BINS),
-        icode_bins=ibins, data_bins=dbins, mem_per_insn=mem_per_insn, main_fraction=main_frac)
+        icode_bins=ibins, data_bins=dbins, mem_per_insn=mem_per_insn, main_fraction=main_frac,
+        chunk_insns=chunk)
 
 
 def _subtract(a: list[list[float]], b: list) -> list[list[float]]:

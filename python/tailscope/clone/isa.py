@@ -76,8 +76,17 @@ class ElfImage:
         return b""
 
 
-@lru_cache(maxsize=64)
 def _image(path: str) -> ElfImage | None:
+    """The ELF image of `path`, cached by (path, size, mtime): clones are rebuilt in place."""
+    try:
+        st = Path(path).stat()
+    except OSError:
+        return None
+    return _image_at(path, st.st_size, st.st_mtime_ns)
+
+
+@lru_cache(maxsize=64)
+def _image_at(path: str, _size: int, _mtime: int) -> ElfImage | None:
     try:
         return ElfImage(path)
     except (OSError, ValueError, struct.error):
@@ -166,7 +175,20 @@ def classify(insn) -> tuple[str, str]:
     return "other", memflag
 
 
+@lru_cache(maxsize=1 << 20)
+def _decode_at(obj: str, _size: int, _mtime: int, addr: int):
+    return _decode_uncached(obj, addr)
+
+
 def _decode(obj: str, addr: int):
+    try:
+        st = Path(obj).stat()
+    except OSError:
+        return None
+    return _decode_at(obj, st.st_size, st.st_mtime_ns, addr)
+
+
+def _decode_uncached(obj: str, addr: int):
     img = _image(obj)
     if img is None:
         return None

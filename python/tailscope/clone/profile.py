@@ -255,17 +255,35 @@ def thread_map(native_tids: list[int], vg_threads: list[int]) -> dict[int, int]:
     return {v: native_tids[i] for i, v in enumerate(vt) if i < len(native_tids)}
 
 
+def body_groups(clusters: list[dict]) -> list[tuple[int, list[int], str]]:
+    """Clusters that get one body each: all request-serving threads share one (the clone has one
+    worker pool), timer/waiter clusters one each; idle threads need none. -> (index, tids, role)."""
+    groups: dict[str, tuple[int, list[int], str]] = {}
+    out = []
+    for ci, c in enumerate(clusters):
+        if c["role"] in ("worker", "acceptor+worker", "acceptor"):
+            key = c["role"]
+            if key in groups:
+                groups[key][1].extend(c["tids"])
+            else:
+                groups[key] = (ci, list(c["tids"]), c["role"])
+                out.append(groups[key])
+        elif c["role"] in ("timer", "waiter"):
+            out.append((ci, list(c["tids"]), c["role"]))
+    return out
+
+
 def body_profile(win: vg.Window, sweep: dict | None, clusters: list[dict], native_tids: list[int],
                  events_by_role: dict[str, float]) -> dict:
-    """Per cluster: the body's distributions per trigger event."""
+    """Per body group: the body's distributions per trigger event."""
     vmap = thread_map(native_tids, [t.thread for t in win.threads])
     out = {}
-    for ci, c in enumerate(clusters):
-        members = set(c["tids"])
+    for ci, tids, role in body_groups(clusters):
+        members = set(tids)
         ts = [t for t in win.threads if vmap.get(t.thread) in members]
         if not ts:
             continue
-        role = c["role"]
+        c = clusters[ci]
         events = events_by_role.get(role) or events_by_role.get("default", 1)
         if role in ("timer", "waiter") and c["period_us"]:
             events = max(1.0, win.seconds * 1e6 / c["period_us"] * len(members))
@@ -273,7 +291,7 @@ def body_profile(win: vg.Window, sweep: dict | None, clusters: list[dict], nativ
         ir = sum(t.summary.get("Ir", 0) for t in ts)
         dref = sum(t.summary.get("Dr", 0) + t.summary.get("Dw", 0) for t in ts)
         entry = {
-            "role": role, "events": events, "instructions_per_event": ir / max(1, events),
+            "role": role, "tids": sorted(members), "events": events, "instructions_per_event": ir / max(1, events),
             "data_refs_per_event": dref / max(1, events), "mix": a["mix_fraction"],
             "cond_per_insn": a["cond_branches"] / ir if ir else 0.0,
             "mispredict_rate": a["cond_mispredicts"] / a["cond_branches"] if a["cond_branches"] else 0.0,
@@ -282,7 +300,8 @@ def body_profile(win: vg.Window, sweep: dict | None, clusters: list[dict], nativ
             "static_cond_branches": a["static_cond_branches"],
         }
         if sweep:
-            entry.update(_ws_bins(sweep, [str(v) for v, tid in vmap.items() if tid in members]))
+            entry.update(_ws_bins(sweep, [str(v) for v, tid in vmap.items() if tid in members],
+                                  entry["instructions_per_event"], entry["data_refs_per_event"]))
         out[str(ci)] = entry
     return out
 
@@ -293,7 +312,9 @@ def _branch_table(branches: list[list[float]], keep: int = 256) -> list[list[flo
     return [[b[0], b[1], b[2]] for b in top]
 
 
-def _ws_bins(sweep: dict, vthreads: list[str]) -> dict:
+def _ws_bins(sweep: dict, vthreads: list[str], ir_per_event: float, dref_per_event: float) -> dict:
+    """Hit-ratio curves of the threads (each sweep run normalised by its own accesses, so runs that
+    served slightly different work compare), scaled to the detail window's accesses per event."""
     sizes = sweep["sizes"]
     n = len(sizes)
     ih, dh, ir, dref = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
@@ -306,13 +327,11 @@ def _ws_bins(sweep: dict, vthreads: list[str]) -> dict:
             dh[i] += s["D"][i]
             ir[i] += s["Ir"][i]
             dref[i] += s["Dref"][i]
-    ir_mean = sum(ir) / n if n else 0
-    dr_mean = sum(dref) / n if n else 0
-    # hit ratios per run (runs differ slightly in requests served), scaled to the mean accesses
-    ihr = [ih[i] / ir[i] * ir_mean if ir[i] else 0 for i in range(n)]
-    dhr = [dh[i] / dref[i] * dr_mean if dref[i] else 0 for i in range(n)]
-    return {"ws_sizes": sizes, "I_hits": ihr, "D_hits": dhr, "I_accesses": ir_mean, "D_accesses": dr_mean,
-            "I_bins": workingset.bins(sizes, ihr, ir_mean), "D_bins": workingset.bins(sizes, dhr, dr_mean)}
+    ihr = [ih[i] / ir[i] * ir_per_event if ir[i] else 0 for i in range(n)]
+    dhr = [dh[i] / dref[i] * dref_per_event if dref[i] else 0 for i in range(n)]
+    return {"ws_sizes": sizes, "I_hits": ihr, "D_hits": dhr, "I_accesses": ir_per_event,
+            "D_accesses": dref_per_event, "I_bins": workingset.bins(sizes, ihr, ir_per_event),
+            "D_bins": workingset.bins(sizes, dhr, dref_per_event)}
 
 
 def run_profile(pid: int, load: str, rate: float, out: Path, progress, relaunch: str | None = None,

@@ -24,7 +24,6 @@ from pathlib import Path
 
 from . import generate as gen
 from . import valgrind as vg
-from .workingset import bins as ws_bins
 
 MAX_ITERATIONS = 10
 TOLERANCE = {"instructions_per_request": 0.02, "I1_miss_rate": 0.05, "D1_miss_rate": 0.05, "LL_miss_rate": 0.05,
@@ -65,23 +64,10 @@ def per_name(win: vg.Window, meta: dict, sweep: dict | None, events: dict[str, f
             a = analyse(ts)
             entry["mix"] = a["mix_fraction"]
         if sweep:
-            n = len(sweep["sizes"])
-            ih, dh, irs, drs = [0.0] * n, [0.0] * n, [0.0] * n, [0.0] * n
-            for v in vts:
-                s = sweep["threads"].get(str(v))
-                if not s:
-                    continue
-                for i in range(n):
-                    ih[i] += s["I"][i]
-                    dh[i] += s["D"][i]
-                    irs[i] += s["Ir"][i]
-                    drs[i] += s["Dref"][i]
-            irm, drm = sum(irs) / n, sum(drs) / n
-            scale = max(1, win.requests) / max(1, ev)
-            entry["I_bins"] = ws_bins(sweep["sizes"], [ih[i] / irs[i] * irm * scale if irs[i] else 0 for i in
-                                                       range(n)], irm * scale)
-            entry["D_bins"] = ws_bins(sweep["sizes"], [dh[i] / drs[i] * drm * scale if drs[i] else 0 for i in
-                                                       range(n)], drm * scale)
+            from .profile import _ws_bins
+
+            b = _ws_bins(sweep, [str(v) for v in vts], entry["instructions_per_event"], entry["data_refs_per_event"])
+            entry["I_bins"], entry["D_bins"] = b["I_bins"], b["D_bins"]
         out[name] = entry
     return out
 

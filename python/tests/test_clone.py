@@ -1,0 +1,266 @@
+"""Ditto clone: generator tests measured with real tools (valgrind, gcc), the parser, the leakage check.
+
+- a generated branch with a target (p, r) measures within tolerance: p from callgrind's jump
+  counts, r from the exact outcome sequence (lackey's superblock trace: a taken branch starts a
+  superblock at its target);
+- a generated working-set mix is recovered by the profiler's cache-size sweep;
+- the leakage check passes a clean clone and catches a planted string, symbol and data block;
+- generation is deterministic per seed, builds with plain gcc, and the clone serves the load.
+"""
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tailscope.clone import asmgen, callgrind, generate, isa, leakage, workingset
+from tailscope.clone.errors import CloneError
+
+needs_valgrind = pytest.mark.skipif(shutil.which("valgrind") is None,
+                                    reason="valgrind is not installed (apt-get install valgrind)")
+needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
+
+
+def _spec(**kw):
+    base = dict(name="t", instructions=600, mix={"arith/reg": 0.6, "mov/reg": 0.4}, cond_per_insn=0.15,
+                branches=[[0.5, 0.1, 1]], dep_hist=[1] * 11, icode_bins=[(512, 1.0)], data_bins=[(0, 1.0)],
+                mem_per_insn=0.0, main_fraction=0.0)
+    base.update(kw)
+    return asmgen.BodySpec(**base)
+
+
+def _body_range(binary: Path, name: str) -> tuple[int, int]:
+    out = subprocess.run(["nm", "-S", str(binary)], capture_output=True, text=True, check=True).stdout
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 4 and parts[3] == f"clone_body_{name}":
+            return int(parts[0], 16), int(parts[1], 16)
+    raise AssertionError(f"clone_body_{name} not in {binary}")
+
+
+@needs_valgrind
+@needs_gcc
+@pytest.mark.parametrize("p,r", [(0.5, 0.05), (0.3, 0.1), (0.8, 0.25)])
+def test_generated_branch_measures_its_target(tmp_path, p, r):
+    import capstone
+
+    asmgen.write_standalone(_spec(branches=[[p, r, 1]]), tmp_path, seed=1, calls=100)
+    exe = tmp_path / "harness"
+    lo, size = _body_range(exe, "t")
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    code = isa.ElfImage(exe).read(lo, size)
+    branches, loop_head = {}, None
+    for ins in md.disasm(code, lo):
+        if ins.mnemonic == "jb":  # the pattern branches (`bt reg, bit; jc target`)
+            branches[int(ins.op_str, 16)] = ins.address
+        if ins.mnemonic == "jne" and int(ins.op_str, 16) < ins.address:
+            loop_head = int(ins.op_str, 16)
+    assert branches and loop_head is not None
+    # p: exact taken/executed counts from callgrind --collect-jumps
+    cg_out = tmp_path / "cg.out"
+    subprocess.run(["valgrind", "--tool=callgrind", "--dump-instr=yes", "--collect-jumps=yes",
+                    f"--callgrind-out-file={cg_out}", str(exe), "100"], check=True, capture_output=True)
+    tc = callgrind.parse(cg_out)
+    taken = sum(tc.jcnd.get((str(exe), a), [0, 0])[0] for a in branches.values())
+    executed = sum(c[tc.events.index("Ir")] for (obj, a), c in tc.instr.items() if a in branches.values())
+    assert executed > 1000
+    assert abs(taken / executed - p) <= 0.02, (taken / executed, p)
+    # r: the outcome sequence from lackey's superblock trace (PIE base 0x108000 under valgrind)
+    log = tmp_path / "sb.txt"
+    subprocess.run(["valgrind", "--tool=lackey", "--trace-superblocks=yes", "--vex-guest-chase=no",
+                    f"--log-file={log}", str(exe), "100"], check=True, capture_output=True)
+    seq: dict[int, list[int]] = {t: [] for t in branches}
+    cur = None
+    for m in re.finditer(r"SB ([0-9a-f]+)", log.read_text()):
+        addr = int(m.group(1), 16) - 0x108000
+        if addr == loop_head:
+            if cur is not None:
+                for t in branches:
+                    seq[t].append(1 if t in cur else 0)
+            cur = set()
+        elif cur is not None and addr in seq:
+            cur.add(addr)
+    n = sum(len(s) for s in seq.values())
+    assert n > 1000
+    p_seq = sum(sum(s) for s in seq.values()) / n
+    r_seq = sum(sum(1 for i in range(1, len(s)) if s[i] != s[i - 1]) for s in seq.values()) / (n - len(seq))
+    assert abs(p_seq - p) <= 0.02, (p_seq, p)
+    # patterns quantise r to steps of 2/64; allow that plus 25%
+    assert abs(r_seq - r) <= max(0.025, 0.25 * r), (r_seq, r)
+
+
+@needs_valgrind
+@needs_gcc
+def test_generated_working_set_mix_is_recovered(tmp_path):
+    """Plant 40% of far data accesses in a 4 KiB set and 60% in a 64 KiB set; the sweep finds them."""
+    planted = [(8192, 0.4), (131072, 0.6)]  # bins (S): regions of 0.75*S -> hits first at S
+    spec = _spec(instructions=4000, mix={"arith/reg": 0.35, "mov/load": 0.25, "arith/load": 0.2, "mov/store": 0.2},
+                 cond_per_insn=0.0, branches=[], data_bins=planted, mem_per_insn=0.6, main_fraction=0.5,
+                 icode_bins=[(512, 1.0)])
+    asmgen.write_standalone(spec, tmp_path, seed=2, calls=300)
+    exe = tmp_path / "harness"
+    sizes = [2048, 4096, 8192, 16384, 65536, 131072, 262144]
+    hits, refs = [], []
+    for s in sizes:
+        out = tmp_path / f"cg{s}.out"
+        subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes", f"--I1={workingset.cache_arg(s)}",
+                        f"--D1={workingset.cache_arg(s)}", "--LL=4194304,16,64", f"--callgrind-out-file={out}",
+                        str(exe), "300"], check=True, capture_output=True)
+        sm = callgrind.parse(out, with_instr=False).summary
+        dref = sm["Dr"] + sm["Dw"]
+        refs.append(dref)
+        hits.append(dref - sm["D1mr"] - sm["D1mw"])
+    acc = float(np.mean(refs))
+    bins = dict(workingset.bins(sizes, [h / r * acc for h, r in zip(hits, refs, strict=True)], acc))
+    far = acc - bins[2048]  # the tiny region hits at 2 KiB already; the planted regions do not
+    got_small = (bins[4096] + bins[8192]) / far   # 6 KiB region: first hits at 8 KiB
+    got_large = (bins[65536] + bins[131072]) / far  # 96 KiB region: first hits at 128 KiB
+    assert abs(got_small - 0.4) <= 0.08, bins
+    assert abs(got_large - 0.6) <= 0.08, bins
+
+
+def test_coupling_preserves_both_marginals():
+    segs = asmgen.couple([(256, 0.7), (4096, 0.3)], [(0, 0.5), (8192, 0.25), (65536, 0.25)])
+    assert abs(sum(m for m, _, _ in segs) - 1) < 1e-9
+    for size, mass in ((256, 0.7), (4096, 0.3)):
+        assert abs(sum(m for m, w, _ in segs if w == size) - mass) < 1e-9
+    for size, mass in ((0, 0.5), (8192, 0.25), (65536, 0.25)):
+        assert abs(sum(m for m, _, r in segs if r == size) - mass) < 1e-9
+
+
+def test_workingset_bins_formula():
+    # H(S) = 10, 30, 60, 60 at 128..1024 with 100 accesses: N = 10, 20, 30, 0 and 40 beyond
+    b = workingset.bins([128, 256, 512, 1024], [10, 30, 60, 60], 100)
+    assert b == [(128, 10), (256, 20), (512, 30), (1024, 0), (2048, 40)]
+    assert workingset.misses_at(b, 256) == 70
+
+
+def test_callgrind_parser_self_costs_and_branches(tmp_path):
+    f = tmp_path / "cg.out"
+    f.write_text("""# callgrind format
+version: 1
+positions: instr line
+events: Ir Bc Bcm
+ob=(1) /bin/x
+fn=(1) f
+0x10 0 5
++2 0 5 5 1
+jcnd=3/5 +8 0
+* 0
++2 0 5
+cfn=(2) g
+calls=5 0x40 0
+* 0 100
++5 0 2
+summary: 17 5 1
+""")
+    tc = callgrind.parse(f)
+    assert tc.instr[("/bin/x", 0x10)] == [5, 0, 0]
+    assert tc.instr[("/bin/x", 0x12)] == [5, 5, 1]
+    assert tc.jcnd[("/bin/x", 0x12)] == [3, 5]
+    assert tc.instr[("/bin/x", 0x14)] == [5, 0, 0]  # the call's inclusive 100 is not a self cost
+    assert tc.instr[("/bin/x", 0x19)] == [2, 0, 0]
+    bad = tmp_path / "bad.out"
+    bad.write_text("events: Ir\nfn=(1) f\n0x10 zz\n")
+    with pytest.raises(CloneError, match="corrupt"):
+        callgrind.parse(bad)
+    with pytest.raises(CloneError, match="not a callgrind"):
+        (tmp_path / "x").write_text("hello\n")
+        callgrind.parse(tmp_path / "x")
+
+
+def test_classify_instructions():
+    import capstone
+
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    cases = {b"\x48\x8b\x07": ("mov", "load"), b"\x48\x89\x07": ("mov", "store"), b"\x48\x01\xd8": ("arith", "reg"),
+             b"\x48\x01\x07": ("arith", "rmw"), b"\xf0\x48\x01\x07": ("lock", "rmw"), b"\xf3\xa4": ("rep", "rmw"),
+             b"\x48\x0f\xaf\xc3": ("mul", "reg"), b"\x48\xf7\xf3": ("div", "reg"), b"\xf2\x0f\x58\xc1": ("fp", "reg"),
+             b"\x66\x0f\xfe\xc1": ("simd", "reg"), b"\x74\x05": ("branch", "reg"), b"\xc3": ("branch", "load")}
+    for code, want in cases.items():
+        ins = next(md.disasm(code, 0x1000))
+        assert isa.classify(ins) == want, (ins.mnemonic, ins.op_str)
+
+
+@needs_gcc
+def test_generation_is_deterministic_and_builds(tmp_path):
+    prof = generate.neutral_profile("redis", icode_bins=[(4096, 0.5), (65536, 0.5)], data_bins=[(0, 0.5), (16384, 0.5)])
+    a, b, c = tmp_path / "a", tmp_path / "b", tmp_path / "c"
+    generate.generate(prof, a, seed=7)
+    generate.generate(prof, b, seed=7)
+    generate.generate(prof, c, seed=8)
+    for name in ("body.S", "clone.c", "clone_params.h", "clone_tables.h", "clone.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes(), name
+    assert (a / "body.S").read_bytes() != (c / "body.S").read_bytes()
+    secs = generate.build(a)
+    assert secs < 60 and (a / "clone").exists()
+
+
+@needs_gcc
+def test_leakage_check(tmp_path):
+    orig_src = tmp_path / "orig.c"
+    orig_src.write_text("""#include <stdio.h>
+const char banner[] = "frobnitz-secret-banner-v42";
+const unsigned char table[64] = {3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,2,7,9,5,
+                                 0,2,8,8,4,1,9,7,1,6,9,3,9,9,3,7,5,1,0,5,8,2,0,9,7,4,9,4,4,5,9,2};
+int frobnitz_lookup_table_entry(int i) { return table[i & 63]; }
+int main(int argc, char **argv) { puts(banner); return frobnitz_lookup_table_entry(argc); }
+""")
+    orig = tmp_path / "orig"
+    subprocess.run(["gcc", "-O1", "-o", str(orig), str(orig_src)], check=True)
+    prof = generate.neutral_profile("memcached")
+    ref, clone = tmp_path / "ref", tmp_path / "clone"
+    generate.generate(prof, ref, seed=99)
+    generate.build(ref)
+    generate.generate(prof, clone, seed=3)
+    generate.build(clone)
+    clean = leakage.check(orig, clone, reference=ref / "clone")
+    assert clean["ok"], clean
+    assert clean["original_strings"] > 0 and clean["original_symbols"] > 0
+    # plant the original's string, symbol name and data table into the clone
+    with (clone / "clone.c").open("a") as f:
+        f.write('\nconst char planted_text[] = "frobnitz-secret-banner-v42";\n'
+                "int frobnitz_lookup_table_entry(int i) { return planted_text[i]; }\n"
+                "const unsigned char planted_table[64] = {3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,"
+                "2,7,9,5,0,2,8,8,4,1,9,7,1,6,9,3,9,9,3,7,5,1,0,5,8,2,0,9,7,4,9,4,4,5,9,2};\n"
+                "const void *keep[] = {planted_text, planted_table, (void *)frobnitz_lookup_table_entry};\n")
+    generate.build(clone)
+    leaked = leakage.check(orig, clone, reference=ref / "clone")
+    assert not leaked["ok"]
+    assert "frobnitz-secret-banner-v42" in leaked["leaked_strings"]
+    assert "frobnitz_lookup_table_entry" in leaked["leaked_symbols"]
+    assert leaked["leaked_data_windows"] > 0
+
+
+@needs_gcc
+def test_clone_serves_the_load(tmp_path):
+    """The generated skeleton speaks the load's protocol: the load generator sees no errors."""
+    import os
+
+    from tailscope.clone import runner, tune
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private network namespace")
+    try:
+        runner.find_loadgen() if hasattr(runner, "find_loadgen") else None
+        from tailscope.clone.tools import find_loadgen
+
+        find_loadgen()
+    except CloneError as exc:
+        pytest.skip(str(exc))
+    for proto in ("memcached", "redis"):
+        prof = generate.neutral_profile(proto, port=9999)
+        d = tmp_path / proto
+        generate.generate(prof, d, seed=1)
+        generate.build(d)
+        with runner.NetNs() as ns:
+            srv = runner.start(ns, tune.clone_launch(d, 9999), 9999, tmp_path / f"{proto}.log")
+            try:
+                lg = runner.loadgen(ns, 9999, ["--protocol", proto, "--keys", "100"], 500, 0.5, preload=True)
+            finally:
+                srv.stop()
+        assert lg["completed"] > 100 and lg["errors"] == 0 and lg["timeouts"] == 0, lg
