@@ -30,6 +30,8 @@ build-c:
 	$(MAKE) -C runtime
 	$(MAKE) -C tests/accuracy
 	$(MAKE) -C bench/runtime
+	$(MAKE) -C tests/ldb
+	$(MAKE) -C bench/ldb
 
 test: build test-rust test-c test-py
 
@@ -64,3 +66,4 @@ fmt:
 clean:
 	cargo clean
 	rm -rf build runtime/build tests/accuracy/build bench/runtime/build demo-out
+	rm -rf tests/ldb/build bench/ldb/build

@@ -4,7 +4,9 @@
 Parts: `runtime` (ns per request begin/end pair), `analysis` (recorded requests
 ranked per second), `varmri` (throughput and p99 cost of recording against
 bpftrace, perf and ftrace), `breakwater` (overload control against its
-baselines, real runs plus the simulator). Each part writes bench/results/<part>.{json,md}.
+baselines, real runs plus the simulator), `ldb` (per-call cost of function-level
+recording against -pg/uftrace, the LDB toy against perf, instrumented memcached at 20%
+and 80% load). Each part writes bench/results/<part>.{json,md}.
 Select parts with `BENCH=varmri,runtime make bench` or `bench/run.py --parts ...`.
 """
 
@@ -24,6 +26,7 @@ PARTS = {
     "analysis": [PY, str(ROOT / "bench/analysis/bench_analysis.py")],
     "varmri": [PY, str(ROOT / "bench/varmri.py")],
     "breakwater": [PY, str(ROOT / "bench/breakwater/run.py")],
+    "ldb": [PY, str(ROOT / "bench/ldb/run.py")],
 }
 
 

@@ -18,7 +18,8 @@ PKGS=(clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev pkg-config make gcc
       bpftrace linux-perf trace-cmd
       chromium chromium-driver
       dpkg-dev libevent-dev
-      clang-format)
+      clang-format
+      g++ binutils uftrace)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -54,7 +54,10 @@ class _Module:
         self.starts: list[int] = []
         self.ends: list[int] = []
         self.names: list[str] = []
-        self._lines: tuple[list[int], list[tuple[str, int]]] | None = None
+        self._cu_lines: dict[int, tuple[list[int], list[tuple[str, int]]]] = {}
+        self._dwarf = None
+        self._aranges = None
+        self._file = None
         self._has_dwarf = False
         self.stripped = True
         try:
@@ -98,32 +101,55 @@ class _Module:
         return None
 
     def line(self, vaddr: int) -> tuple[str, int] | None:
+        """file:line of `vaddr`. Only the compilation unit holding the address is decoded
+        (found through .debug_aranges); without aranges, every unit once."""
         if not self._has_dwarf:
             return None
-        if self._lines is None:
-            self._lines = self._load_lines()
-        addrs, rows = self._lines
+        if self._dwarf is None:
+            self._open_dwarf()
+        if self._dwarf is False:
+            return None
+        cu_off = None
+        if self._aranges is not None:
+            try:
+                cu_off = self._aranges.cu_offset_at_addr(vaddr)
+            except Exception:
+                cu_off = None
+        key = cu_off if cu_off is not None else -1
+        table = self._cu_lines.get(key)
+        if table is None:
+            table = self._load_lines(cu_off)
+            self._cu_lines[key] = table
+        addrs, rows = table
         i = bisect.bisect_right(addrs, vaddr) - 1
         return rows[i] if i >= 0 else None
 
-    def _load_lines(self) -> tuple[list[int], list[tuple[str, int]]]:
+    def _open_dwarf(self) -> None:
+        try:
+            self._file = open(self.path, "rb")
+            self._dwarf = ELFFile(self._file).get_dwarf_info()
+            self._aranges = self._dwarf.get_aranges()
+        except Exception:  # corrupt or unsupported DWARF: names only
+            self._dwarf = False
+
+    def _load_lines(self, cu_off: int | None) -> tuple[list[int], list[tuple[str, int]]]:
         pairs: list[tuple[int, str, int]] = []
         try:
-            with open(self.path, "rb") as f:
-                dwarf = ELFFile(f).get_dwarf_info()
-                for cu in dwarf.iter_CUs():
-                    lp = dwarf.line_program_for_CU(cu)
-                    if lp is None:
+            dwarf = self._dwarf
+            cus = [dwarf.get_CU_at(cu_off)] if cu_off is not None else dwarf.iter_CUs()
+            for cu in cus:
+                lp = dwarf.line_program_for_CU(cu)
+                if lp is None:
+                    continue
+                files = lp["file_entry"]
+                base = 1 if lp.header["version"] < 5 else 0
+                for entry in lp.get_entries():
+                    st = entry.state
+                    if st is None or st.end_sequence:
                         continue
-                    files = lp["file_entry"]
-                    base = 1 if lp.header["version"] < 5 else 0
-                    for entry in lp.get_entries():
-                        st = entry.state
-                        if st is None or st.end_sequence:
-                            continue
-                        idx = st.file - base
-                        name = files[idx].name.decode(errors="replace") if 0 <= idx < len(files) else "?"
-                        pairs.append((st.address, os.path.basename(name), st.line))
+                    idx = st.file - base
+                    name = files[idx].name.decode(errors="replace") if 0 <= idx < len(files) else "?"
+                    pairs.append((st.address, os.path.basename(name), st.line))
         except Exception:  # corrupt or unsupported DWARF: names only
             return [], []
         pairs.sort()

@@ -363,7 +363,7 @@ def contributions(d: LdbData, p_target: float = 0.99) -> dict:
     rows.sort(key=lambda r: -r["contribution_ns"])
     return {"ranking": rows, "slow_n": int(slow.size), "typical_n": int(typical.size),
             "threshold_ns": thr, "slow_mean_latency_ns": slow_lat, "typical_mean_latency_ns": typ_lat,
-            "episodes": ep, "index": idx}
+            "episodes": ep, "index": idx, "slow_times": ms, "typical_times": mt}
 
 
 # ---- timelines ---------------------------------------------------------------------------------
@@ -512,15 +512,13 @@ def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 
     stats = function_stats(d.fn, d.parent, d.latency)
     contrib = contributions(d, p_target)
     ep, idx = contrib.pop("episodes"), contrib.pop("index")
-    slow_sel, typ_sel, _ = slow_and_typical(d.req_latency, p_target)
-    slow_sel, typ_sel = _pick(slow_sel, MAX_SET, 1), _pick(typ_sel, MAX_SET, 2)
+    ms, mt = contrib.pop("slow_times"), contrib.pop("typical_times")
     tls = [timeline(d, int(i), ep, idx) for i in slowest(d, n_timelines)]
     addrs = {r["fn"] for r in stats[:200]} | {r["caller"] for r in stats[:200]}
     addrs |= {r["fn"] for r in contrib["ranking"][:200] if r["fn"] != LOCK_WAIT}
     for tl in tls:
         addrs |= {e["fn"] for e in tl["events"] if e.get("fn")} | {e["caller"] for e in tl["events"] if e.get("caller")}
     tree = call_tree(d.fn, d.parent, d.latency)
-    ms, mt = mean_times(d, slow_sel, ep, idx), mean_times(d, typ_sel, ep, idx)
     fl_slow, fl_typ = flame(tree, ms), flame(tree, mt)
     addrs |= set(fl_slow["ids"]) | set(fl_typ["ids"]) | set(fl_slow["parents"])
     addrs.discard(0)

@@ -1,0 +1,398 @@
+#!/usr/bin/env python3
+"""Benchmark part `ldb`: what function-level latency recording costs, against the baselines.
+
+1. Per-call cost (microbenchmark, bench/ldb/microbench.c): one build each of plain,
+   -finstrument-functions with empty hooks, with libtailscope's shadow-stack hooks (and with
+   TAILSCOPE_FN_CLOCK=1 entry stamps), -pg (glibc mcount) and -pg under `uftrace record`; runs
+   interleaved, medians; cost per call = variant − plain. Target ≤ 5 ns for tailscope.
+2. The LDB Fig. 3.1 toy (tests/ldb/toy.c) under `perf record -g` and `tailscope-agent
+   --functions` at once: perf's share of samples in snapshot() against what LDB reports.
+3. Instrumented memcached (bench/ldb/build-memcached.sh), SET requests at 20% and 80% of the
+   uninstrumented build's capacity: uninstrumented / instrumented but not recording /
+   recording with the observer (--functions, every request recorded) / uftrace recording a
+   -pg build / perf record -g. Median and p99 latency and throughput (tailscope-loadgen,
+   open loop, memcached protocol), trace MB/s, and the analysis time of the recording,
+   scaled to one minute of trace.
+
+Server on CPU 0, load generator on CPU 1, the agent and the tracers unpinned. This is a
+2-vCPU VM shared with other work: medians of --runs repetitions, and say so.
+Writes bench/results/ldb.{json,md}.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+AGENT = ROOT / "target" / "release" / "tailscope-agent"
+LOADGEN = ROOT / "target" / "release" / "tailscope-loadgen"
+BUILD = ROOT / "bench" / "ldb" / "build"
+RESULTS = ROOT / "bench" / "results"
+MC = {"marked": ROOT / "build" / "memcached-marked", "ldb": ROOT / "build" / "memcached-ldb",
+      "pg": ROOT / "build" / "memcached-pg"}
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def med(xs):
+    xs = [x for x in xs if x is not None]
+    return statistics.median(xs) if xs else None
+
+
+def dir_bytes(p: Path) -> int:
+    if p.is_file():
+        return p.stat().st_size
+    return sum(f.stat().st_size for f in p.rglob("*") if f.is_file()) if p.exists() else 0
+
+
+def agent_cmd_retry(args: list[str], **kw) -> subprocess.Popen:
+    """Start the agent; if another agent owns the BPF maps (a concurrent recording), wait."""
+    deadline = time.time() + 600
+    while True:
+        p = subprocess.Popen([str(AGENT), *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **kw)
+        time.sleep(1.0)
+        if p.poll() is None:
+            return p
+        err = p.stderr.read().decode()
+        if "another tailscope agent" in err and time.time() < deadline:
+            time.sleep(3)
+            continue
+        raise RuntimeError(f"agent failed: {err.strip()[-300:]}")
+
+
+# ---- 1. microbenchmark ----------------------------------------------------------------------
+
+def micro(runs: int) -> dict:
+    subprocess.run(["make", "-s", "-C", str(ROOT / "bench" / "ldb")], check=True)
+    n, n_uftrace = 20_000_000, 1_000_000
+    variants = {
+        "plain": ([str(BUILD / "micro-plain"), str(n)], {}),
+        "empty hooks (-finstrument-functions)": ([str(BUILD / "micro-empty"), str(n)], {}),
+        "tailscope hooks": ([str(BUILD / "micro-tailscope"), str(n)], {}),
+        "tailscope hooks + entry stamps": ([str(BUILD / "micro-tailscope"), str(n)], {"TAILSCOPE_FN_CLOCK": "1"}),
+        "-pg (mcount, no tracer)": ([str(BUILD / "micro-pg"), str(n)], {}),
+    }
+    times: dict[str, list[float]] = {k: [] for k in [*variants, "uftrace record (-pg)"]}
+    with tempfile.TemporaryDirectory(prefix="ldb-uftrace-") as tmp:
+        for _ in range(runs):
+            for name, (cmd, env) in variants.items():
+                out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, check=True)
+                times[name].append(float(out.stdout.split()[0]))
+            if shutil.which("uftrace"):
+                out = subprocess.run(["uftrace", "record", "-d", f"{tmp}/u", str(BUILD / "micro-pg"), str(n_uftrace)],
+                                     capture_output=True, text=True)
+                m = re.search(r"([\d.]+) ns/call", out.stdout)
+                if m:
+                    times["uftrace record (-pg)"].append(float(m.group(1)))
+                shutil.rmtree(f"{tmp}/u", ignore_errors=True)
+    base = med(times["plain"])
+    rows = []
+    for name, ts in times.items():
+        if not ts:
+            rows.append({"variant": name, "ns_per_call": None, "cost_ns": None, "note": "uftrace not installed"})
+            continue
+        m = med(ts)
+        rows.append({"variant": name, "ns_per_call": m, "cost_ns": m - base, "runs": ts})
+    empty = next(r for r in rows if r["variant"].startswith("empty"))["cost_ns"]
+    for r in rows:
+        r["cost_vs_empty_hooks"] = (r["cost_ns"] / empty) if r["cost_ns"] is not None and empty else None
+    return {"rows": rows, "calls": n, "uftrace_calls": n_uftrace}
+
+
+# ---- 2. the toy under perf and LDB ------------------------------------------------------------
+
+def toy(seconds: float) -> dict:
+    subprocess.run(["make", "-s", "-C", str(ROOT / "tests" / "ldb")], check=True)
+    with tempfile.TemporaryDirectory(prefix="ldb-toy-") as tmp:
+        perf_data = Path(tmp) / "perf.data"
+        env = {**os.environ, "TAILSCOPE_SAMPLE": "100%"}
+        perf = subprocess.Popen(["perf", "record", "-F", "4000", "-g", "-q", "-o", str(perf_data), "--",
+                                 str(ROOT / "tests" / "ldb" / "build" / "toy"), str(seconds)],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        pid = None
+        for _ in range(100):
+            kids = subprocess.run(["pgrep", "-P", str(perf.pid)], capture_output=True, text=True).stdout.split()
+            if kids and Path(f"/dev/shm/tailscope.{kids[0]}").exists():
+                pid = int(kids[0])
+                break
+            time.sleep(0.05)
+        if pid is None:
+            perf.kill()
+            raise RuntimeError("the toy did not start under perf")
+        rec = Path(tmp) / "rec"
+        agent = agent_cmd_retry(["record", "-o", str(rec), "--functions", "--quiet", "-p", str(pid)])
+        perf.wait(timeout=seconds + 60)
+        agent.wait(timeout=60)
+        rep = subprocess.run(["perf", "report", "-i", str(perf_data), "--stdio", "--no-children", "--sort", "symbol"],
+                             capture_output=True, text=True)
+        rep_ch = subprocess.run(["perf", "report", "-i", str(perf_data), "--stdio", "--children", "--sort", "symbol"],
+                                capture_output=True, text=True)
+
+        def share(text: str, sym: str) -> float | None:
+            for line in text.splitlines():
+                if line.strip().startswith("#") or sym not in line:
+                    continue
+                pcts = re.findall(r"([\d.]+)%", line)
+                if pcts and re.search(rf"\b{sym}\b", line):
+                    return float(pcts[0])
+            return 0.0
+
+        sys.path.insert(0, str(ROOT / "python"))
+        from tailscope.analysis.ldb import analyse_ldb, load_ldb
+        res = analyse_ldb(load_ldb(rec))
+        snap = next((r for r in res["ranking"] if r["name"] == "snapshot"), None)
+        rank = [r["name"] for r in res["ranking"]].index("snapshot") + 1 if snap else None
+        holder = next((h for h in res["holders"] if h["holder_function"] == "snapshot"), None)
+        return {"seconds": seconds, "perf_self_pct_snapshot": share(rep.stdout, "snapshot"),
+                "perf_children_pct_snapshot": share(rep_ch.stdout, "snapshot"),
+                "perf_top": [ln.strip() for ln in rep.stdout.splitlines() if "%" in ln and not ln.startswith("#")][:5],
+                "ldb_rank_snapshot": rank,
+                "ldb_snapshot_added_ns": snap["contribution_ns"] if snap else None,
+                "ldb_snapshot_share_of_slow": snap["share_of_slow"] if snap else None,
+                "ldb_holder_found": holder is not None,
+                "slow_threshold_ns": res["contribution"]["threshold_ns"]}
+
+
+# ---- 3. memcached ---------------------------------------------------------------------------
+
+def wait_port(port: int, timeout: float = 10.0) -> None:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.3).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError(f"nothing listening on {port}")
+
+
+def loadgen(port: int, rate: str, seconds: float, out: Path) -> dict:
+    subprocess.run([str(LOADGEN), "--protocol", "memcached", "--target", f"127.0.0.1:{port}", "--rate", rate,
+                    "--duration", str(seconds), "--warmup", "0.5", "--cpu", "1", "--connections", "16",
+                    "--set-ratio", "1", "--value-size", "64", "--json", str(out), "--quiet"],
+                   check=True, stdout=subprocess.DEVNULL)
+    return json.loads(out.read_text())
+
+
+SETUPS = ["uninstrumented", "instrumented, not recording", "recording (--functions)", "uftrace (-pg build)",
+          "perf record -g"]
+
+
+_port = [22300]
+
+
+def next_port() -> int:
+    """A fresh port per server: a previous server (or uftrace's) may still be exiting."""
+    _port[0] += 1
+    return _port[0]
+
+
+def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str) -> dict:
+    port = next_port()
+    binary = {"instrumented, not recording": "ldb", "recording (--functions)": "ldb",
+              "uftrace (-pg build)": "pg"}.get(setup, "marked")
+    srv_cmd = [str(MC[binary]), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
+    trace = tmp / f"trace-{tag}"
+    if setup.startswith("uftrace"):
+        srv_cmd = ["uftrace", "record", "-d", str(trace), *srv_cmd]
+    srv = subprocess.Popen(["taskset", "-c", "0", *srv_cmd], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    tracer = None
+    try:
+        wait_port(port, timeout=30)
+        time.sleep(0.2)
+        pid = srv.pid
+        if setup.startswith("uftrace"):
+            pid = None
+        if setup.startswith("recording"):
+            tracer = agent_cmd_retry(["record", "-o", str(trace), "--functions", "--sample", "100%", "--quiet",
+                                      "-p", str(pid)])
+        elif setup.startswith("perf"):
+            tracer = subprocess.Popen(["perf", "record", "-F", "4000", "-g", "-q", "-p", str(pid), "-o",
+                                       str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            time.sleep(1.0)
+        t0 = time.time()
+        lg = loadgen(port, str(int(rate)), seconds, tmp / f"lg-{tag}.json")
+        elapsed = time.time() - t0
+    finally:
+        if tracer is not None:
+            tracer.send_signal(signal.SIGINT)
+            try:
+                tracer.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                tracer.kill()
+        srv.send_signal(signal.SIGINT if setup.startswith("uftrace") else signal.SIGTERM)
+        try:
+            srv.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+            srv.wait()
+    out = {"p50_us": lg["latency_us"]["p50"], "p99_us": lg["latency_us"]["p99"], "rps": lg["achieved_rps"],
+           "trace_bytes": dir_bytes(trace), "elapsed_s": elapsed}
+    if setup.startswith("recording"):
+        meta = json.loads((trace / "meta.json").read_text())
+        out["trace_seconds"] = meta["duration_s"]
+        out["rows"] = meta["ldb"]["rows"]
+        t = time.time()
+        r = subprocess.run([sys.executable, "-m", "tailscope", "report", str(trace), "--no-html"],
+                           cwd=ROOT / "python", capture_output=True, text=True)
+        out["analysis_s"] = time.time() - t  # the whole `tailscope report`, VarMRI included
+        out["analysis_ok"] = r.returncode == 0
+        out["trace_dir"] = str(trace)
+    else:
+        out["trace_seconds"] = elapsed + (1.0 if setup.startswith("perf") else 0.0)
+    return out
+
+
+def capacity(seconds: float, tmp: Path) -> float:
+    port = next_port()
+    srv = subprocess.Popen(["taskset", "-c", "0", str(MC["marked"]), "-p", str(port), "-U", "0", "-t", "1", "-u",
+                            "root"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        return loadgen(port, "max", seconds, tmp / "max.json")["achieved_rps"]
+    finally:
+        srv.terminate()
+        srv.wait()
+
+
+def memcached(runs: int, seconds: float, minute_s: float) -> dict:
+    subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory(prefix="ldb-mc-") as td:
+        tmp = Path(td)
+        cap = med([capacity(seconds, tmp) for _ in range(2)])
+        log(f"memcached-marked SET capacity {cap:.0f} req/s")
+        table: dict = {}
+        keep_trace = None
+        for load in (0.2, 0.8):
+            for rep in range(runs):
+                for setup in SETUPS:
+                    if setup.startswith("uftrace") and not shutil.which("uftrace"):
+                        continue
+                    log(f"  {int(load * 100)}% {setup} run {rep + 1}")
+                    try:
+                        r = run_setup(setup, cap * load, seconds, tmp, f"{load}-{rep}-{SETUPS.index(setup)}")
+                    except Exception as exc:  # a tracer that fails is reported, not fatal
+                        r = {"error": str(exc)[:200]}
+                    table.setdefault(f"{load}", {}).setdefault(setup, []).append(r)
+                    if load == 0.8 and setup.startswith("recording") and "trace_dir" in r:
+                        keep_trace = r
+        log(f"  80% recording for {minute_s:.0f} s (trace volume, analysis time)")
+        try:
+            minute = run_setup("recording (--functions)", cap * 0.8, minute_s, tmp, "minute")
+            minute.pop("trace_dir", None)
+        except Exception as exc:
+            minute = {"error": str(exc)[:200]}
+        rows = []
+        for load, by in table.items():
+            base = by["uninstrumented"]
+            bp50, bp99, brps = (med([x.get(k) for x in base]) for k in ("p50_us", "p99_us", "rps"))
+            for setup, rs in by.items():
+                ok = [x for x in rs if "error" not in x]
+                p50, p99, rps = (med([x.get(k) for x in ok]) for k in ("p50_us", "p99_us", "rps"))
+                mbps = med([x["trace_bytes"] / 1e6 / max(x["trace_seconds"], 1e-9) for x in ok]) if ok else None
+                rows.append({"load": float(load), "setup": setup, "p50_us": p50, "p99_us": p99, "rps": rps,
+                             "p50_ratio": p50 / bp50 if p50 and bp50 else None,
+                             "p99_ratio": p99 / bp99 if p99 and bp99 else None,
+                             "rps_ratio": rps / brps if rps and brps else None, "trace_mb_s": mbps,
+                             "analysis_s_per_min": med([x["analysis_s"] * 60 / x["trace_seconds"] for x in ok
+                                                        if "analysis_s" in x]),
+                             "errors": [x["error"] for x in rs if "error" in x]})
+        return {"capacity_rps": cap, "rows": rows, "seconds": seconds, "runs": runs,
+                "recording_80": {k: v for k, v in (keep_trace or {}).items() if k != "trace_dir"},
+                "minute_80": minute}
+
+
+def fmt(x, spec=".1f"):
+    return "—" if x is None else format(x, spec)
+
+
+def render(res: dict, command: str) -> str:
+    out = ["# ldb: cost of function-level latency recording (medians)", "",
+           f"Reproduce: `{command}` (part of `make bench`). 2-vCPU VM shared with other work: "
+           "numbers are noisy.", "", "## Per instrumented call (enter + exit)", "",
+           "| variant | ns/call | cost over plain (ns) | × empty hooks |", "|---|---|---|---|"]
+    for r in res["micro"]["rows"]:
+        out.append(f"| {r['variant']} | {fmt(r['ns_per_call'], '.2f')} | {fmt(r['cost_ns'], '.2f')} | "
+                   f"{fmt(r['cost_vs_empty_hooks'], '.2f')} |")
+    t = res.get("toy") or {}
+    if t:
+        out += ["", "## LDB Fig. 3.1 toy: perf against LDB", "",
+                f"perf record -g gives snapshot() {fmt(t.get('perf_self_pct_snapshot'), '.2f')}% of samples "
+                f"(self; {fmt(t.get('perf_children_pct_snapshot'), '.2f')}% with children). LDB ranks it "
+                f"#{t.get('ldb_rank_snapshot')} by time added to slow requests "
+                f"(+{fmt((t.get('ldb_snapshot_added_ns') or 0) / 1e6, '.2f')} ms per slow request, "
+                f"{fmt(100 * (t.get('ldb_snapshot_share_of_slow') or 0), '.0f')}% of their latency, through "
+                f"the lock it holds; holder found: {t.get('ldb_holder_found')})."]
+    m = res.get("memcached") or {}
+    if m:
+        out += ["", f"## memcached SET (capacity {fmt(m['capacity_rps'], '.0f')} req/s uninstrumented; "
+                f"{m['runs']} runs × {m['seconds']} s)", "",
+                "| load | setup | p50 µs | p99 µs | req/s | p50 × | p99 × | throughput × | trace MB/s | "
+                "analysis s per min of trace |", "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in m["rows"]:
+            out.append(f"| {int(r['load'] * 100)}% | {r['setup']} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | "
+                       f"{fmt(r['rps'], '.0f')} | {fmt(r['p50_ratio'], '.2f')} | {fmt(r['p99_ratio'], '.2f')} | "
+                       f"{fmt(r['rps_ratio'], '.3f')} | {fmt(r['trace_mb_s'], '.3f')} | "
+                       f"{fmt(r['analysis_s_per_min'], '.1f')} |" + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
+    mi = (m or {}).get("minute_80") or {}
+    if mi and "error" not in mi:
+        out += ["", f"One recording of {mi['trace_seconds']:.0f} s at 80% load: "
+                f"{mi['trace_bytes'] / 1e6 / mi['trace_seconds']:.3f} MB/s of trace "
+                f"({mi['rows']['functions']} calls, {mi['rows']['locks']} lock events); `tailscope report` "
+                f"(VarMRI + LDB analysis, symbolisation, HTML) took {mi['analysis_s']:.1f} s; "
+                f"p50 {mi['p50_us']:.0f} µs, p99 {mi['p99_us']:.0f} µs at {mi['rps']:.0f} req/s."]
+    elif mi:
+        out += ["", f"One-minute recording failed: {mi['error']}"]
+    out += ["", "Targets (issue 3): ≤ 5 ns per call; at 20% load median and p99 each ≤ +10%; "
+            "≤ 50 MB/s of trace at 80% load; ≤ 30 s to analyse one minute of trace.", ""]
+    return "\n".join(out)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--parts", default="micro,toy,memcached")
+    ap.add_argument("--minute", type=float, default=60.0,
+                    help="length of the 80%%-load recording whose volume and analysis time are reported")
+    args = ap.parse_args()
+    if os.geteuid() != 0:
+        print("bench ldb: needs root (eBPF, perf); skipped", file=sys.stderr)
+        return 0
+    parts = args.parts.split(",")
+    res: dict = {"command": f"python bench/ldb/run.py --runs {args.runs} --seconds {args.seconds} "
+                            f"--minute {args.minute}"
+                            + (f" --parts {args.parts}" if args.parts != "micro,toy,memcached" else "")}
+    if "micro" in parts:
+        log("ldb: microbenchmark")
+        res["micro"] = micro(max(args.runs, 5))
+    if "toy" in parts:
+        log("ldb: toy under perf and the agent")
+        res["toy"] = toy(5.0)
+    if "memcached" in parts:
+        log("ldb: memcached")
+        res["memcached"] = memcached(args.runs, args.seconds, args.minute)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "ldb.json").write_text(json.dumps(res, indent=2))
+    md = render(res, res["command"])
+    (RESULTS / "ldb.md").write_text(md)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
