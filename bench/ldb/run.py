@@ -342,12 +342,13 @@ def render(res: dict, command: str) -> str:
         out += ["", f"## memcached SET (capacity {fmt(m['capacity_rps'], '.0f')} req/s uninstrumented; "
                 f"{m['runs']} runs × {m['seconds']} s)", "",
                 "| load | setup | p50 µs | p99 µs | req/s | p50 × | p99 × | throughput × | trace MB/s | "
-                "analysis s per min of trace |", "|---|---|---|---|---|---|---|---|---|---|"]
+                "report s per min (scaled from the short runs) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
             out.append(f"| {int(r['load'] * 100)}% | {r['setup']} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | "
                        f"{fmt(r['rps'], '.0f')} | {fmt(r['p50_ratio'], '.2f')} | {fmt(r['p99_ratio'], '.2f')} | "
                        f"{fmt(r['rps_ratio'], '.3f')} | {fmt(r['trace_mb_s'], '.3f')} | "
-                       f"{fmt(r['analysis_s_per_min'], '.1f')} |" + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
+                       f"{fmt(r['analysis_s_per_min'], '.1f')} |"
+                       + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
     mi = (m or {}).get("minute_80") or {}
     if mi and "error" not in mi:
         out += ["", f"One recording of {mi['trace_seconds']:.0f} s at 80% load: "
