@@ -357,7 +357,10 @@ where
                 Some(p) => p.0.clamp(1, 128),
                 None => 1 + st.rng.below(128) as u8,
             };
-            let decision = if st.queue.is_empty() {
+            // Drop dead waiters first: they must not hold a live request
+            // back behind them.
+            let queued = st.demand(now);
+            let decision = if queued == 0 {
                 st.policy.try_acquire(now, priority)
             } else {
                 Acquire::Wait // FIFO: do not overtake waiters
@@ -372,6 +375,7 @@ where
                         priority,
                         expiry,
                     });
+                    st.release(now);
                     kick(&shared, &inner, &mut st, now);
                     Err(Some(rx))
                 }

@@ -389,8 +389,9 @@ impl Sim {
         if let Some(s) = self.step_of(self.now) {
             self.steps[s].created += 1;
         }
+        let queued = self.live_demand(c);
         let client = &mut self.clients[c as usize];
-        let decision = if client.queue.is_empty() {
+        let decision = if queued == 0 {
             client.policy.try_acquire(self.now, priority)
         } else {
             Acquire::Wait
