@@ -27,6 +27,7 @@ PARTS = {
     "varmri": [PY, str(ROOT / "bench/varmri.py")],
     "breakwater": [PY, str(ROOT / "bench/breakwater/run.py")],
     "ldb": [PY, str(ROOT / "bench/ldb/run.py")],
+    "ditto": [PY, str(ROOT / "bench/ditto/run.py")],
 }
 
 

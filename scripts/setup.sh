@@ -19,7 +19,8 @@ PKGS=(clang llvm libbpf-dev bpftool libelf-dev zlib1g-dev pkg-config make gcc
       chromium chromium-driver
       dpkg-dev libevent-dev
       clang-format
-      g++ binutils uftrace)
+      g++ binutils uftrace
+      valgrind iproute2)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -117,8 +117,8 @@ def _pattern(p: float, r: float, rng: np.random.Generator | None = None) -> int 
     Markov chain rather than a strictly periodic one a history predictor would learn.
     """
     ones = round(64 * p)
-    if ones <= 0 or ones >= 64:
-        return None
+    if ones <= 1 or ones >= 63 or r < 3 / 64:
+        return None  # too coarse for a 64-bit pattern: the counter-mask form (_mask_branch)
     maxt = 2 * min(ones, 64 - ones)
     t = max(2, min(maxt, 2 * round(64 * r / 2)))
     runs = t // 2
@@ -131,6 +131,22 @@ def _pattern(p: float, r: float, rng: np.random.Generator | None = None) -> int 
     for k, bit in enumerate(bits):
         v |= bit << k
     return v
+
+
+def _mask_branch(p: float, r: float, target: str) -> list[str]:
+    """`test r14d, M; jz/jnz` on the iteration counter: M = j ones shifted left by s.
+
+    The outcome is "counter bits s..s+j-1 all zero" for 2^s iterations in every 2^(s+j): the
+    rare outcome has probability 2^-j and there are two transitions per 2^(s+j) iterations,
+    so j = round(-log2 min(p, 1-p)) and s = round(1 - j - log2 r) (clamped to 31 bits).
+    """
+    q = max(min(p, 1 - p), 1e-9)
+    j = max(1, min(30, round(-math.log2(q))))
+    rr = max(r, 2.0 ** -30)
+    sh = max(0, min(31 - j, round(1 - j - math.log2(rr))))
+    mask = ((1 << j) - 1) << sh
+    jcc = "jz" if p < 0.5 else "jnz"
+    return [f"    test r14d, {mask}", f"    {jcc} {target}"]
 
 
 def _split(n: int, k: int, rng: np.random.Generator | None = None) -> list[int]:
@@ -333,6 +349,10 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     leaf = f".Lleaf_{spec.name}"
     for bi, b in enumerate(blocks):
         if spec.chunk_insns > 0:
+            # at least one full pass per event: a block run less often than once per event would
+            # have its lines evicted by everything else in between (all of its fetches far)
+            per_event_chunks = b.weight * instructions / spec.chunk_insns
+            b.code_bytes = int(64 * max(1, min(b.code_bytes * knobs.get("code_scale", 1.0) // 64, per_event_chunks)))
             k_target = max(1, b.code_bytes // 64) * spec.chunk_insns
         else:
             k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
@@ -397,9 +417,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             reg = "r11" if which == 0 else "r10"
             skip = target or f"{lab}_s{state['count']}"
             if pat is None:
-                bits = max(1, min(20, round(-math.log2(max(min(p, 1 - p), 1e-6)))))
-                jcc = "jz" if p < 0.5 else "jnz"
-                body.extend([f"    test r14d, {(1 << bits) - 1}", f"    {jcc} {skip}"])
+                body.extend(_mask_branch(p, _r, skip))
             else:
                 body.extend([f"    bt {reg}, {int(rng.integers(0, 64))}", f"    jc {skip}"])
             state["count"] += 2

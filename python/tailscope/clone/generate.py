@@ -26,7 +26,7 @@ from .errors import CloneError
 from .profile import PROTOCOLS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-DEFAULT_KNOBS = {"instr_scale": 1.0, "icode_far_scale": 1.0, "data_far_scale": 1.0, "data_ll_scale": 1.0,
+DEFAULT_KNOBS = {"instr_scale": 1.0, "code_scale": 1.0, "icode_far_scale": 1.0, "data_far_scale": 1.0, "data_ll_scale": 1.0,
                  "branch_r_scale": 1.0, "i1_bytes": 32768, "d1_bytes": 32768, "ll_bytes": 2 << 20}
 BODY_ROLES = ("worker", "acceptor+worker", "acceptor", "timer", "waiter")
 
@@ -57,6 +57,13 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
             dref = max(0.0, dref - skel.get("data_refs_per_event", 0.0))
         # line entries: fetches that miss even a 128-byte cache; the clone starts a new line
         # every `chunk` instructions, and each working-set bin gets its share of line entries
+        # fetches that miss even at the largest swept size (cold code, run once per window)
+        # join the largest swept bin: a block larger than the swept range would be huge and rare
+        if len(i_bins) >= 3:
+            i_bins[-2][1] += i_bins[-1][1]
+            i_bins = i_bins[:-1]
+        cap = max(4096, int(b.get("code_footprint_bytes", 1 << 20)) * 2)
+        i_bins = [[min(s, cap), n] for s, n in i_bins]
         far = [(s, n) for s, n in i_bins[1:] if n > 0]
         entries = sum(n for _, n in far)
         chunk = int(min(24, max(3, round(body_ir / entries)))) if entries > 0 else 0

@@ -28,7 +28,7 @@ from . import valgrind as vg
 MAX_ITERATIONS = 10
 TOLERANCE = {"instructions_per_request": 0.02, "I1_miss_rate": 0.05, "D1_miss_rate": 0.05, "LL_miss_rate": 0.05,
              "branch_mispredict_rate": 0.05}
-KNOB_OF = {"instructions_per_request": "instr_scale", "I1_miss_rate": "icode_far_scale",
+KNOB_OF = {"instructions_per_request": "instr_scale", "I1_miss_rate": "code_scale",
            "D1_miss_rate": "data_far_scale", "LL_miss_rate": "data_ll_scale",
            "branch_mispredict_rate": "branch_r_scale"}
 
