@@ -107,7 +107,21 @@ def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
             i += 1
         if b[j][1] <= 1e-9:
             j += 1
-    return out
+    return _merge_small(out)
+
+
+def _merge_small(segs: list[tuple[float, int, int]], min_mass: float = 0.03) -> list[tuple[float, int, int]]:
+    """Fold segments lighter than min_mass into a neighbour: each block costs a loop whose exit
+    mispredicts, so dozens of tiny blocks would inflate the branch misprediction rate."""
+    out: list[list] = []
+    for m, w, r in segs:
+        if out and (m < min_mass or out[-1][0] < min_mass):
+            prev = out[-1]
+            heavier = (w, r) if m > prev[0] else (prev[1], prev[2])
+            out[-1] = [prev[0] + m, *heavier]
+        else:
+            out.append([m, w, r])
+    return [tuple(x) for x in out]
 
 
 def _pattern(p: float, r: float, rng: np.random.Generator | None = None) -> int | None:
@@ -487,14 +501,16 @@ def _apply_knobs(blocks: list[Block], knobs: dict) -> None:
     """Tuning knobs: scale the weight of large code blocks and the density of far data."""
     i1 = knobs.get("i1_bytes", 32768)
     d1 = knobs.get("d1_bytes", 32768)
+    _ = d1
     ll = knobs.get("ll_bytes", 2 << 20)
     for b in blocks:
         if b.code_bytes > i1:
             b.weight *= knobs.get("icode_far_scale", 1.0)
-        if b.region_bytes > ll:
-            b.main_per_insn *= knobs.get("data_ll_scale", 1.0) * knobs.get("data_far_scale", 1.0)
-        elif b.region_bytes > d1:
+        if b.region_bytes:
+            # D1 misses come from every region walked across events, not only those beyond D1
             b.main_per_insn *= knobs.get("data_far_scale", 1.0)
+        if b.region_bytes > ll or (b.region_bytes > d1 and b.region_bytes * 4 > ll):
+            b.main_per_insn *= knobs.get("data_ll_scale", 1.0)
     tot = sum(b.weight for b in blocks)
     if tot > 0:
         for b in blocks:

@@ -62,7 +62,11 @@ def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, 
     _tids_alive(pid, "idle window", t0)
     if load_args and "--preload" in load_args:
         progress("preloading the target's keys")
-        runner.loadgen(None, info["port"], load_args, min(rate, 5000), 0.5, preload=True, host=host)
+        try:
+            runner.loadgen(None, info["port"], load_args, min(rate, 5000), 0.5, preload=True, host=host)
+        except CloneError:
+            _tids_alive(pid, "preload", t0)
+            raise
     progress(f"eBPF + perf window at medium load ({rate:g} req/s, {seconds:g} s)")
     before = target.threads(pid)
     live = trace.SyscallTrace(tools["bpftrace"], pid, listen_fds, notify, workdir / "live")
@@ -88,6 +92,7 @@ def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, 
     after = target.threads(pid)
     _tids_alive(pid, "load window", t0)
     if proc.returncode != 0:
+        _tids_alive(pid, "load window", t0)
         raise CloneError(f"load generator failed against the target: {(err.strip().splitlines() or ['?'])[-1]}")
     summary = json.loads(out)
     if "error" in stacks:

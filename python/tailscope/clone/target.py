@@ -44,7 +44,9 @@ def _read(path: str | Path, default: str = "") -> str:
 
 
 def proc_alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").exists()
+    """True while the process exists and has not exited (a zombie has exited)."""
+    st = _read(f"/proc/{pid}/stat")
+    return bool(st) and st[st.rfind(")") + 2:].split()[:1] not in (["Z"], ["X"])
 
 
 def _stat_fields(text: str) -> list[str]:

@@ -63,7 +63,9 @@ CLASS_NAMES = {0: "other", 1: "listen", 2: "conn", 3: "notify"}
 
 def bpftrace_script(pid: int, listen_fds: list[int], notify_fds: list[int]) -> str:
     """The bpftrace program for `pid` (see the module docstring for the maps)."""
-    init = "".join(f"  @lfd[{fd}] = 1;\n" for fd in listen_fds)
+    # every map gets a key up front: bpftrace rejects reads of a map that is never assigned
+    init = "  @lfd[-1] = 0; @nfd[-1] = 0; @cfd[-1] = 0; @last[-1] = 0;\n"
+    init += "".join(f"  @lfd[{fd}] = 1;\n" for fd in listen_fds)
     init += "".join(f"  @nfd[{fd}] = 1;\n" for fd in notify_fds)
     arg_rules = []
     for nr, idxs in SCALAR_ARGS.items():

@@ -1,0 +1,92 @@
+"""`tailscope clone` / `clone-report`: bad input is one line on stderr and a non-zero exit."""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+
+def _run(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "tailscope", *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **(env or {})})
+
+
+def _one_line_error(p, *needles):
+    assert p.returncode != 0, p
+    assert "Traceback" not in p.stderr and "Traceback" not in p.stdout
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith("[clone")]
+    assert len(lines) == 1, p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+@pytest.fixture
+def sleeper():
+    p = subprocess.Popen(["sleep", "60"])
+    yield p.pid
+    p.kill()
+    p.wait()
+
+
+def test_no_such_pid(tmp_path):
+    _one_line_error(_run("clone", "-p", 2**22 + 12345, "--load", "--protocol redis", "-o", tmp_path / "c"),
+                    "no process with pid")
+
+
+def test_not_a_network_server(tmp_path, sleeper):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to read another process's /proc entries")
+    for tool in ("bpftrace", "perf", "valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    _one_line_error(_run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c"),
+                    "is not a network server", "no listening TCP socket")
+
+
+@pytest.mark.parametrize("tool,package", [("valgrind", "valgrind"), ("perf", "linux-perf"), ("bpftrace", "bpftrace")])
+def test_missing_tool_says_how_to_install(tmp_path, sleeper, tool, package):
+    p = _run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c",
+             env={f"TAILSCOPE_{tool.upper()}": "/nonexistent/" + tool})
+    _one_line_error(p, f"{tool} is missing", f"apt-get install {package}")
+
+
+def test_bad_arguments(tmp_path, sleeper):
+    _one_line_error(_run("clone", "-p", sleeper, "--load", "--protocol ftp", "-o", tmp_path / "c"),
+                    "protocol 'ftp'")
+    _one_line_error(_run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c",
+                         "--iterations", "11"), "--iterations 11")
+
+
+def test_too_short_lived(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root (eBPF)")
+    for tool in ("bpftrace", "perf", "valgrind", "callgrind_control"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    server = subprocess.Popen([sys.executable, "-c", (
+        "import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+        "s.bind(('127.0.0.1',0));s.listen();time.sleep(2.5)")])
+    try:
+        time.sleep(0.5)
+        p = _run("clone", "-p", server.pid, "--load", "--protocol redis", "-o", tmp_path / "c", "--quiet")
+    finally:
+        server.kill()
+        server.wait()
+    _one_line_error(p)
+    assert "too short-lived" in p.stderr or "no process with pid" in p.stderr, p.stderr
+
+
+def test_clone_report_bad_dirs(tmp_path):
+    _one_line_error(_run("clone-report", tmp_path / "nope"), "no such directory")
+    _one_line_error(_run("clone-report", tmp_path), "no private/profile.json")
+    (tmp_path / "private").mkdir()
+    (tmp_path / "private" / "profile.json").write_text("{ not json")
+    _one_line_error(_run("clone-report", tmp_path), "is corrupt")
+    (tmp_path / "private" / "profile.json").write_text(json.dumps({"version": 99}))
+    _one_line_error(_run("clone-report", tmp_path), "not a tailscope clone profile")
+    (tmp_path / "private" / "profile.json").write_text(json.dumps({"version": 1, "network": {}}))
+    _one_line_error(_run("clone-report", tmp_path), "is corrupt", "no 'threads' section")
