@@ -74,7 +74,7 @@ class BodySpec:
     data_bins: list[tuple[int, float]]    # (data working-set size, fraction of main accesses)
     mem_per_insn: float                   # data accesses per instruction
     main_fraction: float                  # fraction of data accesses that are not tiny-region
-    rep_len: int = 16
+    rep_len: int = 32
     chunk_insns: int = 0                  # instructions per cache-line chunk (0: straight-line blocks)
 
 
@@ -110,7 +110,7 @@ def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
     return _merge_small(out)
 
 
-def _merge_small(segs: list[tuple[float, int, int]], min_mass: float = 0.03) -> list[tuple[float, int, int]]:
+def _merge_small(segs: list[tuple[float, int, int]], min_mass: float = 0.05) -> list[tuple[float, int, int]]:
     """Fold segments lighter than min_mass into a neighbour: each block costs a loop whose exit
     mispredicts, so dozens of tiny blocks would inflate the branch misprediction rate."""
     out: list[list] = []
@@ -351,6 +351,11 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     cond = spec.cond_per_insn
     if mixp[br_idx].sum() > 0:
         mixp[br_idx] *= max(0.0, mixp[br_idx].sum() - cond) / mixp[br_idx].sum()
+    # a sample of a class emits several instructions for some classes (rep: its iterations and
+    # the register saves, div: the dividend setup, call: the leaf's ret): sample per instruction
+    cost = np.array([(spec.rep_len + 6) if k.startswith("rep/") else 3 if k.startswith("div/") else
+                     2 if k in ("branch/store", "branch/load", "branch/rmw") else 1 for k in keys], dtype=float)
+    mixp = mixp / cost
     mixp = mixp / mixp.sum() if mixp.sum() > 0 else np.full(len(keys), 1 / len(keys))
     bw = np.array([b[2] for b in spec.branches], dtype=float) if spec.branches else np.array([1.0])
     bw = bw / bw.sum()
@@ -381,7 +386,10 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             lines_ = b.region_bytes / 64
             if warm > lines_:
                 b.main_per_insn = min(1.0, b.main_per_insn * (warm + lines_) / warm)
-        fixed = max(1, round(b.iters_per_event * 65536))
+        # whole passes when a block runs at least once per event: a constant trip count keeps the
+        # loop exit predictable (a fractional one alternates and mispredicts)
+        iters = round(b.iters_per_event) if b.iters_per_event >= 1 else b.iters_per_event
+        fixed = max(1, round(iters * 65536))
         lab = f".L{spec.name}_{bi}"
         frac_off = STATE_BLOCKS + 16 * bi
         cur_off = frac_off + 8

@@ -81,8 +81,17 @@ def cmd_clone(ns) -> int:
 def leak_check(prof: dict, out: Path) -> dict:
     from . import generate, leakage
 
+    # the reference: the same skeleton configuration (network and thread model, which the
+    # clone must share) with a neutral body and neutral tables, so everything the template
+    # compiles to is allowed and only what came from the target's body or tables is not
+    ref = generate.neutral_profile(prof["load"]["protocol"], port=prof["listen"]["port"])
+    for key in ("network", "threads", "listen"):
+        ref[key] = json.loads(json.dumps(prof[key]))
+    ref["network"]["reply_kinds"] = [{"req_bytes": 16, "sizes": {"5": 1}}]
+    ref["network"]["extra_per_request"], ref["network"]["tick_per_second"] = [], []
+    ref["body"] = {k: generate.neutral_profile()["body"]["0"] | {"role": v["role"]} for k, v in prof["body"].items()}
     ref_dir = out / "private" / "reference"
-    generate.generate(generate.neutral_profile(prof["load"]["protocol"]), ref_dir, seed=99)
+    generate.generate(ref, ref_dir, seed=99)
     generate.build(ref_dir)
     exe = Path(prof["private"]["exe"])
     lk = leakage.check(exe, out, reference=ref_dir / "clone")

@@ -48,6 +48,15 @@ def symbols_of(path: Path) -> set[str]:
     return out
 
 
+def imported_symbols(path: Path) -> set[str]:
+    try:
+        p = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True, timeout=60,
+                           check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {ln.split()[-1].split("@")[0] for ln in p.stdout.splitlines() if ln.strip()}
+
+
 def sections(path: Path, names=(".rodata", ".data", ".text")) -> list[bytes]:
     """Raw bytes of the named ELF sections (64-bit little-endian ELF)."""
     d = path.read_bytes()
@@ -108,6 +117,11 @@ def check(original: Path, clone_dir: Path, reference: Path | None = None,
         public_bin += p.read_bytes()
     public_strings = strings_of(public_text.encode()) | strings_of(public_bin)
     public_syms = symbols_of(reference) if reference and reference.exists() else set()
+    # names the clone imports from shared libraries (libc's API) are public by definition
+    for f in files:
+        if f.read_bytes()[:4] == b"\x7fELF":
+            public_syms |= imported_symbols(f)
+    public_strings |= public_syms
     public_windows = set(_scan_windows(public_bin, orig_windows)) if public_bin else set()
     found_strings, allowed_strings = set(), set()
     found_syms, allowed_syms = set(), set()
