@@ -28,11 +28,18 @@ sys.path.insert(0, str(ROOT / "python"))
 from tailscope.clone import report  # noqa: E402
 
 SERVICES = {
-    "memcached": {"cmd": ["memcached", "-u", "root", "-p", "21311", "-t", "4", "-m", "64", "-c", "1024"],
-                  "port": 21311, "load": "--protocol memcached --keys 1000 --value-size 32 --set-ratio 0.1 --preload",
-                  "rate": 6000},
-    "redis": {"cmd": ["redis-server", "--port", "26479", "--save", "", "--appendonly", "no"], "port": 26479,
-              "load": "--protocol redis --keys 1000 --value-size 32 --set-ratio 0.1 --preload", "rate": 6000},
+    "memcached": {
+        "cmd": ["memcached", "-u", "root", "-p", "21311", "-t", "4", "-m", "64", "-c", "1024"],
+        "port": 21311,
+        "load": "--protocol memcached --keys 1000 --value-size 32 --set-ratio 0.1 --preload",
+        "rate": 6000,
+    },
+    "redis": {
+        "cmd": ["redis-server", "--port", "26479", "--save", "", "--appendonly", "no"],
+        "port": 26479,
+        "load": "--protocol redis --keys 1000 --value-size 32 --set-ratio 0.1 --preload",
+        "rate": 6000,
+    },
 }
 
 
@@ -51,17 +58,37 @@ def _wait_port(port: int, timeout: float = 20) -> None:
 def run_service(name: str, spec: dict, work: Path, quick: bool) -> dict:
     out = work / name
     shutil.rmtree(out, ignore_errors=True)
-    srv = subprocess.Popen(["taskset", "-c", "0", *spec["cmd"]], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           start_new_session=True)
+    srv = subprocess.Popen(
+        ["taskset", "-c", "0", *spec["cmd"]],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         _wait_port(spec["port"])
-        cmd = [sys.executable, "-m", "tailscope", "clone", "-p", str(srv.pid), "--load", spec["load"], "--rate",
-               str(spec["rate"]), "-o", str(out), "--relaunch", " ".join(a if a else "''" for a in spec["cmd"])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "tailscope",
+            "clone",
+            "-p",
+            str(srv.pid),
+            "--load",
+            spec["load"],
+            "--rate",
+            str(spec["rate"]),
+            "-o",
+            str(out),
+            "--relaunch",
+            " ".join(a if a else "''" for a in spec["cmd"]),
+        ]
         if quick:
             cmd += ["--iterations", "3", "--vg-requests", "1000", "--sweep-requests", "400"]
         print(f"[ditto] {name}: {' '.join(cmd[2:])}", flush=True)
         t0 = time.monotonic()
-        p = subprocess.run(cmd, cwd=ROOT, text=True, capture_output=False, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+        p = subprocess.run(
+            cmd, cwd=ROOT, text=True, capture_output=False, env={**os.environ, "PYTHONPATH": str(ROOT / "python")}
+        )
         pipeline_s = time.monotonic() - t0
         if p.returncode not in (0, 1) or not (out / "clone").exists():
             raise SystemExit(f"bench ditto: tailscope clone failed for {name}")
@@ -77,9 +104,13 @@ def run_service(name: str, spec: dict, work: Path, quick: bool) -> dict:
     subprocess.run(["make", "-s", "-C", str(out)], check=True)
     build_s = time.monotonic() - t0
     t0 = time.monotonic()
-    rp = subprocess.run([sys.executable, "-m", "tailscope", "clone-report", str(out), "--json",
-                         "--duration", "3" if quick else "4"], cwd=ROOT, text=True, stdout=subprocess.PIPE,
-                        env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
+    rp = subprocess.run(
+        [sys.executable, "-m", "tailscope", "clone-report", str(out), "--json", "--duration", "3" if quick else "4"],
+        cwd=ROOT,
+        text=True,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": str(ROOT / "python")},
+    )
     validate_s = time.monotonic() - t0
     if rp.returncode != 0:
         raise SystemExit(f"bench ditto: clone-report failed for {name}")
@@ -88,8 +119,16 @@ def run_service(name: str, spec: dict, work: Path, quick: bool) -> dict:
     prof = json.loads((priv / "profile.json").read_text())
     tuning = json.loads((priv / "tuning.json").read_text())
     leak = json.loads((priv / "leakage.json").read_text())
-    return {"validation": res, "profile": prof, "tuning": tuning, "leakage": leak, "pipeline_s": pipeline_s,
-            "build_s": build_s, "validate_s": validate_s, "clone_dir": str(out.relative_to(ROOT))}
+    return {
+        "validation": res,
+        "profile": prof,
+        "tuning": tuning,
+        "leakage": leak,
+        "pipeline_s": pipeline_s,
+        "build_s": build_s,
+        "validate_s": validate_s,
+        "clone_dir": str(out.relative_to(ROOT)),
+    }
 
 
 def main() -> int:
@@ -113,29 +152,56 @@ def main() -> int:
     out_dir = ROOT / "bench" / "results"
     report.write_html(out_dir / "ditto.html", results, command=command)
     summary = {
-        "command": command, "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "command": command,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "machine": {"cpus": os.cpu_count(), "note": "2-vCPU VM shared with other builds; timings are noisy"},
-        "services": {n: {"targets": r["validation"]["errors"]["targets"], "errors": r["validation"]["errors"],
-                         "levels": r["validation"]["levels"], "simulated": r["validation"]["simulated"],
-                         "rates": r["validation"]["rates"], "pipeline_s": r["pipeline_s"], "build_s": r["build_s"],
-                         "validate_s": r["validate_s"], "tuning_iterations": r["tuning"]["iterations"],
-                         "leakage_ok": r["leakage"]["ok"], "model": r["profile"]["network"]["model"],
-                         "workers": r["profile"]["network"]["workers"],
-                         "clusters": [{k: c[k] for k in ("role", "count", "period_us")}
-                                      for c in r["profile"]["threads"]["clusters"]]}
-                     for n, r in results.items()},
+        "services": {
+            n: {
+                "targets": r["validation"]["errors"]["targets"],
+                "errors": r["validation"]["errors"],
+                "levels": r["validation"]["levels"],
+                "simulated": r["validation"]["simulated"],
+                "rates": r["validation"]["rates"],
+                "pipeline_s": r["pipeline_s"],
+                "build_s": r["build_s"],
+                "validate_s": r["validate_s"],
+                "tuning_iterations": r["tuning"]["iterations"],
+                "leakage_ok": r["leakage"]["ok"],
+                "model": r["profile"]["network"]["model"],
+                "workers": r["profile"]["network"]["workers"],
+                "clusters": [
+                    {k: c[k] for k in ("role", "count", "period_us")} for c in r["profile"]["threads"]["clusters"]
+                ],
+            }
+            for n, r in results.items()
+        },
     }
     (out_dir / "ditto.json").write_text(json.dumps(summary, indent=1, default=str))
-    md = ["# Ditto: clones of memcached and redis", "",
-          f"Reproduce: `{command}` (part `ditto` of `make bench`). Report: bench/results/ditto.html.", "",
-          "Machine: 2 vCPUs shared with other engineers' builds; native latencies are noisy.", ""]
+    md = [
+        "# Ditto: clones of memcached and redis",
+        "",
+        f"Reproduce: `{command}` (part `ditto` of `make bench`). Report: bench/results/ditto.html.",
+        "",
+        "Machine: 2 vCPUs shared with other engineers' builds; native latencies are noisy.",
+        "",
+    ]
     for n, r in results.items():
-        md += [f"## {n}", "",
-               f"Pipeline (profile + generate + tune + leakage check): {r['pipeline_s'] / 60:.1f} min; clone build "
-               f"with gcc: {r['build_s']:.1f} s; tuning iterations: {r['tuning']['iterations']}; leakage check: "
-               f"{'passed' if r['leakage']['ok'] else 'FAILED'}; network model: {r['profile']['network']['model']}.",
-               "", report.error_table_md(n, r["validation"]), "", "<details><summary>all metrics</summary>", "",
-               report.detail_table_md(r["validation"]), "", "</details>", ""]
+        md += [
+            f"## {n}",
+            "",
+            f"Pipeline (profile + generate + tune + leakage check): {r['pipeline_s'] / 60:.1f} min; clone build "
+            f"with gcc: {r['build_s']:.1f} s; tuning iterations: {r['tuning']['iterations']}; leakage check: "
+            f"{'passed' if r['leakage']['ok'] else 'FAILED'}; network model: {r['profile']['network']['model']}.",
+            "",
+            report.error_table_md(n, r["validation"]),
+            "",
+            "<details><summary>all metrics</summary>",
+            "",
+            report.detail_table_md(r["validation"]),
+            "",
+            "</details>",
+            "",
+        ]
     (out_dir / "ditto.md").write_text("\n".join(md))
     print("\n".join(md))
     return 0

@@ -19,15 +19,25 @@ import pytest
 from tailscope.clone import asmgen, callgrind, generate, isa, leakage, workingset
 from tailscope.clone.errors import CloneError
 
-needs_valgrind = pytest.mark.skipif(shutil.which("valgrind") is None,
-                                    reason="valgrind is not installed (apt-get install valgrind)")
+needs_valgrind = pytest.mark.skipif(
+    shutil.which("valgrind") is None, reason="valgrind is not installed (apt-get install valgrind)"
+)
 needs_gcc = pytest.mark.skipif(shutil.which("gcc") is None, reason="gcc is not installed")
 
 
 def _spec(**kw):
-    base = dict(name="t", instructions=600, mix={"arith/reg": 0.6, "mov/reg": 0.4}, cond_per_insn=0.15,
-                branches=[[0.5, 0.1, 1]], dep_hist=[1] * 11, icode_bins=[(512, 1.0)], data_bins=[(0, 1.0)],
-                mem_per_insn=0.0, main_fraction=0.0)
+    base = dict(
+        name="t",
+        instructions=600,
+        mix={"arith/reg": 0.6, "mov/reg": 0.4},
+        cond_per_insn=0.15,
+        branches=[[0.5, 0.1, 1]],
+        dep_hist=[1] * 11,
+        icode_bins=[(512, 1.0)],
+        data_bins=[(0, 1.0)],
+        mem_per_insn=0.0,
+        main_fraction=0.0,
+    )
     base.update(kw)
     return asmgen.BodySpec(**base)
 
@@ -61,8 +71,19 @@ def test_generated_branch_measures_its_target(tmp_path, p, r):
     assert branches and loop_head is not None
     # p: exact taken/executed counts from callgrind --collect-jumps
     cg_out = tmp_path / "cg.out"
-    subprocess.run(["valgrind", "--tool=callgrind", "--dump-instr=yes", "--collect-jumps=yes",
-                    f"--callgrind-out-file={cg_out}", str(exe), "100"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--dump-instr=yes",
+            "--collect-jumps=yes",
+            f"--callgrind-out-file={cg_out}",
+            str(exe),
+            "100",
+        ],
+        check=True,
+        capture_output=True,
+    )
     tc = callgrind.parse(cg_out)
     taken = sum(tc.jcnd.get((str(exe), a), [0, 0])[0] for a in branches.values())
     executed = sum(c[tc.events.index("Ir")] for (obj, a), c in tc.instr.items() if a in branches.values())
@@ -70,8 +91,19 @@ def test_generated_branch_measures_its_target(tmp_path, p, r):
     assert abs(taken / executed - p) <= 0.02, (taken / executed, p)
     # r: the outcome sequence from lackey's superblock trace (PIE base 0x108000 under valgrind)
     log = tmp_path / "sb.txt"
-    subprocess.run(["valgrind", "--tool=lackey", "--trace-superblocks=yes", "--vex-guest-chase=no",
-                    f"--log-file={log}", str(exe), "100"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "valgrind",
+            "--tool=lackey",
+            "--trace-superblocks=yes",
+            "--vex-guest-chase=no",
+            f"--log-file={log}",
+            str(exe),
+            "100",
+        ],
+        check=True,
+        capture_output=True,
+    )
     seq: dict[int, list[int]] = {t: [] for t in branches}
     cur = None
     for m in re.finditer(r"SB ([0-9a-f]+)", log.read_text()):
@@ -97,18 +129,37 @@ def test_generated_branch_measures_its_target(tmp_path, p, r):
 def test_generated_working_set_mix_is_recovered(tmp_path):
     """Plant 40% of far data accesses in a 4 KiB set and 60% in a 64 KiB set; the sweep finds them."""
     planted = [(8192, 0.4), (131072, 0.6)]  # bins (S): regions of 0.75*S -> hits first at S
-    spec = _spec(instructions=4000, mix={"arith/reg": 0.35, "mov/load": 0.25, "arith/load": 0.2, "mov/store": 0.2},
-                 cond_per_insn=0.0, branches=[], data_bins=planted, mem_per_insn=0.6, main_fraction=0.5,
-                 icode_bins=[(512, 1.0)])
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.35, "mov/load": 0.25, "arith/load": 0.2, "mov/store": 0.2},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=planted,
+        mem_per_insn=0.6,
+        main_fraction=0.5,
+        icode_bins=[(512, 1.0)],
+    )
     asmgen.write_standalone(spec, tmp_path, seed=2, calls=300)
     exe = tmp_path / "harness"
     sizes = [2048, 4096, 8192, 16384, 65536, 131072, 262144]
     hits, refs = [], []
     for s in sizes:
         out = tmp_path / f"cg{s}.out"
-        subprocess.run(["valgrind", "--tool=callgrind", "--cache-sim=yes", f"--I1={workingset.cache_arg(s)}",
-                        f"--D1={workingset.cache_arg(s)}", "--LL=4194304,16,64", f"--callgrind-out-file={out}",
-                        str(exe), "300"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--cache-sim=yes",
+                f"--I1={workingset.cache_arg(s)}",
+                f"--D1={workingset.cache_arg(s)}",
+                "--LL=4194304,16,64",
+                f"--callgrind-out-file={out}",
+                str(exe),
+                "300",
+            ],
+            check=True,
+            capture_output=True,
+        )
         sm = callgrind.parse(out, with_instr=False).summary
         dref = sm["Dr"] + sm["Dw"]
         refs.append(dref)
@@ -116,7 +167,7 @@ def test_generated_working_set_mix_is_recovered(tmp_path):
     acc = float(np.mean(refs))
     bins = dict(workingset.bins(sizes, [h / r * acc for h, r in zip(hits, refs, strict=True)], acc))
     far = acc - bins[2048]  # the tiny region hits at 2 KiB already; the planted regions do not
-    got_small = (bins[4096] + bins[8192]) / far   # 6 KiB region: first hits at 8 KiB
+    got_small = (bins[4096] + bins[8192]) / far  # 6 KiB region: first hits at 8 KiB
     got_large = (bins[65536] + bins[131072]) / far  # 96 KiB region: first hits at 128 KiB
     assert abs(got_small - 0.4) <= 0.08, bins
     assert abs(got_large - 0.6) <= 0.08, bins
@@ -177,10 +228,20 @@ def test_classify_instructions():
 
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     md.detail = True
-    cases = {b"\x48\x8b\x07": ("mov", "load"), b"\x48\x89\x07": ("mov", "store"), b"\x48\x01\xd8": ("arith", "reg"),
-             b"\x48\x01\x07": ("arith", "rmw"), b"\xf0\x48\x01\x07": ("lock", "rmw"), b"\xf3\xa4": ("rep", "rmw"),
-             b"\x48\x0f\xaf\xc3": ("mul", "reg"), b"\x48\xf7\xf3": ("div", "reg"), b"\xf2\x0f\x58\xc1": ("fp", "reg"),
-             b"\x66\x0f\xfe\xc1": ("simd", "reg"), b"\x74\x05": ("branch", "reg"), b"\xc3": ("branch", "load")}
+    cases = {
+        b"\x48\x8b\x07": ("mov", "load"),
+        b"\x48\x89\x07": ("mov", "store"),
+        b"\x48\x01\xd8": ("arith", "reg"),
+        b"\x48\x01\x07": ("arith", "rmw"),
+        b"\xf0\x48\x01\x07": ("lock", "rmw"),
+        b"\xf3\xa4": ("rep", "rmw"),
+        b"\x48\x0f\xaf\xc3": ("mul", "reg"),
+        b"\x48\xf7\xf3": ("div", "reg"),
+        b"\xf2\x0f\x58\xc1": ("fp", "reg"),
+        b"\x66\x0f\xfe\xc1": ("simd", "reg"),
+        b"\x74\x05": ("branch", "reg"),
+        b"\xc3": ("branch", "load"),
+    }
     for code, want in cases.items():
         ins = next(md.disasm(code, 0x1000))
         assert isa.classify(ins) == want, (ins.mnemonic, ins.op_str)
@@ -223,11 +284,13 @@ int main(int argc, char **argv) { puts(banner); return frobnitz_lookup_table_ent
     assert clean["original_strings"] > 0 and clean["original_symbols"] > 0
     # plant the original's string, symbol name and data table into the clone
     with (clone / "clone.c").open("a") as f:
-        f.write('\nconst char planted_text[] = "frobnitz-secret-banner-v42";\n'
-                "int frobnitz_lookup_table_entry(int i) { return planted_text[i]; }\n"
-                "const unsigned char planted_table[64] = {3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,"
-                "2,7,9,5,0,2,8,8,4,1,9,7,1,6,9,3,9,9,3,7,5,1,0,5,8,2,0,9,7,4,9,4,4,5,9,2};\n"
-                "const void *keep[] = {planted_text, planted_table, (void *)frobnitz_lookup_table_entry};\n")
+        f.write(
+            '\nconst char planted_text[] = "frobnitz-secret-banner-v42";\n'
+            "int frobnitz_lookup_table_entry(int i) { return planted_text[i]; }\n"
+            "const unsigned char planted_table[64] = {3,1,4,1,5,9,2,6,5,3,5,8,9,7,9,3,2,3,8,4,6,2,6,4,3,3,8,3,"
+            "2,7,9,5,0,2,8,8,4,1,9,7,1,6,9,3,9,9,3,7,5,1,0,5,8,2,0,9,7,4,9,4,4,5,9,2};\n"
+            "const void *keep[] = {planted_text, planted_table, (void *)frobnitz_lookup_table_entry};\n"
+        )
     generate.build(clone)
     leaked = leakage.check(orig, clone, reference=ref / "clone")
     assert not leaked["ok"]

@@ -11,8 +11,13 @@ import pytest
 
 
 def _run(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tailscope", *map(str, args)], capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "tailscope", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
 
 
 def _one_line_error(p, *needles):
@@ -33,8 +38,9 @@ def sleeper():
 
 
 def test_no_such_pid(tmp_path):
-    _one_line_error(_run("clone", "-p", 2**22 + 12345, "--load", "--protocol redis", "-o", tmp_path / "c"),
-                    "no process with pid")
+    _one_line_error(
+        _run("clone", "-p", 2**22 + 12345, "--load", "--protocol redis", "-o", tmp_path / "c"), "no process with pid"
+    )
 
 
 def test_not_a_network_server(tmp_path, sleeper):
@@ -43,22 +49,34 @@ def test_not_a_network_server(tmp_path, sleeper):
     for tool in ("bpftrace", "perf", "valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
-    _one_line_error(_run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c"),
-                    "is not a network server", "no listening TCP socket")
+    _one_line_error(
+        _run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c"),
+        "is not a network server",
+        "no listening TCP socket",
+    )
 
 
 @pytest.mark.parametrize("tool,package", [("valgrind", "valgrind"), ("perf", "linux-perf"), ("bpftrace", "bpftrace")])
 def test_missing_tool_says_how_to_install(tmp_path, sleeper, tool, package):
-    p = _run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c",
-             env={f"TAILSCOPE_{tool.upper()}": "/nonexistent/" + tool})
+    p = _run(
+        "clone",
+        "-p",
+        sleeper,
+        "--load",
+        "--protocol redis",
+        "-o",
+        tmp_path / "c",
+        env={f"TAILSCOPE_{tool.upper()}": "/nonexistent/" + tool},
+    )
     _one_line_error(p, f"{tool} is missing", f"apt-get install {package}")
 
 
 def test_bad_arguments(tmp_path, sleeper):
-    _one_line_error(_run("clone", "-p", sleeper, "--load", "--protocol ftp", "-o", tmp_path / "c"),
-                    "protocol 'ftp'")
-    _one_line_error(_run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c",
-                         "--iterations", "11"), "--iterations 11")
+    _one_line_error(_run("clone", "-p", sleeper, "--load", "--protocol ftp", "-o", tmp_path / "c"), "protocol 'ftp'")
+    _one_line_error(
+        _run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c", "--iterations", "11"),
+        "--iterations 11",
+    )
 
 
 def test_too_short_lived(tmp_path):
@@ -67,9 +85,16 @@ def test_too_short_lived(tmp_path):
     for tool in ("bpftrace", "perf", "valgrind", "callgrind_control"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
-    server = subprocess.Popen([sys.executable, "-c", (
-        "import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
-        "s.bind(('127.0.0.1',0));s.listen();time.sleep(2.5)")])
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
+                "s.bind(('127.0.0.1',0));s.listen();time.sleep(2.5)"
+            ),
+        ]
+    )
     try:
         time.sleep(0.5)
         p = _run("clone", "-p", server.pid, "--load", "--protocol redis", "-o", tmp_path / "c", "--quiet")

@@ -1,3 +1,4 @@
+# ruff: noqa: B023  (the emit helpers are closures used only inside the iteration that defines them)
 """The generated body: x86-64 assembly blocks that match a cluster's profiled distributions.
 
 One function per thread cluster, `clone_body_<c>(struct body_state *st)`, runs once per
@@ -32,28 +33,27 @@ import numpy as np
 from .isa import CLASSES, DEP_BINS, MEMFLAGS
 
 GPR = ["rax", "rbx", "rcx", "rdx", "rsi", "rbp", "r8", "r9"]
-ACC = GPR[:4]          # written only read-modify-write: their values stay live
-TMP = GPR[4:]          # loads and moves land here and are consumed into an accumulator
+ACC = GPR[:4]  # written only read-modify-write: their values stay live
+TMP = GPR[4:]  # loads and moves land here and are consumed into an accumulator
 XACC = ["xmm0", "xmm1", "xmm2", "xmm3"]
 XTMP = ["xmm4", "xmm5", "xmm6", "xmm7"]
-GPR32 = {"rax": "eax", "rbx": "ebx", "rcx": "ecx", "rdx": "edx", "rsi": "esi", "rbp": "ebp", "r8": "r8d",
-         "r9": "r9d"}
+GPR32 = {"rax": "eax", "rbx": "ebx", "rcx": "ecx", "rdx": "edx", "rsi": "esi", "rbp": "ebp", "r8": "r8d", "r9": "r9d"}
 XMM = [f"xmm{i}" for i in range(8)]
-TINY_BYTES = 128          # the always-hit region (two lines)
-PATTERN_OFF = 0           # unused; patterns are immediates
-DIVISOR_OFF = 120         # a constant divisor kept in the tiny region
-STATE_DATA, STATE_ITER, STATE_BLOCKS = 0, 8, 16   # struct body_state offsets
-EST_INSN_BYTES = 4.6      # average encoded size of the generated instructions (measured)
+TINY_BYTES = 128  # the always-hit region (two lines)
+PATTERN_OFF = 0  # unused; patterns are immediates
+DIVISOR_OFF = 120  # a constant divisor kept in the tiny region
+STATE_DATA, STATE_ITER, STATE_BLOCKS = 0, 8, 16  # struct body_state offsets
+EST_INSN_BYTES = 4.6  # average encoded size of the generated instructions (measured)
 
 
 @dataclass
 class Block:
     """One generated block (all sizes in bytes)."""
 
-    weight: float            # fraction of the body's dynamic instructions
-    code_bytes: int          # W_b
-    region_bytes: int        # R_b (0: tiny region only)
-    main_per_insn: float     # main-region accesses per instruction
+    weight: float  # fraction of the body's dynamic instructions
+    code_bytes: int  # W_b
+    region_bytes: int  # R_b (0: tiny region only)
+    main_per_insn: float  # main-region accesses per instruction
     iters_per_event: float = 0.0
     insns: int = 0
     region_off: int = 0
@@ -65,17 +65,17 @@ class BodySpec:
     """What a cluster's body must reproduce (per trigger event)."""
 
     name: str
-    instructions: float                   # dynamic instructions per event (body share)
-    mix: dict[str, float]                 # class/memflag -> fraction
-    cond_per_insn: float                  # conditional branches per instruction
-    branches: list[list[float]]           # [p, r, weight]
-    dep_hist: list[float]                 # RAW distance histogram over DEP_BINS
-    icode_bins: list[tuple[int, float]]   # (code working-set size, fraction of instructions)
-    data_bins: list[tuple[int, float]]    # (data working-set size, fraction of main accesses)
-    mem_per_insn: float                   # data accesses per instruction
-    main_fraction: float                  # fraction of data accesses that are not tiny-region
+    instructions: float  # dynamic instructions per event (body share)
+    mix: dict[str, float]  # class/memflag -> fraction
+    cond_per_insn: float  # conditional branches per instruction
+    branches: list[list[float]]  # [p, r, weight]
+    dep_hist: list[float]  # RAW distance histogram over DEP_BINS
+    icode_bins: list[tuple[int, float]]  # (code working-set size, fraction of instructions)
+    data_bins: list[tuple[int, float]]  # (data working-set size, fraction of main accesses)
+    mem_per_insn: float  # data accesses per instruction
+    main_fraction: float  # fraction of data accesses that are not tiny-region
     rep_len: int = 32
-    chunk_insns: int = 0                  # instructions per cache-line chunk (0: straight-line blocks)
+    chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
 
 
 def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
@@ -156,7 +156,7 @@ def _mask_branch(p: float, r: float, target: str) -> list[str]:
     """
     q = max(min(p, 1 - p), 1e-9)
     j = max(1, min(30, round(-math.log2(q))))
-    rr = max(r, 2.0 ** -30)
+    rr = max(r, 2.0**-30)
     sh = max(0, min(31 - j, round(1 - j - math.log2(rr))))
     mask = ((1 << j) - 1) << sh
     jcc = "jz" if p < 0.5 else "jnz"
@@ -315,8 +315,7 @@ def _emit(cls: str, mem: str, regs: _Regs, mema: _Mem, rng, rep_len: int) -> lis
     if cls == "lock":
         return [f"lock add {mema.addr()}, {regs.src()}"]
     if cls == "rep":
-        return ["push rdi", "push rcx", "lea rdi, [r15 + 0]", f"mov ecx, {rep_len}", "rep stosb", "pop rcx",
-                "pop rdi"]
+        return ["push rdi", "push rcx", "lea rdi, [r15 + 0]", f"mov ecx, {rep_len}", "rep stosb", "pop rcx", "pop rdi"]
     if cls == "branch":  # unconditional: a direct jump or a call to the cluster's leaf
         if mem in ("store", "load", "rmw"):
             return ["call {leaf}"]
@@ -353,16 +352,37 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         mixp[br_idx] *= max(0.0, mixp[br_idx].sum() - cond) / mixp[br_idx].sum()
     # a sample of a class emits several instructions for some classes (rep: its iterations and
     # the register saves, div: the dividend setup, call: the leaf's ret): sample per instruction
-    cost = np.array([(spec.rep_len + 6) if k.startswith("rep/") else 3 if k.startswith("div/") else
-                     2 if k in ("branch/store", "branch/load", "branch/rmw") else 1 for k in keys], dtype=float)
+    cost = np.array(
+        [
+            (spec.rep_len + 6)
+            if k.startswith("rep/")
+            else 3
+            if k.startswith("div/")
+            else 2
+            if k in ("branch/store", "branch/load", "branch/rmw")
+            else 1
+            for k in keys
+        ],
+        dtype=float,
+    )
     mixp = mixp / cost
     mixp = mixp / mixp.sum() if mixp.sum() > 0 else np.full(len(keys), 1 / len(keys))
     bw = np.array([b[2] for b in spec.branches], dtype=float) if spec.branches else np.array([1.0])
     bw = bw / bw.sum()
-    out = [f"    .globl clone_body_{spec.name}", f"    .type clone_body_{spec.name}, @function",
-           "    .p2align 6", f"clone_body_{spec.name}:",
-           "    push rbx", "    push rbp", "    push r12", "    push r13", "    push r14", "    push r15",
-           f"    mov r15, [rdi + {STATE_DATA}]", f"    mov r14, [rdi + {STATE_ITER}]"]
+    out = [
+        f"    .globl clone_body_{spec.name}",
+        f"    .type clone_body_{spec.name}, @function",
+        "    .p2align 6",
+        f"clone_body_{spec.name}:",
+        "    push rbx",
+        "    push rbp",
+        "    push r12",
+        "    push r13",
+        "    push r14",
+        "    push r15",
+        f"    mov r15, [rdi + {STATE_DATA}]",
+        f"    mov r14, [rdi + {STATE_ITER}]",
+    ]
     out += [f"    pxor {x}, {x}" for x in XMM[:4]]
     regs = _Regs(rng, spec.dep_hist)
     leaf = f".Lleaf_{spec.name}"
@@ -393,10 +413,16 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         lab = f".L{spec.name}_{bi}"
         frac_off = STATE_BLOCKS + 16 * bi
         cur_off = frac_off + 8
-        out += [f"    mov r12, [rdi + {frac_off}]", f"    add r12, {fixed}" if fixed < 2**31 else
-                f"    mov rax, {fixed}\n    add r12, rax",
-                "    mov rax, r12", "    and eax, 65535", f"    mov [rdi + {frac_off}], rax", "    shr r12, 16",
-                f"    jz {lab}_done", f"    mov r13, [rdi + {cur_off}]"]
+        out += [
+            f"    mov r12, [rdi + {frac_off}]",
+            f"    add r12, {fixed}" if fixed < 2**31 else f"    mov rax, {fixed}\n    add r12, rax",
+            "    mov rax, r12",
+            "    and eax, 65535",
+            f"    mov [rdi + {frac_off}], rax",
+            "    shr r12, 16",
+            f"    jz {lab}_done",
+            f"    mov r13, [rdi + {cur_off}]",
+        ]
         # the patterns of this block's two branch families
         pats = []
         for _ in range(2):
@@ -406,11 +432,18 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             pats.append((p, r, _pattern(p, r, rng)))
         # the pattern registers rotate once per iteration; start them at the phase of the
         # iteration counter, which persists across events
-        out += [f"    mov r11, {pats[0][2] or 0x5555555555555555}", f"    mov r10, {pats[1][2] or 0x3333333333333333}",
-                "    push rcx", "    mov ecx, r14d", "    ror r11, cl", "    ror r10, cl", "    pop rcx"]
+        out += [
+            f"    mov r11, {pats[0][2] or 0x5555555555555555}",
+            f"    mov r10, {pats[1][2] or 0x3333333333333333}",
+            "    push rcx",
+            "    mov ecx, r14d",
+            "    ror r11, cl",
+            "    ror r10, cl",
+            "    pop rcx",
+        ]
         out.append(f"    .p2align 4\n{lab}:")
         mema = _Mem(rng)
-        main_n = int(round(b.main_per_insn * k_target)) if b.region_bytes else 0
+        main_n = round(b.main_per_insn * k_target) if b.region_bytes else 0
         main_n = min(main_n, max(0, b.region_bytes // 64 - 1)) if b.region_bytes else 0
         mema.main_left, mema.main_j, mema.region_off = main_n, 0, b.region_off
         body: list[str] = []
@@ -475,9 +508,12 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             body.append(f"{lab}_t:")
         else:
             k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
-            n_cond = int(round(cond * k_target)) if cond > 0 else 0
-            cond_at = set(rng.choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist()) \
-                if n_cond else set()
+            n_cond = round(cond * k_target) if cond > 0 else 0
+            cond_at = (
+                set(rng.choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist())
+                if n_cond
+                else set()
+            )
             while state["count"] < k_target:
                 if state["count"] in cond_at:
                     emit_cond()
@@ -495,13 +531,28 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         if b.region_bytes:
             step = 64 * max(1, main_n)
             limit = max(step * 2, b.region_bytes)
-            out += [f"    add r13, {step}", f"    cmp r13, {limit}", f"    jb {lab}_nw", f"    sub r13, {limit}",
-                    f"{lab}_nw:"]
+            out += [
+                f"    add r13, {step}",
+                f"    cmp r13, {limit}",
+                f"    jb {lab}_nw",
+                f"    sub r13, {limit}",
+                f"{lab}_nw:",
+            ]
         out += ["    inc r14", "    dec r12", f"    jnz {lab}", f"    mov [rdi + {cur_off}], r13", f"{lab}_done:"]
         b.insns = count
-    out += [f"    mov [rdi + {STATE_ITER}], r14", "    pop r15", "    pop r14", "    pop r13", "    pop r12",
-            "    pop rbp", "    pop rbx", "    ret", f"{leaf}:", "    ret",
-            f"    .size clone_body_{spec.name}, .-clone_body_{spec.name}"]
+    out += [
+        f"    mov [rdi + {STATE_ITER}], r14",
+        "    pop r15",
+        "    pop r14",
+        "    pop r13",
+        "    pop r12",
+        "    pop rbp",
+        "    pop rbx",
+        "    ret",
+        f"{leaf}:",
+        "    ret",
+        f"    .size clone_body_{spec.name}, .-clone_body_{spec.name}",
+    ]
     return out, blocks, arena
 
 
@@ -556,6 +607,10 @@ def write_standalone(spec: BodySpec, out_dir, seed: int, calls: int, knobs: dict
     asm = ["    .intel_syntax noprefix", "    .text", *lines, '    .section .note.GNU-stack,"",@progbits']
     (out_dir / "body.S").write_text("\n".join(asm) + "\n")
     (out_dir / "harness.c").write_text(harness_c(spec.name, arena, calls, max(64, len(blocks))))
-    subprocess.run(["gcc", "-O1", "-o", str(out_dir / "harness"), str(out_dir / "harness.c"), str(out_dir / "body.S")],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        ["gcc", "-O1", "-o", str(out_dir / "harness"), str(out_dir / "harness.c"), str(out_dir / "body.S")],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return {"blocks": blocks, "arena": arena, "lines": lines}

@@ -60,8 +60,9 @@ def parse(path: str | Path, with_instr: bool = True) -> ThreadCosts:
     except OSError as exc:
         raise CloneError(f"cannot read profile file {path}: {exc.strerror or exc}") from None
     lines = text.splitlines()
-    if not lines or (not lines[0].startswith("# callgrind format") and not any(
-            ln.startswith("events:") for ln in lines[:40])):
+    if not lines or (
+        not lines[0].startswith("# callgrind format") and not any(ln.startswith("events:") for ln in lines[:40])
+    ):
         raise CloneError(f"{path} is not a callgrind output file (corrupt profile?)")
     tc = ThreadCosts(path=str(path), events=[])
     names: dict[str, dict[str, str]] = {"ob": {}, "fn": {}, "fl": {}}

@@ -1,8 +1,8 @@
 """`tailscope clone` and `tailscope clone-report`, registered into the main CLI.
 
-    tailscope clone -p PID --load "--protocol memcached --keys 1000 --preload" --rate 20000 -o clone/
-    make -C clone/ && clone/run.sh
-    tailscope clone-report clone/
+tailscope clone -p PID --load "--protocol memcached --keys 1000 --preload" --rate 20000 -o clone/
+make -C clone/ && clone/run.sh
+tailscope clone-report clone/
 """
 
 from __future__ import annotations
@@ -19,14 +19,23 @@ from .errors import CloneError
 def register(sub) -> None:
     c = sub.add_parser("clone", help="profile a running server and generate a synthetic clone of it (Ditto)")
     c.add_argument("-p", "--pid", type=int, required=True, help="pid of the running server")
-    c.add_argument("--load", required=True,
-                   help='tailscope-loadgen arguments describing the load, e.g. "--protocol redis --keys 1000"')
-    c.add_argument("--rate", type=float, default=None,
-                   help="medium load in req/s (profiling load; default: --rate inside --load, else 5000)")
+    c.add_argument(
+        "--load",
+        required=True,
+        help='tailscope-loadgen arguments describing the load, e.g. "--protocol redis --keys 1000"',
+    )
+    c.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="medium load in req/s (profiling load; default: --rate inside --load, else 5000)",
+    )
     c.add_argument("-o", "--out", required=True, help="clone directory to write")
     c.add_argument("--seed", type=int, default=1, help="generator seed (default 1)")
-    c.add_argument("--relaunch", help="command that starts a foreground copy of the server for valgrind "
-                                      "(default: its /proc command line)")
+    c.add_argument(
+        "--relaunch",
+        help="command that starts a foreground copy of the server for valgrind (default: its /proc command line)",
+    )
     c.add_argument("--iterations", type=int, default=10, help="tuning iterations, at most 10 (default 10)")
     c.add_argument("--vg-rate", type=float, default=400, help="request rate under valgrind (default 400)")
     c.add_argument("--vg-requests", type=int, default=2000, help="requests per valgrind window (default 2000)")
@@ -56,9 +65,18 @@ def cmd_clone(ns) -> int:
     if rate <= 0:
         raise CloneError(f"--rate {rate:g}: must be positive")
     t0 = time.monotonic()
-    prof = profile.run_profile(ns.pid, " ".join(load_args), rate, out, progress, relaunch=ns.relaunch,
-                               seconds=ns.seconds, vg_rate=ns.vg_rate, vg_requests=ns.vg_requests,
-                               sweep_requests=ns.sweep_requests)
+    prof = profile.run_profile(
+        ns.pid,
+        " ".join(load_args),
+        rate,
+        out,
+        progress,
+        relaunch=ns.relaunch,
+        seconds=ns.seconds,
+        vg_rate=ns.vg_rate,
+        vg_requests=ns.vg_requests,
+        sweep_requests=ns.sweep_requests,
+    )
     sizes = next((b["ws_sizes"] for b in prof["body"].values() if b.get("ws_sizes")), None)
     skel = tune.measure_skeleton(prof, out, progress, sweep_sizes=sizes)
     (out / "private" / "skeleton.json").write_text(json.dumps(skel, indent=1))
@@ -69,10 +87,15 @@ def cmd_clone(ns) -> int:
     total = time.monotonic() - t0
     last = next(h for h in tu["history"] if h["iteration"] == tu["best_iteration"])
     print(f"clone written to {out}/ (built in {build_s:.1f} s; pipeline {total / 60:.1f} min)")
-    print("tuned at cache A after {} iteration(s): {}".format(
-        tu["iterations"], ", ".join(f"{k} {100 * v:.1f}%" for k, v in last["errors"].items())))
-    print(f"leakage check: {'passed' if lk['ok'] else 'FAILED'} ({len(lk['leaked_strings'])} strings, "
-          f"{len(lk['leaked_symbols'])} symbols, {lk['leaked_data_windows']} data windows of the original found)")
+    print(
+        "tuned at cache A after {} iteration(s): {}".format(
+            tu["iterations"], ", ".join(f"{k} {100 * v:.1f}%" for k, v in last["errors"].items())
+        )
+    )
+    print(
+        f"leakage check: {'passed' if lk['ok'] else 'FAILED'} ({len(lk['leaked_strings'])} strings, "
+        f"{len(lk['leaked_symbols'])} symbols, {lk['leaked_data_windows']} data windows of the original found)"
+    )
     print(f"next: make -C {out} && {out}/run.sh ; tailscope clone-report {out}")
     print(f"share {out}/ without its private/ directory (it holds the original's command line and the profile)")
     return 0 if lk["ok"] else 1
@@ -131,8 +154,11 @@ def cmd_clone_report(ns) -> int:
             except json.JSONDecodeError:
                 raise CloneError(f"{p} is corrupt: not JSON") from None
     out = Path(ns.out) if ns.out else d / "report.html"
-    report.write_html(out, {prof["private"].get("comm", "service"): {"validation": res, "profile": prof, **extra}},
-                      command=f"tailscope clone-report {d}")
+    report.write_html(
+        out,
+        {prof["private"].get("comm", "service"): {"validation": res, "profile": prof, **extra}},
+        command=f"tailscope clone-report {d}",
+    )
     if ns.json:
         sys.stdout.write(json.dumps(res, indent=1) + "\n")
     else:

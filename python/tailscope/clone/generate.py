@@ -26,8 +26,17 @@ from .errors import CloneError
 from .profile import PROTOCOLS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-DEFAULT_KNOBS = {"instr_scale": 1.0, "code_scale": 1.0, "icode_far_scale": 1.0, "data_far_scale": 1.0, "data_ll_scale": 1.0,
-                 "branch_r_scale": 1.0, "i1_bytes": 32768, "d1_bytes": 32768, "ll_bytes": 2 << 20}
+DEFAULT_KNOBS = {
+    "instr_scale": 1.0,
+    "code_scale": 1.0,
+    "icode_far_scale": 1.0,
+    "data_far_scale": 1.0,
+    "data_ll_scale": 1.0,
+    "branch_r_scale": 1.0,
+    "i1_bytes": 32768,
+    "d1_bytes": 32768,
+    "ll_bytes": 2 << 20,
+}
 BODY_ROLES = ("worker", "acceptor+worker", "acceptor", "timer", "waiter")
 
 
@@ -45,7 +54,6 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         mix = {k: max(0.0, b["mix"].get(k, 0) * ir - skel["mix"].get(k, 0) * skel_ir) for k in b["mix"]}
         tot = sum(mix.values()) or 1.0
         mix = {k: v / tot for k, v in mix.items()}
-    avg = b.get("avg_insn_bytes", 4.0) or 4.0
     ibins, dbins, main_frac, chunk = [(256, 1.0)], [(0, 1.0)], 0.0, 0
     dref = b.get("data_refs_per_event", 0.0)
     if b.get("I_bins"):
@@ -74,10 +82,18 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         dbins = [(s, n / mtot) for s, n in main] if mtot > 0 else [(0, 1.0)]
     mem_per_insn = min(1.0, dref / body_ir) if body_ir > 0 else 0.0
     return asmgen.BodySpec(
-        name=name, instructions=body_ir, mix=mix, cond_per_insn=b.get("cond_per_insn", 0.0),
-        branches=b.get("branches") or [], dep_hist=b.get("dep_hist") or [1] * len(asmgen.DEP_BINS),
-        icode_bins=ibins, data_bins=dbins, mem_per_insn=mem_per_insn, main_fraction=main_frac,
-        chunk_insns=chunk)
+        name=name,
+        instructions=body_ir,
+        mix=mix,
+        cond_per_insn=b.get("cond_per_insn", 0.0),
+        branches=b.get("branches") or [],
+        dep_hist=b.get("dep_hist") or [1] * len(asmgen.DEP_BINS),
+        icode_bins=ibins,
+        data_bins=dbins,
+        mem_per_insn=mem_per_insn,
+        main_fraction=main_frac,
+        chunk_insns=chunk,
+    )
 
 
 def _subtract(a: list[list[float]], b: list) -> list[list[float]]:
@@ -91,8 +107,14 @@ def _table(name: str, ctype: str, rows: list[str]) -> list[str]:
     return [f"static const {ctype} {name}[] = {{", *[f"\t{r}," for r in rows], "};"]
 
 
-def generate(prof: dict, out: Path, seed: int = 1, knobs: dict | None = None, skeleton: dict | None = None,
-             empty_body: bool = False) -> dict:
+def generate(
+    prof: dict,
+    out: Path,
+    seed: int = 1,
+    knobs: dict | None = None,
+    skeleton: dict | None = None,
+    empty_body: bool = False,
+) -> dict:
     """Write the clone directory; returns clone.json's content."""
     knobs = {**DEFAULT_KNOBS, **(knobs or {})}
     out.mkdir(parents=True, exist_ok=True)
@@ -123,9 +145,19 @@ def generate(prof: dict, out: Path, seed: int = 1, knobs: dict | None = None, sk
         body_names[ci] = name
         arenas[ci] = arena
         max_blocks = max(max_blocks, len(blocks))
-        targets[name] = {"instructions_per_event": spec.instructions, "blocks": [
-            {"weight": round(x.weight, 5), "code_bytes": x.code_bytes, "region_bytes": x.region_bytes,
-             "iters_per_event": round(x.iters_per_event, 4), "insns": x.insns} for x in blocks]}
+        targets[name] = {
+            "instructions_per_event": spec.instructions,
+            "blocks": [
+                {
+                    "weight": round(x.weight, 5),
+                    "code_bytes": x.code_bytes,
+                    "region_bytes": x.region_bytes,
+                    "iters_per_event": round(x.iters_per_event, 4),
+                    "insns": x.insns,
+                }
+                for x in blocks
+            ],
+        }
     del rng
     for need_name in ("worker", "acceptor"):
         if need_name not in body_names.values():
@@ -136,26 +168,41 @@ def generate(prof: dict, out: Path, seed: int = 1, knobs: dict | None = None, sk
     # ---- clone_params.h
     v = knobs
     params = {
-        "CLONE_PORT": listen["port"], "CLONE_SEED": seed, "CLONE_PROTO": proto,
+        "CLONE_PORT": listen["port"],
+        "CLONE_SEED": seed,
+        "CLONE_PROTO": proto,
         "CLONE_VALUE_BYTES": load.get("value_size", 32),
-        "CLONE_LISTEN_V6": int(bool(listen.get("v6"))), "CLONE_BACKLOG": listen.get("backlog") or 1024,
-        "CLONE_MODEL": 1 if net["model"] == "dispatch" else 0, "CLONE_WORKERS": max(1, net["workers"]),
-        "CLONE_NOTIFY": 1 if net["notify"] == "eventfd" else 2, "CLONE_NOTIFY_BYTES": net["notify_bytes"],
-        "CLONE_ACCEPT_CALL": net["accept_call"], "CLONE_ACCEPT_UNTIL_EAGAIN": int(bool(net["accept_until_eagain"])),
-        "CLONE_READ_CALL": net["read_call"], "CLONE_READ_UNTIL_EAGAIN": int(bool(net["read_until_eagain"])),
-        "CLONE_WRITE_CALL": net["write_call"], "CLONE_WRITE_PER_REQUEST": int(bool(net["write_per_request"])),
-        "CLONE_EPOLL_MAXEVENTS": max(1, net["epoll_maxevents"]), "CLONE_EPOLL_TIMEOUT_MS": net["epoll_timeout_ms"],
-        "CLONE_CONN_GETPEERNAME": net["getpeername_per_conn"], "CLONE_CONN_FCNTL": net["fcntl_per_conn"],
+        "CLONE_LISTEN_V6": int(bool(listen.get("v6"))),
+        "CLONE_BACKLOG": listen.get("backlog") or 1024,
+        "CLONE_MODEL": 1 if net["model"] == "dispatch" else 0,
+        "CLONE_WORKERS": max(1, net["workers"]),
+        "CLONE_NOTIFY": 1 if net["notify"] == "eventfd" else 2,
+        "CLONE_NOTIFY_BYTES": net["notify_bytes"],
+        "CLONE_ACCEPT_CALL": net["accept_call"],
+        "CLONE_ACCEPT_UNTIL_EAGAIN": int(bool(net["accept_until_eagain"])),
+        "CLONE_READ_CALL": net["read_call"],
+        "CLONE_READ_UNTIL_EAGAIN": int(bool(net["read_until_eagain"])),
+        "CLONE_WRITE_CALL": net["write_call"],
+        "CLONE_WRITE_PER_REQUEST": int(bool(net["write_per_request"])),
+        "CLONE_EPOLL_MAXEVENTS": max(1, net["epoll_maxevents"]),
+        "CLONE_EPOLL_TIMEOUT_MS": net["epoll_timeout_ms"],
+        "CLONE_CONN_GETPEERNAME": net["getpeername_per_conn"],
+        "CLONE_CONN_FCNTL": net["fcntl_per_conn"],
         "CLONE_CONN_EPOLL_MODS": max(1, net["epoll_ctl_per_conn"] - 1),
         "CLONE_CONN_EPOLL_DEL": 1 if net["epoll_ctl_per_conn"] >= 2 else 0,
         "CLONE_CONN_EPOLL_FLAGS": 0,
-        "CLONE_MAX_BLOCKS": max_blocks, "CLONE_WORKER_ARENA": worker_arena,
-        "CLONE_N_REQ_REPLAY": len(net["extra_per_request"]), "CLONE_N_TICK_REPLAY": len(net["tick_per_second"]),
+        "CLONE_MAX_BLOCKS": max_blocks,
+        "CLONE_WORKER_ARENA": worker_arena,
+        "CLONE_N_REQ_REPLAY": len(net["extra_per_request"]),
+        "CLONE_N_TICK_REPLAY": len(net["tick_per_second"]),
         "CLONE_MAX_BG_REPLAY": 8,
     }
     _ = v
-    hdr = ["/* Generated by tailscope clone: the network and thread model. Do not edit. */",
-           "#ifndef CLONE_PARAMS_H", "#define CLONE_PARAMS_H"]
+    hdr = [
+        "/* Generated by tailscope clone: the network and thread model. Do not edit. */",
+        "#ifndef CLONE_PARAMS_H",
+        "#define CLONE_PARAMS_H",
+    ]
     hdr += [f"#define {k} {int(val)}" for k, val in params.items()]
     hdr += ['#define CLONE_REPLAY_FILE "clone-replay.dat"', "#endif"]
     (out / "clone_params.h").write_text("\n".join(hdr) + "\n")
@@ -175,13 +222,28 @@ def generate(prof: dict, out: Path, seed: int = 1, knobs: dict | None = None, sk
     tb += _table("clone_kinds", "struct clone_kind", krows)
     tb.append(f"#define CLONE_N_KINDS {len(krows)}")
     lopts = []
-    names = {"SO_REUSEADDR": ("SOL_SOCKET", "SO_REUSEADDR"), "SO_REUSEPORT": ("SOL_SOCKET", "SO_REUSEPORT"),
-             "SO_KEEPALIVE": ("SOL_SOCKET", "SO_KEEPALIVE"), "SO_LINGER": ("SOL_SOCKET", "SO_LINGER"),
-             "TCP_NODELAY": ("IPPROTO_TCP", "TCP_NODELAY"), "TCP_DEFER_ACCEPT": ("IPPROTO_TCP", "TCP_DEFER_ACCEPT"),
-             "TCP_KEEPIDLE": ("IPPROTO_TCP", "TCP_KEEPIDLE"), "TCP_KEEPINTVL": ("IPPROTO_TCP", "TCP_KEEPINTVL"),
-             "TCP_KEEPCNT": ("IPPROTO_TCP", "TCP_KEEPCNT")}
-    defaults = {"SO_REUSEADDR": 0, "SO_REUSEPORT": 0, "SO_KEEPALIVE": 0, "SO_LINGER": 0, "TCP_NODELAY": 0,
-                "TCP_DEFER_ACCEPT": 0, "TCP_KEEPIDLE": 7200, "TCP_KEEPINTVL": 75, "TCP_KEEPCNT": 9}
+    names = {
+        "SO_REUSEADDR": ("SOL_SOCKET", "SO_REUSEADDR"),
+        "SO_REUSEPORT": ("SOL_SOCKET", "SO_REUSEPORT"),
+        "SO_KEEPALIVE": ("SOL_SOCKET", "SO_KEEPALIVE"),
+        "SO_LINGER": ("SOL_SOCKET", "SO_LINGER"),
+        "TCP_NODELAY": ("IPPROTO_TCP", "TCP_NODELAY"),
+        "TCP_DEFER_ACCEPT": ("IPPROTO_TCP", "TCP_DEFER_ACCEPT"),
+        "TCP_KEEPIDLE": ("IPPROTO_TCP", "TCP_KEEPIDLE"),
+        "TCP_KEEPINTVL": ("IPPROTO_TCP", "TCP_KEEPINTVL"),
+        "TCP_KEEPCNT": ("IPPROTO_TCP", "TCP_KEEPCNT"),
+    }
+    defaults = {
+        "SO_REUSEADDR": 0,
+        "SO_REUSEPORT": 0,
+        "SO_KEEPALIVE": 0,
+        "SO_LINGER": 0,
+        "TCP_NODELAY": 0,
+        "TCP_DEFER_ACCEPT": 0,
+        "TCP_KEEPIDLE": 7200,
+        "TCP_KEEPINTVL": 75,
+        "TCP_KEEPCNT": 9,
+    }
     for nm, val in sorted(listen.get("options", {}).items()):
         if nm not in names:
             continue
@@ -200,8 +262,12 @@ def generate(prof: dict, out: Path, seed: int = 1, knobs: dict | None = None, sk
     # tick entries are per second; the loop replays them per elapsed millisecond
     tick = [f"{{{nr}, {arg}, {max(1, round(rate))}}}" for nr, arg, rate, _n in net["tick_per_second"]]
     tb += _table("clone_tick_replay", "struct replay_entry", tick)
-    tb += ["void clone_body_worker(struct body_state *);", "void clone_body_acceptor(struct body_state *);",
-           "#define clone_worker_body clone_body_worker", "#define clone_acceptor_body clone_body_acceptor"]
+    tb += [
+        "void clone_body_worker(struct body_state *);",
+        "void clone_body_acceptor(struct body_state *);",
+        "#define clone_worker_body clone_body_worker",
+        "#define clone_acceptor_body clone_body_acceptor",
+    ]
     bg_rows = []
     thread_map = [{"vg_thread": 1, "name": "worker" if net["model"] == "single" else "acceptor"}]
     vt = 2
@@ -231,10 +297,19 @@ def generate(prof: dict, out: Path, seed: int = 1, knobs: dict | None = None, sk
     load_args = " ".join(shlex.quote(a) for a in load["args"])
     (out / "run.sh").write_text(_RUN_SH.format(port=listen["port"], load=load_args, rate=load["medium_rate"]))
     (out / "run.sh").chmod(0o755)
-    meta = {"seed": seed, "knobs": knobs, "thread_map": thread_map, "targets": targets,
-            "protocol": load["protocol"], "port": listen["port"], "load_args": load["args"],
-            "medium_rate": load["medium_rate"], "model": net["model"], "workers": net["workers"],
-            "empty_body": empty_body}
+    meta = {
+        "seed": seed,
+        "knobs": knobs,
+        "thread_map": thread_map,
+        "targets": targets,
+        "protocol": load["protocol"],
+        "port": listen["port"],
+        "load_args": load["args"],
+        "medium_rate": load["medium_rate"],
+        "model": net["model"],
+        "workers": net["workers"],
+        "empty_body": empty_body,
+    }
     (out / "clone.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return meta
 
@@ -284,29 +359,56 @@ def build(clone_dir: Path, timeout: float = 120) -> float:
 
     need("make", "gcc")
     t0 = time.monotonic()
-    p = subprocess.run(["make", "-s", "-C", str(clone_dir), "clone"], capture_output=True, text=True,
-                       timeout=timeout, check=False)
+    p = subprocess.run(
+        ["make", "-s", "-C", str(clone_dir), "clone"], capture_output=True, text=True, timeout=timeout, check=False
+    )
     if p.returncode != 0:
         last = [ln for ln in p.stderr.splitlines() if "error" in ln][:1] or p.stderr.strip().splitlines()[-1:]
         raise CloneError(f"the clone did not build: {(last or ['?'])[0][:300]}")
     return time.monotonic() - t0
 
 
-def neutral_profile(protocol: str = "memcached", port: int = 9999, instructions: float = 2000.0,
-                    icode_bins=None, data_bins=None, branches=None, mem_per_insn: float = 0.4) -> dict:
+def neutral_profile(
+    protocol: str = "memcached",
+    port: int = 9999,
+    instructions: float = 2000.0,
+    icode_bins=None,
+    data_bins=None,
+    branches=None,
+    mem_per_insn: float = 0.4,
+) -> dict:
     """A synthetic profile that no target contributed to: the leakage check's reference build,
     and the generator tests' input (planted working sets and branches)."""
     from .isa import CLASSES, MEMFLAGS
 
     mix = {f"{c}/{m}": 0.0 for c in CLASSES for m in MEMFLAGS}
-    mix.update({"mov/reg": 0.12, "mov/load": 0.18, "mov/store": 0.09, "arith/reg": 0.30, "arith/load": 0.04,
-                "arith/rmw": 0.02, "mul/reg": 0.01, "branch/reg": 0.17, "branch/store": 0.03, "branch/load": 0.02,
-                "simd/reg": 0.01, "lock/rmw": 0.005, "other/reg": 0.005})
+    mix.update(
+        {
+            "mov/reg": 0.12,
+            "mov/load": 0.18,
+            "mov/store": 0.09,
+            "arith/reg": 0.30,
+            "arith/load": 0.04,
+            "arith/rmw": 0.02,
+            "mul/reg": 0.01,
+            "branch/reg": 0.17,
+            "branch/store": 0.03,
+            "branch/load": 0.02,
+            "simd/reg": 0.01,
+            "lock/rmw": 0.005,
+            "other/reg": 0.005,
+        }
+    )
     body = {
-        "role": "acceptor+worker", "events": 1000, "instructions_per_event": instructions,
-        "data_refs_per_event": instructions * mem_per_insn, "mix": mix, "cond_per_insn": 0.15,
+        "role": "acceptor+worker",
+        "events": 1000,
+        "instructions_per_event": instructions,
+        "data_refs_per_event": instructions * mem_per_insn,
+        "mix": mix,
+        "cond_per_insn": 0.15,
         "branches": branches or [[0.5, 0.05, 10], [0.95, 0.05, 10], [0.02, 0.02, 5], [0.3, 0.2, 5]],
-        "dep_hist": [40, 30, 15, 8, 4, 2, 1, 0, 0, 0, 0], "avg_insn_bytes": 4.0,
+        "dep_hist": [40, 30, 15, 8, 4, 2, 1, 0, 0, 0, 0],
+        "avg_insn_bytes": 4.0,
     }
     if icode_bins is not None or data_bins is not None:
         ic = icode_bins or [(256, 1.0)]
@@ -314,24 +416,55 @@ def neutral_profile(protocol: str = "memcached", port: int = 9999, instructions:
         lines = instructions * 4.0 / 64
         body["I_bins"] = [[128, 0.0]] + [[s, f * lines] for s, f in ic]
         drefs = instructions * mem_per_insn
-        body["D_bins"] = [[128, drefs * dc[0][1] if dc[0][0] == 0 else 0.0]] + \
-            [[s, f * drefs] for s, f in dc if s > 0]
+        body["D_bins"] = [[128, drefs * dc[0][1] if dc[0][0] == 0 else 0.0]] + [[s, f * drefs] for s, f in dc if s > 0]
         body["data_refs_per_event"] = drefs
     return {
-        "version": 1, "load": {"args": ["--protocol", protocol, "--keys", "100"], "protocol": protocol,
-                               "medium_rate": 1000, "value_size": 32, "connections": 16},
-        "network": {"requests": 1000, "window_s": 1.0, "accepts": 16, "model": "single", "workers": 1,
-                    "notify": "eventfd", "notify_bytes": 8, "accept_call": 288, "accept_until_eagain": True,
-                    "read_call": 0, "read_len": 16384, "read_until_eagain": False, "write_call": 1,
-                    "write_per_request": False, "epoll_maxevents": 64, "epoll_timeout_ms": -1, "conn_opts": [],
-                    "getpeername_per_conn": 0, "fcntl_per_conn": 0, "epoll_ctl_per_conn": 1,
-                    "extra_per_request": [], "tick_per_second": [],
-                    "reply_kinds": [{"req_bytes": 14, "sizes": {"5": 1, "39": 9}}]},
-        "threads": {"tids": [1], "roles": {"1": "acceptor+worker"}, "distance": [[0.0]],
-                    "clusters": [{"role": "acceptor+worker", "tids": [1], "count": 1, "period_us": 0, "samples": 0}]},
+        "version": 1,
+        "load": {
+            "args": ["--protocol", protocol, "--keys", "100"],
+            "protocol": protocol,
+            "medium_rate": 1000,
+            "value_size": 32,
+            "connections": 16,
+        },
+        "network": {
+            "requests": 1000,
+            "window_s": 1.0,
+            "accepts": 16,
+            "model": "single",
+            "workers": 1,
+            "notify": "eventfd",
+            "notify_bytes": 8,
+            "accept_call": 288,
+            "accept_until_eagain": True,
+            "read_call": 0,
+            "read_len": 16384,
+            "read_until_eagain": False,
+            "write_call": 1,
+            "write_per_request": False,
+            "epoll_maxevents": 64,
+            "epoll_timeout_ms": -1,
+            "conn_opts": [],
+            "getpeername_per_conn": 0,
+            "fcntl_per_conn": 0,
+            "epoll_ctl_per_conn": 1,
+            "extra_per_request": [],
+            "tick_per_second": [],
+            "reply_kinds": [{"req_bytes": 14, "sizes": {"5": 1, "39": 9}}],
+        },
+        "threads": {
+            "tids": [1],
+            "roles": {"1": "acceptor+worker"},
+            "distance": [[0.0]],
+            "clusters": [{"role": "acceptor+worker", "tids": [1], "count": 1, "period_us": 0, "samples": 0}],
+        },
         "listen": {"port": port, "v6": False, "backlog": 128, "options": {"SO_REUSEADDR": 1}},
         "body": {"0": body},
         "valgrind": {"metrics": {}, "rate": 200, "window_requests": 500, "sweep_requests": 300},
-        "private": {"launch": {"argv": ["true"], "cwd": "/", "env": [], "nofile": 1024}, "comm": "neutral",
-                    "exe": "/bin/true", "pid": 0},
+        "private": {
+            "launch": {"argv": ["true"], "cwd": "/", "env": [], "nofile": 1024},
+            "comm": "neutral",
+            "exe": "/bin/true",
+            "pid": 0,
+        },
     }

@@ -40,14 +40,85 @@ DEP_BINS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]  # bin i holds distance
 _STRING_OPS = ("movs", "stos", "cmps", "scas", "lods", "ins", "outs")
 _FP_SCALAR = ("ss", "sd")
 _ARITH = {
-    "add", "sub", "and", "or", "xor", "cmp", "test", "inc", "dec", "neg", "not", "shl", "shr", "sar",
-    "sal", "rol", "ror", "rcl", "rcr", "lea", "adc", "sbb", "bt", "bts", "btr", "btc", "bsf", "bsr",
-    "tzcnt", "lzcnt", "popcnt", "cdq", "cqo", "cdqe", "cwde", "cbw", "cwd", "xadd", "bswap", "shld",
-    "shrd", "andn", "blsr", "blsi", "blsmsk", "bzhi", "sarx", "shlx", "shrx", "rorx", "pext", "pdep",
-    "crc32", "cmpxchg", "cmpxchg8b", "cmpxchg16b", "stc", "clc", "cmc", "cld", "std", "sahf", "lahf",
+    "add",
+    "sub",
+    "and",
+    "or",
+    "xor",
+    "cmp",
+    "test",
+    "inc",
+    "dec",
+    "neg",
+    "not",
+    "shl",
+    "shr",
+    "sar",
+    "sal",
+    "rol",
+    "ror",
+    "rcl",
+    "rcr",
+    "lea",
+    "adc",
+    "sbb",
+    "bt",
+    "bts",
+    "btr",
+    "btc",
+    "bsf",
+    "bsr",
+    "tzcnt",
+    "lzcnt",
+    "popcnt",
+    "cdq",
+    "cqo",
+    "cdqe",
+    "cwde",
+    "cbw",
+    "cwd",
+    "xadd",
+    "bswap",
+    "shld",
+    "shrd",
+    "andn",
+    "blsr",
+    "blsi",
+    "blsmsk",
+    "bzhi",
+    "sarx",
+    "shlx",
+    "shrx",
+    "rorx",
+    "pext",
+    "pdep",
+    "crc32",
+    "cmpxchg",
+    "cmpxchg8b",
+    "cmpxchg16b",
+    "stc",
+    "clc",
+    "cmc",
+    "cld",
+    "std",
+    "sahf",
+    "lahf",
 }
-_MOV = {"mov", "movzx", "movsx", "movsxd", "movabs", "push", "pop", "xchg", "movbe", "leave", "pushfq",
-        "popfq", "movnti"}
+_MOV = {
+    "mov",
+    "movzx",
+    "movsx",
+    "movsxd",
+    "movabs",
+    "push",
+    "pop",
+    "xchg",
+    "movbe",
+    "leave",
+    "pushfq",
+    "popfq",
+    "movnti",
+}
 
 
 class ElfImage:
@@ -64,7 +135,8 @@ class ElfImage:
         self.segments = []
         for i in range(phnum):
             p_type, _flags, p_offset, p_vaddr, _pa, p_filesz, _memsz, _al = struct.unpack_from(
-                "<IIQQQQQQ", d, phoff + i * phentsize)
+                "<IIQQQQQQ", d, phoff + i * phentsize
+            )
             if p_type == 1:  # PT_LOAD
                 self.segments.append((p_vaddr, p_offset, p_filesz))
 
@@ -72,7 +144,7 @@ class ElfImage:
         for v, off, size in self.segments:
             if v <= vaddr < v + size:
                 start = off + (vaddr - v)
-                return self.data[start:start + min(n, v + size - vaddr)]
+                return self.data[start : start + min(n, v + size - vaddr)]
         return b""
 
 
@@ -111,11 +183,40 @@ def _reg_family(name: str) -> str | None:
         return "v" + n[3:]
     if n.startswith("r") and n[1:2].isdigit():
         return n.rstrip("dwb")
-    base = {"rax": "a", "eax": "a", "ax": "a", "al": "a", "ah": "a", "rbx": "b", "ebx": "b", "bx": "b",
-            "bl": "b", "bh": "b", "rcx": "c", "ecx": "c", "cx": "c", "cl": "c", "ch": "c", "rdx": "d",
-            "edx": "d", "dx": "d", "dl": "d", "dh": "d", "rsi": "si", "esi": "si", "si": "si", "sil": "si",
-            "rdi": "di", "edi": "di", "di": "di", "dil": "di", "rbp": "bp", "ebp": "bp", "bp": "bp",
-            "bpl": "bp"}
+    base = {
+        "rax": "a",
+        "eax": "a",
+        "ax": "a",
+        "al": "a",
+        "ah": "a",
+        "rbx": "b",
+        "ebx": "b",
+        "bx": "b",
+        "bl": "b",
+        "bh": "b",
+        "rcx": "c",
+        "ecx": "c",
+        "cx": "c",
+        "cl": "c",
+        "ch": "c",
+        "rdx": "d",
+        "edx": "d",
+        "dx": "d",
+        "dl": "d",
+        "dh": "d",
+        "rsi": "si",
+        "esi": "si",
+        "si": "si",
+        "sil": "si",
+        "rdi": "di",
+        "edi": "di",
+        "di": "di",
+        "dil": "di",
+        "rbp": "bp",
+        "ebp": "bp",
+        "bp": "bp",
+        "bpl": "bp",
+    }
     return base.get(n)
 
 
@@ -161,11 +262,15 @@ def classify(insn) -> tuple[str, str]:
         return "mul", memflag
     if base.startswith("f") and base not in ("fence",):
         return "fp", memflag
-    if has_vec or (base.startswith(("v", "p")) and base not in ("pop", "push", "pause", "popcnt", "pext",
-                                                                  "pdep", "pushfq", "popfq", "prefetcht0")):
-        if (base.endswith(_FP_SCALAR) and not base.startswith(("p", "vp", "movs", "cmps"))) or base in (
-                "movss", "movsd", "vmovss", "vmovsd") or base.startswith(("cvt", "vcvt", "ucomis", "comis",
-                                                                              "vucomis", "vcomis")):
+    if has_vec or (
+        base.startswith(("v", "p"))
+        and base not in ("pop", "push", "pause", "popcnt", "pext", "pdep", "pushfq", "popfq", "prefetcht0")
+    ):
+        if (
+            (base.endswith(_FP_SCALAR) and not base.startswith(("p", "vp", "movs", "cmps")))
+            or base in ("movss", "movsd", "vmovss", "vmovsd")
+            or base.startswith(("cvt", "vcvt", "ucomis", "comis", "vucomis", "vcomis"))
+        ):
             return "fp", memflag
         return "simd", memflag
     if base in _MOV or base.startswith("cmov"):

@@ -50,8 +50,9 @@ def symbols_of(path: Path) -> set[str]:
 
 def imported_symbols(path: Path) -> set[str]:
     try:
-        p = subprocess.run(["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True, timeout=60,
-                           check=False)
+        p = subprocess.run(
+            ["nm", "-D", "--undefined-only", str(path)], capture_output=True, text=True, timeout=60, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return set()
     return {ln.split()[-1].split("@")[0] for ln in p.stdout.splitlines() if ln.strip()}
@@ -71,9 +72,9 @@ def sections(path: Path, names=(".rodata", ".data", ".text")) -> list[bytes]:
     out = []
     for h in hdrs:
         nm_off = strtab_off + h[0]
-        name = d[nm_off:d.index(b"\0", nm_off)].decode("ascii", "replace")
+        name = d[nm_off : d.index(b"\0", nm_off)].decode("ascii", "replace")
         if name in names and h[1] != 8:  # not NOBITS
-            out.append(d[h[4]:h[4] + h[5]])
+            out.append(d[h[4] : h[4] + h[5]])
     return out
 
 
@@ -81,7 +82,7 @@ def windows_of(blobs: list[bytes], step: int = 4) -> set[bytes]:
     out = set()
     for b in blobs:
         for i in range(0, max(0, len(b) - WINDOW + 1), step):
-            w = b[i:i + WINDOW]
+            w = b[i : i + WINDOW]
             if len(set(w)) >= 6:
                 out.add(w)
     return out
@@ -90,21 +91,25 @@ def windows_of(blobs: list[bytes], step: int = 4) -> set[bytes]:
 def _scan_windows(blob: bytes, wins: set[bytes]) -> list[bytes]:
     hits = []
     for i in range(0, max(0, len(blob) - WINDOW + 1)):
-        w = blob[i:i + WINDOW]
+        w = blob[i : i + WINDOW]
         if w in wins:
             hits.append(w)
     return hits
 
 
-def check(original: Path, clone_dir: Path, reference: Path | None = None,
-          extra_public: list[Path] | None = None) -> dict:
+def check(
+    original: Path, clone_dir: Path, reference: Path | None = None, extra_public: list[Path] | None = None
+) -> dict:
     """Run the check; `reference` is a binary built from the template with a neutral profile."""
     orig_bytes = original.read_bytes()
     orig_strings = strings_of(orig_bytes)
     orig_syms = symbols_of(original)
     orig_windows = windows_of(sections(original))
-    files = [p for p in sorted(clone_dir.rglob("*")) if p.is_file() and "private" not in p.relative_to(clone_dir).parts
-             and p.name != "clone-replay.dat"]
+    files = [
+        p
+        for p in sorted(clone_dir.rglob("*"))
+        if p.is_file() and "private" not in p.relative_to(clone_dir).parts and p.name != "clone-replay.dat"
+    ]
     public_text = ""
     public_bin = b""
     from .generate import TEMPLATES
@@ -146,11 +151,16 @@ def check(original: Path, clone_dir: Path, reference: Path | None = None,
                 else:
                     data_hits += 1
     return {
-        "original": str(original), "files": [str(f.relative_to(clone_dir)) for f in files],
-        "original_strings": len(orig_strings), "original_symbols": len(orig_syms),
+        "original": str(original),
+        "files": [str(f.relative_to(clone_dir)) for f in files],
+        "original_strings": len(orig_strings),
+        "original_symbols": len(orig_syms),
         "original_windows": len(orig_windows),
-        "leaked_strings": sorted(found_strings), "leaked_symbols": sorted(found_syms), "leaked_data_windows": data_hits,
-        "allowed_strings": sorted(allowed_strings), "allowed_symbols": sorted(allowed_syms),
+        "leaked_strings": sorted(found_strings),
+        "leaked_symbols": sorted(found_syms),
+        "leaked_data_windows": data_hits,
+        "allowed_strings": sorted(allowed_strings),
+        "allowed_symbols": sorted(allowed_syms),
         "allowed_data_windows": allowed_data,
         "ok": not found_strings and not found_syms and data_hits == 0,
     }

@@ -43,8 +43,10 @@ def _deltas(before: list[dict], after: list[dict]) -> dict[int, dict]:
 
 def _tids_alive(pid: int, what: str, t0: float):
     if not target.proc_alive(pid):
-        raise CloneError(f"the target exited {time.monotonic() - t0:.1f} s into profiling ({what}): it is too "
-                         "short-lived to profile; keep it running for the whole pipeline")
+        raise CloneError(
+            f"the target exited {time.monotonic() - t0:.1f} s into profiling ({what}): it is too "
+            "short-lived to profile; keep it running for the whole pipeline"
+        )
 
 
 def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, progress, workdir: Path) -> dict:
@@ -80,8 +82,21 @@ def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, 
 
     pt = threading.Thread(target=_perf)
     lg = find_loadgen()
-    cmd = [lg, "--target", f"{host}:{info['port']}", *[a for a in load_args if a != "--preload"], "--rate",
-           f"{rate:g}", "--duration", f"{seconds:g}", "--warmup", "0", "--quiet", "--json", "-"]
+    cmd = [
+        lg,
+        "--target",
+        f"{host}:{info['port']}",
+        *[a for a in load_args if a != "--preload"],
+        "--rate",
+        f"{rate:g}",
+        "--duration",
+        f"{seconds:g}",
+        "--warmup",
+        "0",
+        "--quiet",
+        "--json",
+        "-",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     pt.start()
     time.sleep(min(1.0, seconds / 3))
@@ -97,8 +112,15 @@ def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, 
     summary = json.loads(out)
     if "error" in stacks:
         raise CloneError(stacks["error"])
-    return {"idle": idle_maps, "live": maps, "stacks": stacks, "before": before, "after": after,
-            "conn_opts": conn_opts, "loadgen": summary}
+    return {
+        "idle": idle_maps,
+        "live": maps,
+        "stacks": stacks,
+        "before": before,
+        "after": after,
+        "conn_opts": conn_opts,
+        "loadgen": summary,
+    }
 
 
 def _per_thread_calls(maps: dict) -> dict[int, dict[str, int]]:
@@ -128,20 +150,30 @@ def network_and_threads(info: dict, w: dict) -> dict:
     for g in groups:
         members = [tids[i] for i in g]
         r = roles[members[0]]
-        sleeps = sum(v for t in members for k, v in calls.get(t, {}).items()
-                     if k.startswith(("nanosleep:", "clock_nanosleep:")))
+        sleeps = sum(
+            v for t in members for k, v in calls.get(t, {}).items() if k.startswith(("nanosleep:", "clock_nanosleep:"))
+        )
         wake = sum(maps.get("sw", {}).get((t, 1), 0) for t in members)
         period_us = 0
         if r in ("timer", "waiter") and (sleeps or wake):
             per_thread = (sleeps or wake) / len(members)
             period_us = int(window_s * 1e6 / max(1, per_thread))
-        clusters.append({"role": r, "tids": members, "count": len(members), "period_us": period_us,
-                         "samples": sum(sum(w["stacks"].get(t, {}).values()) for t in members)})
+        clusters.append(
+            {
+                "role": r,
+                "tids": members,
+                "count": len(members),
+                "period_us": period_us,
+                "samples": sum(sum(w["stacks"].get(t, {}).values()) for t in members),
+            }
+        )
     worker_tids = [t for t in tids if roles[t] in ("worker", "acceptor+worker")]
     acceptor_tids = [t for t in tids if roles[t] in ("acceptor", "acceptor+worker")]
     if not worker_tids:
-        raise CloneError("no thread of the target read requests from a connection during the load window: "
-                         "is --load driving this server's port?")
+        raise CloneError(
+            "no thread of the target read requests from a connection during the load window: "
+            "is --load driving this server's port?"
+        )
     model = "single" if set(worker_tids) <= set(acceptor_tids) else "dispatch"
 
     def nr_of(name):
@@ -154,8 +186,9 @@ def network_and_threads(info: dict, w: dict) -> dict:
     writes = {n: wsum([f"{n}:conn"], worker_tids) for n in ("write", "sendmsg", "sendto", "writev")}
     read_call = _mode(reads, "read")
     write_call = _mode(writes, "write")
-    eagain_reads = sum(n for (tid, nr, c), n in maps.get("eagain", {}).items()
-                       if tid in worker_tids and c == 2 and nr in trace.READS)
+    eagain_reads = sum(
+        n for (tid, nr, c), n in maps.get("eagain", {}).items() if tid in worker_tids and c == 2 and nr in trace.READS
+    )
     eagain_accepts = sum(n for (tid, nr, c), n in maps.get("eagain", {}).items() if nr in (43, 288))
     args = maps.get("arg", {})
 
@@ -179,8 +212,9 @@ def network_and_threads(info: dict, w: dict) -> dict:
             name, cls = k.split(":")
             if cls == "conn" and name not in (*reads, *writes):
                 per_conn[name] += v / accepts
-    sso = [{"level": lv, "name": nm, "per_conn": n / accepts}
-           for (c, lv, nm), n in maps.get("sso", {}).items() if c == 2]
+    sso = [
+        {"level": lv, "name": nm, "per_conn": n / accepts} for (c, lv, nm), n in maps.get("sso", {}).items() if c == 2
+    ]
     conn_opt_values = w["conn_opts"]
     name_by = {(lv, opt): nm for nm, lv, opt, _k in target.SOCKOPTS}
     conn_opts = []
@@ -232,25 +266,40 @@ def network_and_threads(info: dict, w: dict) -> dict:
         for k, v in calls.get(t, {}).items():
             per_request_syscalls[k] += v / requests
     return {
-        "requests": requests, "window_s": window_s, "accepts": accepts,
-        "model": model, "workers": len(worker_tids) if model == "dispatch" else 1,
-        "notify": notify_kind, "notify_bytes": notify_bytes,
+        "requests": requests,
+        "window_s": window_s,
+        "accepts": accepts,
+        "model": model,
+        "workers": len(worker_tids) if model == "dispatch" else 1,
+        "notify": notify_kind,
+        "notify_bytes": notify_bytes,
         "accept_call": 288 if wsum(["accept4:listen"], acceptor_tids) >= wsum(["accept:listen"], acceptor_tids) else 43,
         "accept_until_eagain": eagain_accepts > 0.3 * accepts,
-        "read_call": nr_of(read_call), "read_len": int(read_len),
+        "read_call": nr_of(read_call),
+        "read_len": int(read_len),
         "read_until_eagain": eagain_reads > 0.5 * requests,
-        "write_call": nr_of(write_call), "write_per_request": bool(write_per_request),
-        "epoll_maxevents": int(maxevents), "epoll_timeout_ms": timeout,
+        "write_call": nr_of(write_call),
+        "write_per_request": bool(write_per_request),
+        "epoll_maxevents": int(maxevents),
+        "epoll_timeout_ms": timeout,
         "conn_opts": conn_opts,
         "getpeername_per_conn": round(per_conn.get("getpeername", 0)),
         "fcntl_per_conn": round(per_conn.get("fcntl", 0)),
         "epoll_ctl_per_conn": round(per_conn.get("epoll_ctl", 0)),
-        "extra_per_request": extra_req, "tick_per_second": tick,
-        "reply_kinds": kinds, "bytes_in_per_request": bytes_in / requests, "bytes_out_per_request": bytes_out / requests,
+        "extra_per_request": extra_req,
+        "tick_per_second": tick,
+        "reply_kinds": kinds,
+        "bytes_in_per_request": bytes_in / requests,
+        "bytes_out_per_request": bytes_out / requests,
         "syscalls_per_request": dict(per_request_syscalls),
-        "threads": {"tids": tids, "roles": {str(t): roles[t] for t in tids}, "distance": dmat,
-                    "clusters": clusters, "method": "weighted Jaccard of perf call edges / syscall cosine",
-                    "stack_samples": {str(t): sum(w["stacks"].get(t, {}).values()) for t in tids}},
+        "threads": {
+            "tids": tids,
+            "roles": {str(t): roles[t] for t in tids},
+            "distance": dmat,
+            "clusters": clusters,
+            "method": "weighted Jaccard of perf call edges / syscall cosine",
+            "stack_samples": {str(t): sum(w["stacks"].get(t, {}).values()) for t in tids},
+        },
     }
 
 
@@ -278,8 +327,9 @@ def body_groups(clusters: list[dict]) -> list[tuple[int, list[int], str]]:
     return out
 
 
-def body_profile(win: vg.Window, sweep: dict | None, clusters: list[dict], native_tids: list[int],
-                 events_by_role: dict[str, float]) -> dict:
+def body_profile(
+    win: vg.Window, sweep: dict | None, clusters: list[dict], native_tids: list[int], events_by_role: dict[str, float]
+) -> dict:
     """Per body group: the body's distributions per trigger event."""
     vmap = thread_map(native_tids, [t.thread for t in win.threads])
     out = {}
@@ -296,17 +346,29 @@ def body_profile(win: vg.Window, sweep: dict | None, clusters: list[dict], nativ
         ir = sum(t.summary.get("Ir", 0) for t in ts)
         dref = sum(t.summary.get("Dr", 0) + t.summary.get("Dw", 0) for t in ts)
         entry = {
-            "role": role, "tids": sorted(members), "events": events, "instructions_per_event": ir / max(1, events),
-            "data_refs_per_event": dref / max(1, events), "mix": a["mix_fraction"],
+            "role": role,
+            "tids": sorted(members),
+            "events": events,
+            "instructions_per_event": ir / max(1, events),
+            "data_refs_per_event": dref / max(1, events),
+            "mix": a["mix_fraction"],
             "cond_per_insn": a["cond_branches"] / ir if ir else 0.0,
             "mispredict_rate": a["cond_mispredicts"] / a["cond_branches"] if a["cond_branches"] else 0.0,
-            "branches": _branch_table(a["branches"]), "dep_hist": a["raw_dep_hist"],
-            "avg_insn_bytes": a["avg_insn_bytes"], "code_footprint_bytes": a["code_footprint_bytes"],
+            "branches": _branch_table(a["branches"]),
+            "dep_hist": a["raw_dep_hist"],
+            "avg_insn_bytes": a["avg_insn_bytes"],
+            "code_footprint_bytes": a["code_footprint_bytes"],
             "static_cond_branches": a["static_cond_branches"],
         }
         if sweep:
-            entry.update(_ws_bins(sweep, [str(v) for v, tid in vmap.items() if tid in members],
-                                  entry["instructions_per_event"], entry["data_refs_per_event"]))
+            entry.update(
+                _ws_bins(
+                    sweep,
+                    [str(v) for v, tid in vmap.items() if tid in members],
+                    entry["instructions_per_event"],
+                    entry["data_refs_per_event"],
+                )
+            )
         out[str(ci)] = entry
     return out
 
@@ -334,14 +396,30 @@ def _ws_bins(sweep: dict, vthreads: list[str], ir_per_event: float, dref_per_eve
             dref[i] += s["Dref"][i]
     ihr = [ih[i] / ir[i] * ir_per_event if ir[i] else 0 for i in range(n)]
     dhr = [dh[i] / dref[i] * dref_per_event if dref[i] else 0 for i in range(n)]
-    return {"ws_sizes": sizes, "I_hits": ihr, "D_hits": dhr, "I_accesses": ir_per_event,
-            "D_accesses": dref_per_event, "I_bins": workingset.bins(sizes, ihr, ir_per_event),
-            "D_bins": workingset.bins(sizes, dhr, dref_per_event)}
+    return {
+        "ws_sizes": sizes,
+        "I_hits": ihr,
+        "D_hits": dhr,
+        "I_accesses": ir_per_event,
+        "D_accesses": dref_per_event,
+        "I_bins": workingset.bins(sizes, ihr, ir_per_event),
+        "D_bins": workingset.bins(sizes, dhr, dref_per_event),
+    }
 
 
-def run_profile(pid: int, load: str, rate: float, out: Path, progress, relaunch: str | None = None,
-                seconds: float = 4.0, vg_rate: float = 400, vg_requests: int = 2000,
-                sweep_requests: int = 800, max_ws: int | None = None) -> dict:
+def run_profile(
+    pid: int,
+    load: str,
+    rate: float,
+    out: Path,
+    progress,
+    relaunch: str | None = None,
+    seconds: float = 4.0,
+    vg_rate: float = 400,
+    vg_requests: int = 2000,
+    sweep_requests: int = 800,
+    max_ws: int | None = None,
+) -> dict:
     """The whole profile of `pid` under `load` at medium `rate`; writes out/profile.json."""
     need("bpftrace", "perf", "valgrind", "callgrind_control", "unshare", "ip", "ss")
     load_args = runner.split_load(load)
@@ -365,39 +443,78 @@ def run_profile(pid: int, load: str, rate: float, out: Path, progress, relaunch:
 
         argv = shlex.split(relaunch)
     elif len(argv) == 1 and " " in argv[0]:
-        raise CloneError(f"pid {pid} rewrote its command line ({argv[0]!r}); pass --relaunch with the "
-                         "command that starts it, so valgrind can profile a second copy")
+        raise CloneError(
+            f"pid {pid} rewrote its command line ({argv[0]!r}); pass --relaunch with the "
+            "command that starts it, so valgrind can profile a second copy"
+        )
     launch = {"argv": argv, "cwd": info["cwd"], "env": info["env"], "nofile": info["nofile"]}
     progress(f"callgrind window: relaunched copy under valgrind, {vg_requests} requests at {vg_rate:g} req/s")
-    win = vg.window(launch, info["port"], load_args, vg_rate, vg_requests, work, "detail", cache=vg.CONFIG_A,
-                    detail=True, preload="--preload" in load_args)
+    win = vg.window(
+        launch,
+        info["port"],
+        load_args,
+        vg_rate,
+        vg_requests,
+        work,
+        "detail",
+        cache=vg.CONFIG_A,
+        detail=True,
+        preload="--preload" in load_args,
+    )
     if win.requests < 0.5 * vg_requests:
         raise CloneError(f"the valgrind copy served only {win.requests} of {vg_requests} requests; lower --vg-rate")
     code_fp = isa.analyse(win.threads)["code_footprint_bytes"]
     dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
     sizes = workingset.sizes(max(dmax, 2 * code_fp))
     progress(f"cache-size sweep: {len(sizes)} sizes, {sizes[0]} B .. {sizes[-1] >> 10} KiB")
-    sw = vg.sweep(launch, info["port"], load_args, vg_rate, sweep_requests, work, sizes, progress=progress,
-                  preload="--preload" in load_args)
-    roles_events = {"worker": win.requests, "acceptor+worker": win.requests,
-                    "acceptor": max(1, sum(1 for _ in range(16))), "default": win.requests}
+    sw = vg.sweep(
+        launch,
+        info["port"],
+        load_args,
+        vg_rate,
+        sweep_requests,
+        work,
+        sizes,
+        progress=progress,
+        preload="--preload" in load_args,
+    )
+    roles_events = {
+        "worker": win.requests,
+        "acceptor+worker": win.requests,
+        "acceptor": max(1, sum(1 for _ in range(16))),
+        "default": win.requests,
+    }
     conns = int(runner.load_value(load_args, "--connections", "16") or 16)
     roles_events["acceptor"] = conns
     body = body_profile(win, sw, net["threads"]["clusters"], net["threads"]["tids"], roles_events)
     prof = {
         "version": PROFILE_VERSION,
         "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-        "load": {"args": load_args, "protocol": proto, "medium_rate": rate,
-                 "value_size": int(runner.load_value(load_args, "--value-size", "32") or 32),
-                 "connections": conns},
+        "load": {
+            "args": load_args,
+            "protocol": proto,
+            "medium_rate": rate,
+            "value_size": int(runner.load_value(load_args, "--value-size", "32") or 32),
+            "connections": conns,
+        },
         "network": {k: v for k, v in net.items() if k != "threads"},
         "threads": net["threads"],
-        "listen": {"port": info["port"], "v6": all(x["family"] == 6 for x in info["listeners"]),
-                   "backlog": info["backlog"] or 1024, "options": info["listen_options"]},
+        "listen": {
+            "port": info["port"],
+            "v6": all(x["family"] == 6 for x in info["listeners"]),
+            "backlog": info["backlog"] or 1024,
+            "options": info["listen_options"],
+        },
         "body": body,
-        "valgrind": {"config": vg.CONFIG_A, "requests": win.requests, "seconds": win.seconds,
-                     "metrics": vg.metrics(win), "rate": vg_rate, "window_requests": vg_requests,
-                     "sweep_requests": sweep_requests},
+        "valgrind": {
+            "config": vg.CONFIG_A,
+            "requests": win.requests,
+            "seconds": win.seconds,
+            "metrics": vg.metrics(win),
+            "rate": vg_rate,
+            "window_requests": vg_requests,
+            "sweep_requests": sweep_requests,
+        },
         "private": {"launch": launch, "comm": info["comm"], "exe": info["exe"], "pid": pid},
     }
     (out / "private").mkdir(parents=True, exist_ok=True)

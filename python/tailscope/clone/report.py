@@ -10,18 +10,31 @@ import json
 from pathlib import Path
 
 NATIVE_ROWS = [
-    ("throughput_rps", "throughput (req/s)"), ("latency_avg_us", "avg latency (µs)"),
-    ("latency_p95_us", "p95 latency (µs)"), ("latency_p99_us", "p99 latency (µs)"),
-    ("user_cpu_us_per_request", "user CPU per request (µs)"), ("sys_cpu_us_per_request", "sys CPU per request (µs)"),
-    ("ctx_switches_per_request", "context switches per request"), ("page_faults_per_request", "page faults per request"),
+    ("throughput_rps", "throughput (req/s)"),
+    ("latency_avg_us", "avg latency (µs)"),
+    ("latency_p95_us", "p95 latency (µs)"),
+    ("latency_p99_us", "p99 latency (µs)"),
+    ("user_cpu_us_per_request", "user CPU per request (µs)"),
+    ("sys_cpu_us_per_request", "sys CPU per request (µs)"),
+    ("ctx_switches_per_request", "context switches per request"),
+    ("page_faults_per_request", "page faults per request"),
 ]
-SIM_ROWS = [("I1_miss_rate", "I1 miss rate"), ("D1_miss_rate", "D1 miss rate"), ("LL_miss_rate", "LL miss rate"),
-            ("branch_mispredict_rate", "branch mispredict rate"), ("instructions_per_request", "instructions per request")]
+SIM_ROWS = [
+    ("I1_miss_rate", "I1 miss rate"),
+    ("D1_miss_rate", "D1 miss rate"),
+    ("LL_miss_rate", "LL miss rate"),
+    ("branch_mispredict_rate", "branch mispredict rate"),
+    ("instructions_per_request", "instructions per request"),
+]
 TARGET_LABELS = {
-    "I1_miss_rate": "simulated L1i miss rate", "D1_miss_rate": "simulated L1d miss rate",
-    "LL_miss_rate": "simulated LL miss rate", "branch_mispredict_rate": "branch mispredictions",
-    "syscall_mix": "syscall mix per request", "net_bytes_per_request": "network bytes per request",
-    "instructions_per_request": "instructions per request", "latency_avg_us": "avg latency below saturation",
+    "I1_miss_rate": "simulated L1i miss rate",
+    "D1_miss_rate": "simulated L1d miss rate",
+    "LL_miss_rate": "simulated LL miss rate",
+    "branch_mispredict_rate": "branch mispredictions",
+    "syscall_mix": "syscall mix per request",
+    "net_bytes_per_request": "network bytes per request",
+    "instructions_per_request": "instructions per request",
+    "latency_avg_us": "avg latency below saturation",
     "latency_p99_us": "p99 latency below saturation",
 }
 
@@ -56,18 +69,22 @@ def detail_table_md(res: dict) -> str:
     for lvl, row in res["levels"].items():
         e = res["errors"]["levels"][lvl]
         for k, lab in NATIVE_ROWS:
-            lines.append(f"| {lab} | {lvl} | {_fmt(row['original'][k])} | {_fmt(row['clone'][k])} | "
-                         f"{100 * e[k]:.1f}% |")
+            lines.append(
+                f"| {lab} | {lvl} | {_fmt(row['original'][k])} | {_fmt(row['clone'][k])} | {100 * e[k]:.1f}% |"
+            )
         lines.append(f"| syscall mix (total variation) | {lvl} | | | {100 * e['syscall_mix']:.1f}% |")
         ob = row["original"]["net_bytes_in_per_request"] + row["original"]["net_bytes_out_per_request"]
         cb = row["clone"]["net_bytes_in_per_request"] + row["clone"]["net_bytes_out_per_request"]
-        lines.append(f"| network bytes per request | {lvl} | {_fmt(ob)} | {_fmt(cb)} | "
-                     f"{100 * e['net_bytes_per_request']:.1f}% |")
+        lines.append(
+            f"| network bytes per request | {lvl} | {_fmt(ob)} | {_fmt(cb)} | {100 * e['net_bytes_per_request']:.1f}% |"
+        )
     for cfg, sides in res["simulated"].items():
         e = res["errors"]["simulated"][cfg]
         for k, lab in SIM_ROWS:
-            lines.append(f"| {lab} | cache {cfg} | {_fmt(sides['original'].get(k))} | {_fmt(sides['clone'].get(k))} "
-                         f"| {100 * e[k]:.1f}% |")
+            lines.append(
+                f"| {lab} | cache {cfg} | {_fmt(sides['original'].get(k))} | {_fmt(sides['clone'].get(k))} "
+                f"| {100 * e[k]:.1f}% |"
+            )
     return "\n".join(lines)
 
 
@@ -94,16 +111,31 @@ def write_html(path: Path, services: dict[str, dict], command: str = "") -> None
         for i, (k, _lab) in enumerate(NATIVE_ROWS):
             r, c = divmod(i, 4)
             for side, color in (("original", "#1f77b4"), ("clone", "#ff7f0e")):
-                fig.add_trace(go.Bar(x=lv, y=[res["levels"][x][side][k] for x in lv], name=side, marker_color=color,
-                                     showlegend=(i == 0)), row=r + 1, col=c + 1)
+                fig.add_trace(
+                    go.Bar(
+                        x=lv,
+                        y=[res["levels"][x][side][k] for x in lv],
+                        name=side,
+                        marker_color=color,
+                        showlegend=(i == 0),
+                    ),
+                    row=r + 1,
+                    col=c + 1,
+                )
         fig.update_layout(height=560, barmode="group", title="Original vs clone at low / medium / high load")
         parts.append(fig_html(fig))
         # syscalls by type at medium load
         mid = res["levels"].get("medium") or res["levels"][lv[0]]
-        keys = sorted(set(mid["original"]["syscalls_per_request"]) | set(mid["clone"]["syscalls_per_request"]),
-                      key=lambda k: -mid["original"]["syscalls_per_request"].get(k, 0))[:14]
-        fig = go.Figure([go.Bar(x=keys, y=[mid[s]["syscalls_per_request"].get(k, 0) for k in keys], name=s)
-                         for s in ("original", "clone")])
+        keys = sorted(
+            set(mid["original"]["syscalls_per_request"]) | set(mid["clone"]["syscalls_per_request"]),
+            key=lambda k: -mid["original"]["syscalls_per_request"].get(k, 0),
+        )[:14]
+        fig = go.Figure(
+            [
+                go.Bar(x=keys, y=[mid[s]["syscalls_per_request"].get(k, 0) for k in keys], name=s)
+                for s in ("original", "clone")
+            ]
+        )
         fig.update_layout(title="Syscalls per request by type (medium load)", barmode="group", height=380)
         parts.append(fig_html(fig))
         # simulated caches
@@ -111,61 +143,88 @@ def write_html(path: Path, services: dict[str, dict], command: str = "") -> None
         fig = make_subplots(rows=1, cols=len(SIM_ROWS), subplot_titles=[lab for _, lab in SIM_ROWS])
         for i, (k, _lab) in enumerate(SIM_ROWS):
             for side in ("original", "clone"):
-                fig.add_trace(go.Bar(x=[f"cache {c}" for c in cfgs], y=[res["simulated"][c][side].get(k, 0) for c in cfgs],
-                                     name=side, showlegend=(i == 0),
-                                     marker_color="#1f77b4" if side == "original" else "#ff7f0e"), row=1, col=i + 1)
-        fig.update_layout(height=380, barmode="group",
-                          title=f"Simulated caches: A (profiled, tuned) {res['configs']['A']}, "
-                                f"B (held out) {res['configs']['B']}")
+                fig.add_trace(
+                    go.Bar(
+                        x=[f"cache {c}" for c in cfgs],
+                        y=[res["simulated"][c][side].get(k, 0) for c in cfgs],
+                        name=side,
+                        showlegend=(i == 0),
+                        marker_color="#1f77b4" if side == "original" else "#ff7f0e",
+                    ),
+                    row=1,
+                    col=i + 1,
+                )
+        fig.update_layout(
+            height=380,
+            barmode="group",
+            title=f"Simulated caches: A (profiled, tuned) {res['configs']['A']}, B (held out) {res['configs']['B']}",
+        )
         parts.append(fig_html(fig))
         mix_o = next(iter(prof.get("body", {}).values()), {}).get("mix", {})
         mix_c = res["simulated"].get("A", {}).get("clone", {}).get("mix", {})
         if mix_o and mix_c:
             ks = [k for k in mix_o if mix_o[k] > 0.002 or mix_c.get(k, 0) > 0.002]
-            fig = go.Figure([go.Bar(x=ks, y=[mix_o[k] for k in ks], name="original (worker threads)"),
-                             go.Bar(x=ks, y=[mix_c.get(k, 0) for k in ks], name="clone (whole process)")])
+            fig = go.Figure(
+                [
+                    go.Bar(x=ks, y=[mix_o[k] for k in ks], name="original (worker threads)"),
+                    go.Bar(x=ks, y=[mix_c.get(k, 0) for k in ks], name="clone (whole process)"),
+                ]
+            )
             fig.update_layout(title="Instruction mix (class/memory operand)", barmode="group", height=380)
             parts.append(fig_html(fig))
         for ci, b in prof.get("body", {}).items():
             if b.get("I_bins"):
                 fig = go.Figure()
-                fig.add_trace(go.Scatter(x=b["ws_sizes"], y=b["I_hits"], name="instruction hits H(S)",
-                                         mode="lines+markers"))
+                fig.add_trace(
+                    go.Scatter(x=b["ws_sizes"], y=b["I_hits"], name="instruction hits H(S)", mode="lines+markers")
+                )
                 fig.add_trace(go.Scatter(x=b["ws_sizes"], y=b["D_hits"], name="data hits H(S)", mode="lines+markers"))
                 fig.update_xaxes(type="log", title="cache size (bytes)")
-                fig.update_layout(title=f"Working sets of cluster {ci} ({b['role']}): hits per event vs cache size",
-                                  height=360)
+                fig.update_layout(
+                    title=f"Working sets of cluster {ci} ({b['role']}): hits per event vs cache size", height=360
+                )
                 parts.append(fig_html(fig))
                 break
         thr = prof.get("threads", {})
         if thr.get("distance"):
             labels = [f"{t} {thr['roles'][str(t)]}" for t in thr["tids"]]
             fig = go.Figure(go.Heatmap(z=thr["distance"], x=labels, y=labels, colorscale="Viridis"))
-            fig.update_layout(title="Thread distance (1 - weighted Jaccard of perf call edges; roles never merge)",
-                              height=420)
+            fig.update_layout(
+                title="Thread distance (1 - weighted Jaccard of perf call edges; roles never merge)", height=420
+            )
             parts.append(fig_html(fig))
         if d.get("tuning"):
             tu = d["tuning"]
             parts.append(f"<p>Tuning: {tu['iterations']} iteration(s), best {tu['best_iteration']}.</p>")
         if d.get("leakage"):
             lk = d["leakage"]
-            parts.append(f"<p>Leakage check: {'passed' if lk['ok'] else 'FAILED'} — {lk['original_strings']} strings, "
-                         f"{lk['original_symbols']} symbols, {lk['original_windows']} data windows of the original "
-                         f"searched; leaked: {len(lk['leaked_strings'])} strings, {len(lk['leaked_symbols'])} "
-                         f"symbols, {lk['leaked_data_windows']} windows; allowed (template/protocol): "
-                         f"{html.escape(', '.join(lk['allowed_strings'][:12]))}</p>")
+            parts.append(
+                f"<p>Leakage check: {'passed' if lk['ok'] else 'FAILED'} — {lk['original_strings']} strings, "
+                f"{lk['original_symbols']} symbols, {lk['original_windows']} data windows of the original "
+                f"searched; leaked: {len(lk['leaked_strings'])} strings, {len(lk['leaked_symbols'])} "
+                f"symbols, {lk['leaked_data_windows']} windows; allowed (template/protocol): "
+                f"{html.escape(', '.join(lk['allowed_strings'][:12]))}</p>"
+            )
         parts.append("<h3>All metrics</h3>" + _md_to_html(detail_table_md(res)))
     body = "\n".join(parts)
+    data = html.escape(json.dumps({k: v["validation"]["errors"] for k, v in services.items()}))
     cmd = f"<p>Reproduce: <code>{html.escape(command)}</code></p>" if command else ""
     path.write_text(f"""<!doctype html><html><head><meta charset="utf-8"><title>tailscope clone validation</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}}table{{border-collapse:collapse;margin:1em 0}}
-td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}th{{background:#f3f3f3}}td:first-child{{text-align:left}}</style>
+<style>{_CSS}</style>
 </head><body><h1>Ditto clone validation: original vs clone</h1>
 <p>Profiling at medium load only; tuning at simulated cache hierarchy A; hierarchy B is held out.
 Relative error = |clone − original| / original.</p>{cmd}
 {body}
-<script type="application/json" id="validation-data">{html.escape(json.dumps({k: v['validation']['errors'] for k, v in services.items()}))}</script>
+<script type="application/json" id="validation-data">{data}</script>
 </body></html>""")
+
+
+_CSS = (
+    "body{font-family:system-ui,sans-serif;margin:2em;max-width:1300px}"
+    "table{border-collapse:collapse;margin:1em 0}"
+    "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}th{background:#f3f3f3}"
+    "td:first-child{text-align:left}"
+)
 
 
 def _md_to_html(md: str) -> str:

@@ -112,11 +112,18 @@ def _is_alive(pid: int) -> bool:
         st = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return False
-    return st[st.rfind(")") + 2:].split()[0] != "Z"
+    return st[st.rfind(")") + 2 :].split()[0] != "Z"
 
 
-def start(ns: NetNs, launch: dict, port: int, log: Path, prefix: list[str] | None = None,
-          cpu: int | None = None, startup_s: float = 60) -> Server:
+def start(
+    ns: NetNs,
+    launch: dict,
+    port: int,
+    log: Path,
+    prefix: list[str] | None = None,
+    cpu: int | None = None,
+    startup_s: float = 60,
+) -> Server:
     """Start `launch` (optionally under `prefix`, e.g. valgrind) in `ns`; wait for `port`."""
     argv = list(launch["argv"])
     if prefix:
@@ -126,16 +133,18 @@ def start(ns: NetNs, launch: dict, port: int, log: Path, prefix: list[str] | Non
     nofile = launch.get("nofile")
     if nofile and prefix and "valgrind" in os.path.basename(prefix[0]):
         nofile = int(nofile) + VALGRIND_RESERVED_FDS
-    shell = "ulimit -n {n} 2>/dev/null || ulimit -Sn {n} 2>/dev/null; cd {cwd} && exec \"$@\"".format(
-        n=int(nofile) if nofile else 1024, cwd=shlex.quote(launch.get("cwd") or "/"))
+    shell = 'ulimit -n {n} 2>/dev/null || ulimit -Sn {n} 2>/dev/null; cd {cwd} && exec "$@"'.format(
+        n=int(nofile) if nofile else 1024, cwd=shlex.quote(launch.get("cwd") or "/")
+    )
     env = {}
     for kv in launch.get("env") or []:
         k, _, v = kv.partition("=")
         env[k] = v
     env.setdefault("PATH", os.environ.get("PATH", "/usr/bin:/bin"))
     fh = open(log, "w")
-    proc = ns.popen(["bash", "-c", shell, "server", *argv], stdout=fh, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, env=env)
+    proc = ns.popen(
+        ["bash", "-c", shell, "server", *argv], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env
+    )
     deadline = time.monotonic() + startup_s
     pid = None
     while time.monotonic() < deadline:
@@ -157,22 +166,46 @@ def start(ns: NetNs, launch: dict, port: int, log: Path, prefix: list[str] | Non
     return Server(ns=ns, proc=proc, pid=pid, port=port, log=log)
 
 
-def loadgen(ns: NetNs | None, port: int, load_args: list[str], rate: float, duration: float,
-            out_json: Path | None = None, warmup: float = 0.0, preload: bool = False,
-            cpu: int | None = None, host: str = "127.0.0.1", timeout: float | None = None) -> dict:
+def loadgen(
+    ns: NetNs | None,
+    port: int,
+    load_args: list[str],
+    rate: float,
+    duration: float,
+    out_json: Path | None = None,
+    warmup: float = 0.0,
+    preload: bool = False,
+    cpu: int | None = None,
+    host: str = "127.0.0.1",
+    timeout: float | None = None,
+) -> dict:
     """Run tailscope-loadgen once (open loop at `rate`) and return its JSON summary."""
     lg = find_loadgen()
     args = [a for a in load_args if a != "--preload"]
-    cmd = [lg, "--target", f"{host}:{port}", *args, "--rate", f"{rate:g}", "--duration", f"{duration:g}",
-           "--warmup", f"{warmup:g}", "--quiet", "--json", "-"]
+    cmd = [
+        lg,
+        "--target",
+        f"{host}:{port}",
+        *args,
+        "--rate",
+        f"{rate:g}",
+        "--duration",
+        f"{duration:g}",
+        "--warmup",
+        f"{warmup:g}",
+        "--quiet",
+        "--json",
+        "-",
+    ]
     if preload:
         cmd.append("--preload")
     if cpu is not None:
         cmd += ["--cpu", str(cpu)]
     full = ns.wrap(cmd) if ns else cmd
     try:
-        p = subprocess.run(full, capture_output=True, text=True,
-                           timeout=timeout or (duration + warmup + 120), check=False)
+        p = subprocess.run(
+            full, capture_output=True, text=True, timeout=timeout or (duration + warmup + 120), check=False
+        )
     except subprocess.TimeoutExpired:
         raise CloneError("the load generator did not finish (server stuck?)") from None
     if p.returncode != 0:

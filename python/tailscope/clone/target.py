@@ -46,13 +46,13 @@ def _read(path: str | Path, default: str = "") -> str:
 def proc_alive(pid: int) -> bool:
     """True while the process exists and has not exited (a zombie has exited)."""
     st = _read(f"/proc/{pid}/stat")
-    return bool(st) and st[st.rfind(")") + 2:].split()[:1] not in (["Z"], ["X"])
+    return bool(st) and st[st.rfind(")") + 2 :].split()[:1] not in (["Z"], ["X"])
 
 
 def _stat_fields(text: str) -> list[str]:
     # comm may contain spaces and parentheses: split after the last ')'
     rparen = text.rfind(")")
-    return text[rparen + 2:].split()
+    return text[rparen + 2 :].split()
 
 
 def threads(pid: int) -> list[dict]:
@@ -65,13 +65,19 @@ def threads(pid: int) -> list[dict]:
         st = _read(t / "status")
         vol = re.search(r"voluntary_ctxt_switches:\s+(\d+)", st)
         nonvol = re.search(r"nonvoluntary_ctxt_switches:\s+(\d+)", st)
-        out.append({
-            "tid": int(t.name),
-            "utime": int(f[11]), "stime": int(f[12]), "start": int(f[19]),
-            "minflt": int(f[7]), "majflt": int(f[9]),
-            "vcsw": int(vol.group(1)) if vol else 0, "ivcsw": int(nonvol.group(1)) if nonvol else 0,
-            "name": _read(t / "comm").strip(),
-        })
+        out.append(
+            {
+                "tid": int(t.name),
+                "utime": int(f[11]),
+                "stime": int(f[12]),
+                "start": int(f[19]),
+                "minflt": int(f[7]),
+                "majflt": int(f[9]),
+                "vcsw": int(vol.group(1)) if vol else 0,
+                "ivcsw": int(nonvol.group(1)) if nonvol else 0,
+                "name": _read(t / "comm").strip(),
+            }
+        )
     return out
 
 
@@ -95,7 +101,7 @@ def fd_kind(link: str) -> str:
     if link.startswith("pipe:"):
         return "pipe"
     if link.startswith("anon_inode:"):
-        return link[len("anon_inode:"):].strip("[]")
+        return link[len("anon_inode:") :].strip("[]")
     if link.startswith("/dev/"):
         return "dev"
     return "file"
@@ -111,8 +117,9 @@ def _tcp_table(pid: int) -> list[dict]:
                 continue
             local, state, inode = p[1], p[3], p[9]
             addr_hex, port_hex = local.split(":")
-            rows.append({"family": fam, "port": int(port_hex, 16), "state": state, "inode": inode,
-                         "addr_hex": addr_hex})
+            rows.append(
+                {"family": fam, "port": int(port_hex, 16), "state": state, "inode": inode, "addr_hex": addr_hex}
+            )
     return rows
 
 
@@ -120,7 +127,7 @@ def _addr(fam: int, addr_hex: str) -> str:
     if fam == 4:
         return socket.inet_ntop(socket.AF_INET, struct.pack("<I", int(addr_hex, 16)))
     raw = bytes.fromhex(addr_hex)
-    raw = b"".join(raw[i:i + 4][::-1] for i in range(0, 16, 4))
+    raw = b"".join(raw[i : i + 4][::-1] for i in range(0, 16, 4))
     return socket.inet_ntop(socket.AF_INET6, raw)
 
 
@@ -220,8 +227,9 @@ def inspect(pid: int) -> dict:
         if fd is None:
             continue
         if row["state"] == "0A":
-            listeners.append({"fd": fd, "port": row["port"], "family": row["family"],
-                              "addr": _addr(row["family"], row["addr_hex"])})
+            listeners.append(
+                {"fd": fd, "port": row["port"], "family": row["family"], "addr": _addr(row["family"], row["addr_hex"])}
+            )
         elif row["state"] == "01":
             connected.append(fd)
     kinds: dict[str, int] = {}
@@ -230,8 +238,7 @@ def inspect(pid: int) -> dict:
         kinds[k] = kinds.get(k, 0) + 1
     if not listeners:
         found = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) or "no open files"
-        raise CloneError(f"pid {pid} ({comm}) is not a network server: it has no listening TCP socket "
-                         f"(found {found})")
+        raise CloneError(f"pid {pid} ({comm}) is not a network server: it has no listening TCP socket (found {found})")
     ths = threads(pid)
     with open("/proc/uptime") as f:
         uptime = float(f.read().split()[0])
@@ -240,10 +247,19 @@ def inspect(pid: int) -> dict:
     epolls = {fd: epoll_watches(pid, fd) for fd, link in fdmap.items() if fd_kind(link) == "eventpoll"}
     primary = sorted(listeners, key=lambda x: (x["family"] != 4, x["port"]))[0]
     return {
-        "pid": pid, "comm": comm, "exe": exe, "cwd": cwd, "cmdline": cmdline, "env": env,
-        "nofile": nofile, "age_s": round(age_s, 1), "threads": ths,
-        "fd_kinds": kinds, "fds": {str(k): fd_kind(v) for k, v in fdmap.items()},
-        "listeners": listeners, "port": primary["port"],
+        "pid": pid,
+        "comm": comm,
+        "exe": exe,
+        "cwd": cwd,
+        "cmdline": cmdline,
+        "env": env,
+        "nofile": nofile,
+        "age_s": round(age_s, 1),
+        "threads": ths,
+        "fd_kinds": kinds,
+        "fds": {str(k): fd_kind(v) for k, v in fdmap.items()},
+        "listeners": listeners,
+        "port": primary["port"],
         "listen_options": socket_options(pid, primary["fd"]) or {},
         "backlog": _backlog(pid, primary["port"]),
         "epolls": {str(k): v for k, v in epolls.items()},

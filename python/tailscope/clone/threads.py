@@ -26,8 +26,11 @@ CUTOFF = 0.5
 
 def role(calls: dict[str, int]) -> str:
     acc = sum(v for k, v in calls.items() if k.startswith(("accept4:", "accept:")))
-    data = sum(v for k, v in calls.items() if k.split(":")[1:] == ["conn"] and k.split(":")[0] in (
-        "read", "recvfrom", "recvmsg", "readv"))
+    data = sum(
+        v
+        for k, v in calls.items()
+        if k.split(":")[1:] == ["conn"] and k.split(":")[0] in ("read", "recvfrom", "recvmsg", "readv")
+    )
     sleeps = sum(v for k, v in calls.items() if k.startswith(("nanosleep:", "clock_nanosleep:")))
     futex = sum(v for k, v in calls.items() if k.startswith("futex:"))
     if acc and data:
@@ -65,8 +68,9 @@ def cosine_distance(a: dict[str, int], b: dict[str, int]) -> float:
     return 1.0 - sum(x * y for x, y in zip(va, vb, strict=True)) / (na * nb)
 
 
-def distance_matrix(tids: list[int], roles: dict[int, str], stacks: dict[int, dict[str, int]],
-                    calls: dict[int, dict[str, int]]) -> list[list[float]]:
+def distance_matrix(
+    tids: list[int], roles: dict[int, str], stacks: dict[int, dict[str, int]], calls: dict[int, dict[str, int]]
+) -> list[list[float]]:
     n = len(tids)
     d = [[0.0] * n for _ in range(n)]
     for i in range(n):

@@ -20,6 +20,7 @@ generator connects after the trace starts), the listening fds are passed in.
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import signal
@@ -33,19 +34,85 @@ from .errors import CloneError
 
 # x86_64 syscall numbers we name; others are reported by number.
 SYSCALLS = {
-    0: "read", 1: "write", 3: "close", 7: "poll", 9: "mmap", 10: "mprotect", 11: "munmap", 12: "brk",
-    13: "rt_sigaction", 14: "rt_sigprocmask", 16: "ioctl", 17: "pread64", 18: "pwrite64", 19: "readv",
-    20: "writev", 23: "select", 24: "sched_yield", 28: "madvise", 32: "dup", 35: "nanosleep",
-    39: "getpid", 41: "socket", 42: "connect", 43: "accept", 44: "sendto", 45: "recvfrom",
-    46: "sendmsg", 47: "recvmsg", 48: "shutdown", 49: "bind", 50: "listen", 51: "getsockname",
-    52: "getpeername", 54: "setsockopt", 55: "getsockopt", 56: "clone", 60: "exit", 72: "fcntl",
-    74: "fsync", 75: "fdatasync", 96: "gettimeofday", 98: "getrusage", 102: "getuid", 186: "gettid",
-    201: "time", 202: "futex", 228: "clock_gettime", 230: "clock_nanosleep", 231: "exit_group",
-    232: "epoll_wait", 233: "epoll_ctl", 257: "openat", 262: "newfstatat", 270: "pselect6",
-    271: "ppoll", 281: "epoll_pwait", 284: "eventfd", 288: "accept4", 290: "eventfd2", 291: "epoll_create1",
-    293: "pipe2", 302: "prlimit64", 318: "getrandom", 332: "statx", 435: "clone3", 441: "epoll_pwait2",
-    5: "fstat", 8: "lseek", 4: "stat", 6: "lstat", 2: "open", 21: "access", 89: "readlink",
-    61: "wait4", 62: "kill", 200: "tkill", 234: "tgkill", 273: "set_robust_list", 334: "rseq",
+    0: "read",
+    1: "write",
+    3: "close",
+    7: "poll",
+    9: "mmap",
+    10: "mprotect",
+    11: "munmap",
+    12: "brk",
+    13: "rt_sigaction",
+    14: "rt_sigprocmask",
+    16: "ioctl",
+    17: "pread64",
+    18: "pwrite64",
+    19: "readv",
+    20: "writev",
+    23: "select",
+    24: "sched_yield",
+    28: "madvise",
+    32: "dup",
+    35: "nanosleep",
+    39: "getpid",
+    41: "socket",
+    42: "connect",
+    43: "accept",
+    44: "sendto",
+    45: "recvfrom",
+    46: "sendmsg",
+    47: "recvmsg",
+    48: "shutdown",
+    49: "bind",
+    50: "listen",
+    51: "getsockname",
+    52: "getpeername",
+    54: "setsockopt",
+    55: "getsockopt",
+    56: "clone",
+    60: "exit",
+    72: "fcntl",
+    74: "fsync",
+    75: "fdatasync",
+    96: "gettimeofday",
+    98: "getrusage",
+    102: "getuid",
+    186: "gettid",
+    201: "time",
+    202: "futex",
+    228: "clock_gettime",
+    230: "clock_nanosleep",
+    231: "exit_group",
+    232: "epoll_wait",
+    233: "epoll_ctl",
+    257: "openat",
+    262: "newfstatat",
+    270: "pselect6",
+    271: "ppoll",
+    281: "epoll_pwait",
+    284: "eventfd",
+    288: "accept4",
+    290: "eventfd2",
+    291: "epoll_create1",
+    293: "pipe2",
+    302: "prlimit64",
+    318: "getrandom",
+    332: "statx",
+    435: "clone3",
+    441: "epoll_pwait2",
+    5: "fstat",
+    8: "lseek",
+    4: "stat",
+    6: "lstat",
+    2: "open",
+    21: "access",
+    89: "readlink",
+    61: "wait4",
+    62: "kill",
+    200: "tkill",
+    234: "tgkill",
+    273: "set_robust_list",
+    334: "rseq",
 }
 NR = {v: k for k, v in SYSCALLS.items()}
 READS = {0, 17, 19, 45, 47}
@@ -54,9 +121,33 @@ DATA = READS | WRITES
 # syscalls whose arg0 is an fd (for the fd class); epoll_ctl's watched fd is arg2
 FD_ARG0 = DATA | {3, 5, 8, 16, 43, 48, 51, 52, 54, 55, 72, 74, 75, 288}
 # (nr -> argument indexes worth a distribution: scalars only)
-SCALAR_ARGS = {0: (2,), 1: (2,), 44: (2, 3), 45: (2, 3), 46: (2,), 47: (2,), 232: (2, 3), 281: (2, 3),
-               288: (3,), 54: (1, 2), 55: (1, 2), 72: (1, 2), 202: (1,), 233: (1,), 257: (2,), 9: (1, 2),
-               11: (1,), 28: (1, 2), 230: (0, 1), 17: (2,), 18: (2,), 20: (2,), 19: (2,), 290: (1,), 293: (1,)}
+SCALAR_ARGS = {
+    0: (2,),
+    1: (2,),
+    44: (2, 3),
+    45: (2, 3),
+    46: (2,),
+    47: (2,),
+    232: (2, 3),
+    281: (2, 3),
+    288: (3,),
+    54: (1, 2),
+    55: (1, 2),
+    72: (1, 2),
+    202: (1,),
+    233: (1,),
+    257: (2,),
+    9: (1, 2),
+    11: (1,),
+    28: (1, 2),
+    230: (0, 1),
+    17: (2,),
+    18: (2,),
+    20: (2,),
+    19: (2,),
+    290: (1,),
+    293: (1,),
+}
 
 CLASS_NAMES = {0: "other", 1: "listen", 2: "conn", 3: "notify"}
 
@@ -109,7 +200,8 @@ tracepoint:sched:sched_switch /pid == {pid}/ {{ @sw[tid, args->prev_state > 0 ? 
 tracepoint:sched:sched_wakeup /args->pid != 0/ {{ @wake[args->pid] = count(); }}
 tracepoint:sched:sched_process_fork /pid == {pid}/ {{ @fork = count(); }}
 tracepoint:sched:sched_process_exit /pid == {pid}/ {{ @exit = count(); }}
-END {{ clear(@nr); clear(@a0); clear(@a1); clear(@a2); clear(@a3); clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); }}
+END {{ clear(@nr); clear(@a0); clear(@a1); clear(@a2); clear(@a3);
+      clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); }}
 """
 
 
@@ -121,8 +213,9 @@ class SyscallTrace:
         self.script.write_text(bpftrace_script(pid, listen_fds, notify_fds))
         self.out = workdir / "syscalls.txt"
         self.fh = open(self.out, "w")
-        self.proc = subprocess.Popen([bpftrace, str(self.script)], stdout=self.fh, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+        self.proc = subprocess.Popen(
+            [bpftrace, str(self.script)], stdout=self.fh, stderr=subprocess.STDOUT, start_new_session=True
+        )
         self.t_start = None
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -183,11 +276,36 @@ def perf_stacks(perf: str, pid: int, seconds: float, workdir: Path) -> dict[int,
     """Per-thread call-edge counts from `perf record -e cpu-clock -g` (caller>callee frames)."""
     data = workdir / "perf.data"
     try:
-        subprocess.run([perf, "record", "-q", "-e", "cpu-clock", "-F", "997", "-g", "-p", str(pid), "-o",
-                        str(data), "--", "sleep", f"{seconds:.1f}"], capture_output=True, text=True,
-                       timeout=seconds + 60, check=False)
-        p = subprocess.run([perf, "script", "-i", str(data), "-F", "tid,ip,sym,dso"], capture_output=True,
-                           text=True, timeout=120, check=False)
+        subprocess.run(
+            [
+                perf,
+                "record",
+                "-q",
+                "-e",
+                "cpu-clock",
+                "-F",
+                "997",
+                "-g",
+                "-p",
+                str(pid),
+                "-o",
+                str(data),
+                "--",
+                "sleep",
+                f"{seconds:.1f}",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=seconds + 60,
+            check=False,
+        )
+        p = subprocess.run(
+            [perf, "script", "-i", str(data), "-F", "tid,ip,sym,dso"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise CloneError(f"perf record failed: {exc}") from None
     if not data.exists():
@@ -198,7 +316,7 @@ def perf_stacks(perf: str, pid: int, seconds: float, workdir: Path) -> dict[int,
 
     def flush():
         if tid is not None and frames:
-            for callee, caller in zip(frames, frames[1:], strict=False):
+            for callee, caller in itertools.pairwise(frames):
                 edges[tid][f"{caller}>{callee}"] += 1
             edges[tid][f"leaf:{frames[0]}"] += 1
 

@@ -26,11 +26,20 @@ from . import generate as gen
 from . import valgrind as vg
 
 MAX_ITERATIONS = 10
-TOLERANCE = {"instructions_per_request": 0.02, "I1_miss_rate": 0.05, "D1_miss_rate": 0.05, "LL_miss_rate": 0.05,
-             "branch_mispredict_rate": 0.05}
-KNOB_OF = {"instructions_per_request": "instr_scale", "I1_miss_rate": "code_scale",
-           "D1_miss_rate": "data_far_scale", "LL_miss_rate": "data_ll_scale",
-           "branch_mispredict_rate": "branch_r_scale"}
+TOLERANCE = {
+    "instructions_per_request": 0.02,
+    "I1_miss_rate": 0.05,
+    "D1_miss_rate": 0.05,
+    "LL_miss_rate": 0.05,
+    "branch_mispredict_rate": 0.05,
+}
+KNOB_OF = {
+    "instructions_per_request": "instr_scale",
+    "I1_miss_rate": "code_scale",
+    "D1_miss_rate": "data_far_scale",
+    "LL_miss_rate": "data_ll_scale",
+    "branch_mispredict_rate": "branch_r_scale",
+}
 
 
 def rel_err(clone: float, orig: float) -> float:
@@ -40,8 +49,12 @@ def rel_err(clone: float, orig: float) -> float:
 
 
 def clone_launch(clone_dir: Path, port: int) -> dict:
-    return {"argv": [str(clone_dir.resolve() / "clone"), "-p", str(port)], "cwd": str(clone_dir.resolve()),
-            "env": [], "nofile": 4096}
+    return {
+        "argv": [str(clone_dir.resolve() / "clone"), "-p", str(port)],
+        "cwd": str(clone_dir.resolve()),
+        "env": [],
+        "nofile": 4096,
+    }
 
 
 def per_name(win: vg.Window, meta: dict, sweep: dict | None, events: dict[str, float]) -> dict:
@@ -81,13 +94,32 @@ def measure_skeleton(prof: dict, clone_dir: Path, progress, sweep_sizes: list[in
     load = prof["load"]["args"]
     vgp = prof["valgrind"]
     progress("tuning: measuring the skeleton alone (empty body) under callgrind")
-    win = vg.window(clone_launch(skel_dir, port), port, load, vgp["rate"], vgp["window_requests"],
-                    skel_dir / "work", "skel", cache=vg.CONFIG_A, detail=True, preload="--preload" in load)
+    win = vg.window(
+        clone_launch(skel_dir, port),
+        port,
+        load,
+        vgp["rate"],
+        vgp["window_requests"],
+        skel_dir / "work",
+        "skel",
+        cache=vg.CONFIG_A,
+        detail=True,
+        preload="--preload" in load,
+    )
     sw = None
     if sweep_sizes:
-        sw = vg.sweep(clone_launch(skel_dir, port), port, load, vgp["rate"], vgp["sweep_requests"],
-                      skel_dir / "work", sweep_sizes, progress=progress, tag="skelsweep",
-                      preload="--preload" in load)
+        sw = vg.sweep(
+            clone_launch(skel_dir, port),
+            port,
+            load,
+            vgp["rate"],
+            vgp["sweep_requests"],
+            skel_dir / "work",
+            sweep_sizes,
+            progress=progress,
+            tag="skelsweep",
+            preload="--preload" in load,
+        )
     events = _events(prof, win)
     return per_name(win, meta, sw, events)
 
@@ -100,8 +132,9 @@ def _events(prof: dict, win: vg.Window) -> dict[str, float]:
     return ev
 
 
-def tune(prof: dict, clone_dir: Path, progress, seed: int = 1, max_iter: int = MAX_ITERATIONS,
-         skeleton: dict | None = None) -> dict:
+def tune(
+    prof: dict, clone_dir: Path, progress, seed: int = 1, max_iter: int = MAX_ITERATIONS, skeleton: dict | None = None
+) -> dict:
     """Run the loop; leaves the best clone generated and built in clone_dir; returns the history."""
     target = prof["valgrind"]["metrics"]
     port = prof["listen"]["port"]
@@ -113,9 +146,17 @@ def tune(prof: dict, clone_dir: Path, progress, seed: int = 1, max_iter: int = M
     for it in range(1, max_iter + 1):
         gen.generate(prof, clone_dir, seed=seed, knobs=knobs, skeleton=skeleton)
         build_s = gen.build(clone_dir)
-        win = vg.window(clone_launch(clone_dir, port), port, load, vgp["rate"], vgp["window_requests"],
-                        clone_dir / "private" / "work", f"tune{it}", cache=vg.CONFIG_A,
-                        preload="--preload" in load)
+        win = vg.window(
+            clone_launch(clone_dir, port),
+            port,
+            load,
+            vgp["rate"],
+            vgp["window_requests"],
+            clone_dir / "private" / "work",
+            f"tune{it}",
+            cache=vg.CONFIG_A,
+            preload="--preload" in load,
+        )
         m = vg.metrics(win)
         errs = {k: rel_err(m.get(k, 0.0), target.get(k, 0.0)) for k in TOLERANCE}
         worst = max(errs.values())
@@ -141,8 +182,7 @@ def tune(prof: dict, clone_dir: Path, progress, seed: int = 1, max_iter: int = M
     if bit != history[-1]["iteration"]:
         gen.generate(prof, clone_dir, seed=seed, knobs=bk, skeleton=skeleton)
         gen.build(clone_dir)
-    result = {"iterations": len(history), "best_iteration": bit, "knobs": bk, "history": history,
-              "target": target}
+    result = {"iterations": len(history), "best_iteration": bit, "knobs": bk, "history": history, "target": target}
     (clone_dir / "private").mkdir(exist_ok=True)
     (clone_dir / "private" / "tuning.json").write_text(json.dumps(result, indent=1))
     return result

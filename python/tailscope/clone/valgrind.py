@@ -18,8 +18,8 @@ from . import runner
 from .errors import CloneError
 from .tools import need, run
 
-CONFIG_A = {"I1": "32768,8,64", "D1": "32768,8,64", "LL": "2097152,16,64"}      # profiled/tuned
-CONFIG_B = {"I1": "16384,4,64", "D1": "49152,12,64", "LL": "8388608,16,64"}     # held out
+CONFIG_A = {"I1": "32768,8,64", "D1": "32768,8,64", "LL": "2097152,16,64"}  # profiled/tuned
+CONFIG_B = {"I1": "16384,4,64", "D1": "49152,12,64", "LL": "8388608,16,64"}  # held out
 
 
 @dataclass
@@ -58,9 +58,19 @@ def metrics(win: Window, threads: list[int] | None = None) -> dict:
     return out
 
 
-def window(launch: dict, port: int, load_args: list[str], rate: float, requests: int, workdir: Path,
-           tag: str, cache: dict | None = None, detail: bool = False, branch: bool = True,
-           preload: bool = False) -> Window:
+def window(
+    launch: dict,
+    port: int,
+    load_args: list[str],
+    rate: float,
+    requests: int,
+    workdir: Path,
+    tag: str,
+    cache: dict | None = None,
+    detail: bool = False,
+    branch: bool = True,
+    preload: bool = False,
+) -> Window:
     """Run one callgrind window (see the module docstring) and parse its dumps."""
     tools = need("valgrind", "callgrind_control")
     workdir.mkdir(parents=True, exist_ok=True)
@@ -68,8 +78,16 @@ def window(launch: dict, port: int, load_args: list[str], rate: float, requests:
     for old in workdir.glob(f"{tag}.cg*"):
         old.unlink()
     cache = cache or CONFIG_A
-    vg = [tools["valgrind"], "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={prefix}",
-          "--cache-sim=yes", f"--I1={cache['I1']}", f"--D1={cache['D1']}", f"--LL={cache['LL']}"]
+    vg = [
+        tools["valgrind"],
+        "--tool=callgrind",
+        "--separate-threads=yes",
+        f"--callgrind-out-file={prefix}",
+        "--cache-sim=yes",
+        f"--I1={cache['I1']}",
+        f"--D1={cache['D1']}",
+        f"--LL={cache['LL']}",
+    ]
     if branch:
         vg.append("--branch-sim=yes")
     if detail:
@@ -79,8 +97,10 @@ def window(launch: dict, port: int, load_args: list[str], rate: float, requests:
         srv = runner.start(ns, launch, port, workdir / f"{tag}.log", prefix=vg, startup_s=90)
         if srv.pid != srv.proc.pid:
             srv.stop()
-            raise CloneError(f"the copy started under valgrind daemonised ({' '.join(launch['argv'])[:80]}); "
-                             "pass --relaunch with a command that stays in the foreground")
+            raise CloneError(
+                f"the copy started under valgrind daemonised ({' '.join(launch['argv'])[:80]}); "
+                "pass --relaunch with a command that stays in the foreground"
+            )
         try:
             runner.loadgen(ns, port, load_args, min(rate, 500), 1.5, preload=preload)
             run([tools["callgrind_control"], "-z", str(srv.pid)], timeout=60)
@@ -115,8 +135,18 @@ def _wait_dump(prefix: Path, pid: int, timeout: float = 60) -> None:
         time.sleep(0.5)
 
 
-def sweep(launch: dict, port: int, load_args: list[str], rate: float, requests: int, workdir: Path,
-          sizes: list[int], progress=None, tag: str = "sweep", preload: bool = False) -> dict:
+def sweep(
+    launch: dict,
+    port: int,
+    load_args: list[str],
+    rate: float,
+    requests: int,
+    workdir: Path,
+    sizes: list[int],
+    progress=None,
+    tag: str = "sweep",
+    preload: bool = False,
+) -> dict:
     """Per thread hits at each size: {thread: {"I": [...], "D": [...], "Ir": n, "Dref": n, "requests": n}}."""
     from .workingset import cache_arg
 
@@ -127,12 +157,30 @@ def sweep(launch: dict, port: int, load_args: list[str], rate: float, requests: 
             progress(f"{tag}: cache size {s} B ({i + 1}/{len(sizes)})")
         ll = max(s * 2, 2 << 20)
         cfg = {"I1": cache_arg(s), "D1": cache_arg(s), "LL": cache_arg(ll)}
-        win = window(launch, port, load_args, rate, requests, workdir, f"{tag}{i}", cache=cfg, detail=False,
-                     branch=False, preload=preload)
+        win = window(
+            launch,
+            port,
+            load_args,
+            rate,
+            requests,
+            workdir,
+            f"{tag}{i}",
+            cache=cfg,
+            detail=False,
+            branch=False,
+            preload=preload,
+        )
         reqs.append(win.requests)
         for t in win.threads:
-            slot = out.setdefault(t.thread, {"I": [0.0] * len(sizes), "D": [0.0] * len(sizes),
-                                             "Ir": [0.0] * len(sizes), "Dref": [0.0] * len(sizes)})
+            slot = out.setdefault(
+                t.thread,
+                {
+                    "I": [0.0] * len(sizes),
+                    "D": [0.0] * len(sizes),
+                    "Ir": [0.0] * len(sizes),
+                    "Dref": [0.0] * len(sizes),
+                },
+            )
             n = max(1, win.requests)
             ir = t.summary.get("Ir", 0)
             dref = t.summary.get("Dr", 0) + t.summary.get("Dw", 0)

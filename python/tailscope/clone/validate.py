@@ -26,9 +26,15 @@ from .tune import clone_launch, rel_err
 LEVELS = {"low": 0.3, "medium": 1.0, "high": 1.6}
 REPEATS = 3
 TARGETS = {  # metric -> largest allowed relative error (the table)
-    "I1_miss_rate": 0.10, "D1_miss_rate": 0.10, "LL_miss_rate": 0.10, "branch_mispredict_rate": 0.10,
-    "syscall_mix": 0.02, "net_bytes_per_request": 0.02, "instructions_per_request": 0.05,
-    "latency_avg_us": 0.15, "latency_p99_us": 0.15,
+    "I1_miss_rate": 0.10,
+    "D1_miss_rate": 0.10,
+    "LL_miss_rate": 0.10,
+    "branch_mispredict_rate": 0.10,
+    "syscall_mix": 0.02,
+    "net_bytes_per_request": 0.02,
+    "instructions_per_request": 0.05,
+    "latency_avg_us": 0.15,
+    "latency_p99_us": 0.15,
 }
 
 
@@ -50,14 +56,20 @@ def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, ta
                 for k in d:
                     d[k] += t[k] - b.get(k, 0)
             n = max(1, lg["completed"])
-            runs.append({
-                "throughput_rps": lg["achieved_rps"], "latency_avg_us": lg["latency_us"]["mean"],
-                "latency_p95_us": _p95(lg), "latency_p99_us": lg["latency_us"]["p99"],
-                "user_cpu_us_per_request": d["utime"] / hz * 1e6 / n, "sys_cpu_us_per_request": d["stime"] / hz * 1e6 / n,
-                "ctx_switches_per_request": (d["vcsw"] + d["ivcsw"]) / n,
-                "page_faults_per_request": (d["minflt"] + d["majflt"]) / n, "errors": lg["errors"],
-                "timeouts": lg["timeouts"],
-            })
+            runs.append(
+                {
+                    "throughput_rps": lg["achieved_rps"],
+                    "latency_avg_us": lg["latency_us"]["mean"],
+                    "latency_p95_us": _p95(lg),
+                    "latency_p99_us": lg["latency_us"]["p99"],
+                    "user_cpu_us_per_request": d["utime"] / hz * 1e6 / n,
+                    "sys_cpu_us_per_request": d["stime"] / hz * 1e6 / n,
+                    "ctx_switches_per_request": (d["vcsw"] + d["ivcsw"]) / n,
+                    "page_faults_per_request": (d["minflt"] + d["majflt"]) / n,
+                    "errors": lg["errors"],
+                    "timeouts": lg["timeouts"],
+                }
+            )
         out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         out["runs"] = runs
         # the syscall run (eBPF attached: its latencies are not used)
@@ -65,8 +77,7 @@ def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, ta
         info = target.inspect(srv.pid)
         notify = [int(fd) for fd, k in info["fds"].items() if k in ("eventfd", "pipe")]
         (workdir / tag).mkdir(exist_ok=True)
-        st = trace.SyscallTrace(tools["bpftrace"], srv.pid, [x["fd"] for x in info["listeners"]], notify,
-                                workdir / tag)
+        st = trace.SyscallTrace(tools["bpftrace"], srv.pid, [x["fd"] for x in info["listeners"]], notify, workdir / tag)
         lg = runner.loadgen(ns, port, load_args, rate, min(duration, 2.0), cpu=1)
         maps = st.stop()
         n = max(1, lg["completed"])
@@ -80,7 +91,7 @@ def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, ta
             if size > 0:
                 sizes[name] = sizes.get(name, 0.0) + size * v
         calls_data = {}
-        for (nr, _c, size), v in maps.get("ret", {}).items():
+        for (nr, _c, _size), v in maps.get("ret", {}).items():
             name = trace.SYSCALLS.get(nr, f"sys{nr}")
             calls_data[name] = calls_data.get(name, 0) + v
         out["syscalls_per_request"] = by_type
@@ -141,8 +152,18 @@ def validate(prof: dict, clone_dir: Path, progress, duration: float = 4.0, level
                 sim[cfg_name][side] = vgp["metrics"]
                 continue
             progress(f"validate under valgrind, cache hierarchy {cfg_name}: {side}")
-            win = vg.window(lch, port, load, vgp["rate"], vgp["window_requests"], work, f"vg{cfg_name}-{side}",
-                            cache=cfg, detail=(side == "clone" and cfg_name == "A"), preload=preload)
+            win = vg.window(
+                lch,
+                port,
+                load,
+                vgp["rate"],
+                vgp["window_requests"],
+                work,
+                f"vg{cfg_name}-{side}",
+                cache=cfg,
+                detail=(side == "clone" and cfg_name == "A"),
+                preload=preload,
+            )
             m = vg.metrics(win)
             if side == "clone" and cfg_name == "A":
                 from .isa import analyse
@@ -162,21 +183,39 @@ def errors(res: dict) -> dict:
     out: dict = {"levels": {}, "simulated": {}}
     for lvl, row in res["levels"].items():
         o, c = row["original"], row["clone"]
-        e = {k: rel_err(c[k], o[k]) for k in ("throughput_rps", "latency_avg_us", "latency_p95_us",
-                                               "latency_p99_us", "user_cpu_us_per_request",
-                                               "sys_cpu_us_per_request", "ctx_switches_per_request",
-                                               "page_faults_per_request")}
+        e = {
+            k: rel_err(c[k], o[k])
+            for k in (
+                "throughput_rps",
+                "latency_avg_us",
+                "latency_p95_us",
+                "latency_p99_us",
+                "user_cpu_us_per_request",
+                "sys_cpu_us_per_request",
+                "ctx_switches_per_request",
+                "page_faults_per_request",
+            )
+        }
         e["syscall_mix"] = syscall_mix_error(o["syscalls_per_request"], c["syscalls_per_request"])
         ob = o["net_bytes_in_per_request"] + o["net_bytes_out_per_request"]
         cb = c["net_bytes_in_per_request"] + c["net_bytes_out_per_request"]
         e["net_bytes_per_request"] = rel_err(cb, ob)
-        e["saturated"] = bool(o["throughput_rps"] < 0.95 * res["rates"][lvl] or
-                              c["throughput_rps"] < 0.95 * res["rates"][lvl])
+        e["saturated"] = bool(
+            o["throughput_rps"] < 0.95 * res["rates"][lvl] or c["throughput_rps"] < 0.95 * res["rates"][lvl]
+        )
         out["levels"][lvl] = e
     for cfg, sides in res.get("simulated", {}).items():
         o, c = sides["original"], sides["clone"]
-        out["simulated"][cfg] = {k: rel_err(c.get(k, 0), o.get(k, 0)) for k in (
-            "I1_miss_rate", "D1_miss_rate", "LL_miss_rate", "branch_mispredict_rate", "instructions_per_request")}
+        out["simulated"][cfg] = {
+            k: rel_err(c.get(k, 0), o.get(k, 0))
+            for k in (
+                "I1_miss_rate",
+                "D1_miss_rate",
+                "LL_miss_rate",
+                "branch_mispredict_rate",
+                "instructions_per_request",
+            )
+        }
     holds = {}
     for k, tol in TARGETS.items():
         vals = []
@@ -187,7 +226,6 @@ def errors(res: dict) -> dict:
                 vals.append(e[k])
         else:
             vals = [s[k] for s in out["simulated"].values() if k in s]
-        holds[k] = {"max_error": max(vals) if vals else None, "limit": tol,
-                    "holds": bool(vals) and max(vals) <= tol}
+        holds[k] = {"max_error": max(vals) if vals else None, "limit": tol, "holds": bool(vals) and max(vals) <= tol}
     out["targets"] = holds
     return out
