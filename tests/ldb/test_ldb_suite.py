@@ -311,3 +311,21 @@ def test_timeline_bad_input(tmp_path):
     assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([*cmd, str(tmp_path)], capture_output=True, text=True, cwd=ROOT / "python")
     assert r.returncode == 1 and "--request ID or --slowest N" in r.stderr
+
+
+def test_abi_version_mismatch_names_both_versions(tmp_path):
+    """A process whose runtime speaks another ABI version: one line naming both."""
+    import struct
+    p = subprocess.Popen(["sleep", "30"])
+    region = Path(f"/dev/shm/tailscope.{p.pid}")
+    try:
+        magic = 0x3130504F43535354
+        region.write_bytes(struct.pack("<QI", magic, 1) + bytes(4096))
+        r = run_agent(["record", "-o", str(tmp_path / "x"), "--functions", "-p", str(p.pid)])
+    finally:
+        region.unlink(missing_ok=True)
+        p.kill()
+        p.wait()
+    assert r.returncode == 7, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "ABI version mismatch: region has 1, agent supports 2" in lines[0], lines

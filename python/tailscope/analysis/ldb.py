@@ -91,6 +91,13 @@ def _read(path: Path, table: str, columns: list[str]):
         raise LdbError(f"{path / table}: unreadable Parquet ({first})") from exc
 
 
+def _strings(col) -> np.ndarray:
+    """A string column as an object array, through its dictionary (few distinct values)."""
+    enc = col.combine_chunks().dictionary_encode()
+    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    return names[enc.indices.fill_null(0).to_numpy(zero_copy_only=False)] if len(enc) else names[:0]
+
+
 def load_ldb(path: str | Path) -> LdbData:
     """Read the LDB tables and the requests of a recording into arrays."""
     path = Path(path)
@@ -115,13 +122,13 @@ def load_ldb(path: str | Path) -> LdbData:
     if t is not None and t.num_rows:
         d.lk_ts = t.column("ts_ns").to_numpy().astype(np.int64)
         d.lk_tid = t.column("tid").to_numpy()
-        d.lk_event = np.asarray(t.column("event").to_pylist(), dtype=object)
+        d.lk_event = _strings(t.column("event"))
         d.lk_mutex = t.column("mutex").to_numpy()
     t = _read(path, "request_events", ["ts_ns", "tid", "event", "request_id"])
     if t is not None and t.num_rows:
         d.rq_ts = t.column("ts_ns").to_numpy().astype(np.int64)
         d.rq_tid = t.column("tid").to_numpy()
-        d.rq_event = np.asarray(t.column("event").to_pylist(), dtype=object)
+        d.rq_event = _strings(t.column("event"))
         d.rq_id = t.column("request_id").to_numpy()
     t = _read(path, "requests", ["request_id", "tid", "start_ns", "latency_ns"])
     if t is not None and t.num_rows:
@@ -179,31 +186,73 @@ class Episodes:
 
 
 def lock_episodes(ts: np.ndarray, tid: np.ndarray, event: np.ndarray, mutex: np.ndarray) -> Episodes:
-    """Pair MUTEX_WAIT?/MUTEX_LOCK/MUTEX_UNLOCK per (thread, mutex), in time order. The
-    runtime writes an episode's events together at unlock; unpaired events are skipped."""
-    rows: list[tuple[int, int, int, int, int]] = []
-    order = np.lexsort((ts, mutex, tid))
-    open_: dict[tuple[int, int], list[int]] = {}
-    for i in order:
-        key = (int(tid[i]), int(mutex[i]))
-        ev = event[i]
-        if ev == "MUTEX_WAIT":
-            open_[key] = [int(ts[i]), -1]
-        elif ev == "MUTEX_LOCK":
-            cur = open_.get(key)
-            if cur is None or cur[1] != -1:
-                cur = [-1, -1]
-            cur[1] = int(ts[i])
-            open_[key] = cur
-        elif ev == "MUTEX_UNLOCK":
-            cur = open_.pop(key, None)
-            if cur is not None and cur[1] >= 0 and int(ts[i]) >= cur[1]:
-                rows.append((key[0], key[1], cur[0], cur[1], int(ts[i])))
-    if not rows:
-        z = np.zeros(0, np.int64)
-        return Episodes(z.astype(np.uint32), z.astype(np.uint64), z, z, z)
-    a = np.array(rows, dtype=np.int64)
-    return Episodes(a[:, 0].astype(np.uint32), a[:, 1].astype(np.uint64), a[:, 2], a[:, 3], a[:, 4])
+    """Pair MUTEX_WAIT?/MUTEX_LOCK/MUTEX_UNLOCK per thread. The runtime writes an episode's
+    events together, in order, into its thread's ring at unlock, and the agent keeps each
+    thread's ring order: so an UNLOCK's LOCK is the thread's previous event, and its WAIT (if
+    it waited) the one before. Anything else is skipped."""
+    z = np.zeros(0, np.int64)
+    empty = Episodes(z.astype(np.uint32), z.astype(np.uint64), z, z, z)
+    n = ts.size
+    if n == 0:
+        return empty
+    code = np.zeros(n, np.int8)
+    code[event == "MUTEX_WAIT"] = 1
+    code[event == "MUTEX_LOCK"] = 2
+    code[event == "MUTEX_UNLOCK"] = 3
+    order = np.argsort(tid, kind="stable")
+    c, t, m, x = code[order], tid[order], mutex[order], ts[order].astype(np.int64)
+    u = np.flatnonzero(c == 3)
+    u = u[u >= 1]
+    lk = u - 1
+    ok = (c[lk] == 2) & (t[lk] == t[u]) & (m[lk] == m[u]) & (x[u] >= x[lk])
+    u, lk = u[ok], lk[ok]
+    if u.size == 0:
+        return empty
+    w = lk - 1
+    has_w = (w >= 0)
+    wv = np.where(has_w, w, 0)
+    has_w &= (c[wv] == 1) & (t[wv] == t[u]) & (m[wv] == m[u])
+    wait_start = np.where(has_w, x[wv], -1)
+    return Episodes(t[u].astype(np.uint32), m[u].astype(np.uint64), wait_start, x[lk], x[u])
+
+
+class EpisodeIndex:
+    """Lock episodes indexed for the two queries a request needs: its own thread's waits in a
+    window, and a mutex's holders in a window. A thread waits for one lock at a time and a
+    mutex has one holder at a time, so each list is sorted by both of its ends."""
+
+    def __init__(self, ep: Episodes):
+        self.ep = ep
+        self.waits: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.holds: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        w = np.flatnonzero(ep.wait_start >= 0)
+        for key, arr, rows, by in ((0, ep.tid, w, ep.wait_start), (1, ep.mutex, np.arange(ep.tid.size), ep.acquired)):
+            if rows.size == 0:
+                continue
+            o = rows[np.lexsort((by[rows], arr[rows]))]
+            keys = arr[o]
+            cuts = np.flatnonzero(np.diff(keys.astype(np.int64) if key == 0 else keys.view(np.int64))) + 1
+            for part in np.split(o, cuts):
+                k = int(arr[part[0]])
+                if key == 0:
+                    self.waits[k] = (part, ep.wait_start[part], ep.acquired[part])
+                else:
+                    self.holds[k] = (part, ep.acquired[part], ep.released[part])
+
+    def waits_in(self, tid: int, start: int, end: int) -> np.ndarray:
+        e = self.waits.get(tid)
+        if e is None:
+            return np.zeros(0, np.int64)
+        rows, ws, acq = e
+        return rows[np.searchsorted(acq, start, side="right"):np.searchsorted(ws, end, side="left")]
+
+    def holders(self, mutex: int, waiter_tid: int, t0: int, t1: int) -> list[int]:
+        e = self.holds.get(mutex)
+        if e is None:
+            return []
+        rows, acq, rel = e
+        cand = rows[np.searchsorted(rel, t0, side="right"):np.searchsorted(acq, t1, side="left")]
+        return cand[self.ep.tid[cand] != waiter_tid].tolist()
 
 
 def holders(ep: Episodes, mutex: int, waiter_tid: int, t0: int, t1: int) -> list[int]:
@@ -214,14 +263,14 @@ def holders(ep: Episodes, mutex: int, waiter_tid: int, t0: int, t1: int) -> list
 
 # ---- request segments -------------------------------------------------------------------------
 
-def request_segments(d: LdbData, ep: Episodes, tid: int, start: int, end: int, req_id: int | None,
-                     depth: int = 0) -> list[tuple[int, int, int, str, dict]]:
+def request_segments(d: LdbData, ep: Episodes | EpisodeIndex, tid: int, start: int, end: int,
+                     req_id: int | None, depth: int = 0) -> list[tuple[int, int, int, str, dict]]:
     """Where a request's time went: (tid, t0, t1, role, info) with role 'own', 'handoff',
     'lock-wait' (on the waiter's thread) or 'holder' (the holder's thread during the wait)."""
     segs = [(tid, start, end, "own", {})]
     if req_id is not None and d.rq_id.size:
-        sel = np.flatnonzero((d.rq_id == req_id) & (d.rq_ts >= start - 1) & (d.rq_ts <= end + 1)
-                             & (d.rq_tid != tid))
+        sel = _rq_rows(d, req_id)
+        sel = sel[(d.rq_ts[sel] >= start - 1) & (d.rq_ts[sel] <= end + 1) & (d.rq_tid[sel] != tid)]
         by_tid: dict[int, list[int]] = {}
         for i in sel[np.argsort(d.rq_ts[sel], kind="stable")]:
             by_tid.setdefault(int(d.rq_tid[i]), []).append(int(i))
@@ -235,28 +284,41 @@ def request_segments(d: LdbData, ep: Episodes, tid: int, start: int, end: int, r
                     begin = None
             if begin is not None:
                 segs.append((t, begin, end, "handoff", {}))
-    segs.extend(_lock_segments(ep, tid, start, end, depth))
+    ix = ep if isinstance(ep, EpisodeIndex) else EpisodeIndex(ep)
+    segs.extend(_lock_segments(ix, tid, start, end, depth))
     return segs
 
 
-def _lock_segments(ep: Episodes, tid: int, start: int, end: int, depth: int):
+def _rq_rows(d: LdbData, req_id: int) -> np.ndarray:
+    """Rows of request_events for one request id (index built once per LdbData)."""
+    idx = getattr(d, "_rq_index", None)
+    if idx is None:
+        order = np.argsort(d.rq_id, kind="stable")
+        idx = (order, d.rq_id[order])
+        d._rq_index = idx  # type: ignore[attr-defined]
+    order, ids = idx
+    lo, hi = np.searchsorted(ids, req_id, side="left"), np.searchsorted(ids, req_id, side="right")
+    return order[lo:hi]
+
+
+def _lock_segments(ix: EpisodeIndex, tid: int, start: int, end: int, depth: int):
     out = []
+    ep = ix.ep
     if depth >= CHAIN_DEPTH or ep.tid.size == 0:
         return out
-    waits = np.flatnonzero((ep.tid == tid) & (ep.wait_start >= 0) & (ep.wait_start < end) & (ep.acquired > start))
-    for w in waits:
+    for w in ix.waits_in(tid, start, end):
         w0, w1 = max(int(ep.wait_start[w]), start), min(int(ep.acquired[w]), end)
         if w1 <= w0:
             continue
         mutex = int(ep.mutex[w])
         out.append((tid, w0, w1, "lock-wait", {"mutex": mutex, "depth": depth}))
-        for h in holders(ep, mutex, tid, w0, w1):
+        for h in ix.holders(mutex, tid, w0, w1):
             h0, h1 = max(int(ep.acquired[h]), w0), min(int(ep.released[h]), w1)
             htid = int(ep.tid[h])
             out.append((htid, h0, h1, "holder", {"mutex": mutex, "depth": depth,
                                                  "hold_start": int(ep.acquired[h]),
                                                  "hold_end": int(ep.released[h]), "waiter": tid}))
-            out.extend(_lock_segments(ep, htid, h0, h1, depth + 1))
+            out.extend(_lock_segments(ix, htid, h0, h1, depth + 1))
     return out
 
 
@@ -337,7 +399,7 @@ def slow_and_typical(latency: np.ndarray, p_target: float = 0.99) -> tuple[np.nd
 
 def contributions(d: LdbData, p_target: float = 0.99) -> dict:
     """Rank functions by mean time in slow requests minus mean time in typical ones."""
-    ep = lock_episodes(d.lk_ts, d.lk_tid, d.lk_event, d.lk_mutex)
+    ep = EpisodeIndex(lock_episodes(d.lk_ts, d.lk_tid, d.lk_event, d.lk_mutex))
     idx = CallIndex(d)
     slow, typical, thr = slow_and_typical(d.req_latency, p_target)
     slow, typical = _pick(slow, MAX_SET, 1), _pick(typical, MAX_SET, 2)
@@ -368,10 +430,11 @@ def contributions(d: LdbData, p_target: float = 0.99) -> dict:
 
 # ---- timelines ---------------------------------------------------------------------------------
 
-def timeline(d: LdbData, i: int, ep: Episodes | None = None, idx: CallIndex | None = None) -> dict:
+def timeline(d: LdbData, i: int, ep: Episodes | EpisodeIndex | None = None, idx: CallIndex | None = None) -> dict:
     """Everything that made request `i` (index into the requests arrays) take its time:
     its own calls, hand-offs, lock waits and the holders' calls during them."""
     ep = ep if ep is not None else lock_episodes(d.lk_ts, d.lk_tid, d.lk_event, d.lk_mutex)
+    ep = ep if isinstance(ep, EpisodeIndex) else EpisodeIndex(ep)
     idx = idx if idx is not None else CallIndex(d)
     tid, start = int(d.req_tid[i]), int(d.req_start[i])
     end = start + int(d.req_latency[i])
@@ -491,7 +554,7 @@ def flame(tree: dict[int, int], times: dict[int, float]) -> dict:
     return {"ids": ids, "parents": [parent_of[f] for f in ids], "values_us": [value[f] / 1e3 for f in ids]}
 
 
-def mean_times(d: LdbData, sel: np.ndarray, ep: Episodes, idx: CallIndex) -> dict[int, float]:
+def mean_times(d: LdbData, sel: np.ndarray, ep: Episodes | EpisodeIndex, idx: CallIndex) -> dict[int, float]:
     tot: dict[int, float] = {}
     for i in sel:
         segs = request_segments(d, ep, int(d.req_tid[i]), int(d.req_start[i]),
@@ -559,7 +622,7 @@ def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 
     obs = ((d.meta.get("ldb") or {}).get("observer")) or {}
     return {
         "calls": int(d.fn.size), "threads": int(np.unique(d.tid).size) if d.tid.size else 0,
-        "lock_episodes": int(ep.tid.size), "requests": int(d.req_latency.size),
+        "lock_episodes": int(ep.ep.tid.size), "requests": int(d.req_latency.size),
         "functions": table, "ranking": ranking, "contribution": {k: v for k, v in contrib.items() if k != "ranking"},
         "timelines": tls, "holders": holder_lines, "flame": {"slow": fl_slow, "typical": fl_typ},
         "observer": obs, "config": (d.meta.get("ldb") or {}).get("config") or {},
