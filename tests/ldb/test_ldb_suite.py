@@ -122,7 +122,7 @@ def check_against_truth(tmp, mode, meta, f, names, min_rows, min_reported=1.0):
     long_gaps = sum(n for i, n in enumerate(o["period_hist_ns"]) if (1 << (i + 1)) > shortest // 2)
     allowed = max(long_gaps, (1 - min_reported) * (len(missing) + len(errs)))
     assert len(missing) <= allowed, f"calls the observer never reported: {len(missing)}: {missing[:5]}"
-    assert len(errs) >= min_rows
+    assert len(errs) + len(missing) >= min_rows and errs
     beyond = [e for e in errs if e[0] > e[1] + 2000]
     assert not beyond, f"error > scan intervals + 2 µs: {beyond[:5]}"
     o = meta["ldb"]["observer"]
