@@ -110,7 +110,7 @@ def leak_check(prof: dict, out: Path) -> dict:
     ref = generate.neutral_profile(prof["load"]["protocol"], port=prof["listen"]["port"])
     for key in ("network", "threads", "listen"):
         ref[key] = json.loads(json.dumps(prof[key]))
-    ref["network"]["reply_kinds"] = [{"req_bytes": 16, "sizes": {"5": 1}}]
+    ref["network"]["reply_kinds"] = [{"req_bytes": 16, "sizes": {"5": 1, "40": 1, "4000": 1}}]
     ref["network"]["extra_per_request"], ref["network"]["tick_per_second"] = [], []
     ref["body"] = {k: generate.neutral_profile()["body"]["0"] | {"role": v["role"]} for k, v in prof["body"].items()}
     ref_dir = out / "private" / "reference"
