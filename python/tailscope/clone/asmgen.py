@@ -117,7 +117,9 @@ def _merge_small(segs: list[tuple[float, int, int]], min_mass: float = 0.05) -> 
     for m, w, r in segs:
         if out and (m < min_mass or out[-1][0] < min_mass):
             prev = out[-1]
-            heavier = (w, r) if m > prev[0] else (prev[1], prev[2])
+            heavier = [w, r] if m > prev[0] else [prev[1], prev[2]]
+            if max(r, prev[2]) >= 1 << 20:
+                heavier[1] = max(r, prev[2])  # keep far data far: it is what the LL sees
             out[-1] = [prev[0] + m, *heavier]
         else:
             out.append([m, w, r])
@@ -389,10 +391,14 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     for bi, b in enumerate(blocks):
         if spec.chunk_insns > 0:
             # at least one full pass per event: a block run less often than once per event would
-            # have its lines evicted by everything else in between (all of its fetches far)
+            # have its lines evicted by everything else in between (all of its fetches far).
+            # Whole passes, and the block size chosen so passes x size = the block's instructions.
             per_event_chunks = b.weight * instructions / spec.chunk_insns
-            b.code_bytes = int(64 * max(1, min(b.code_bytes * knobs.get("code_scale", 1.0) // 64, per_event_chunks)))
-            k_target = max(1, b.code_bytes // 64) * spec.chunk_insns
+            want = max(1.0, min(b.code_bytes * knobs.get("code_scale", 1.0) / 64, per_event_chunks))
+            passes = max(1, round(per_event_chunks / want))
+            chunks = max(1, round(per_event_chunks / passes))
+            b.code_bytes = 64 * chunks
+            k_target = chunks * spec.chunk_insns
         else:
             k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
         b.iters_per_event = b.weight * instructions / k_target if k_target else 0
