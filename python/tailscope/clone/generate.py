@@ -295,7 +295,14 @@ def generate(
     (out / "clone.c").write_text((TEMPLATES / "skeleton.c").read_text())
     (out / "Makefile").write_text(_MAKEFILE)
     load_args = " ".join(shlex.quote(a) for a in load["args"])
-    (out / "run.sh").write_text(_RUN_SH.format(port=listen["port"], load=load_args, rate=load["medium_rate"]))
+    try:
+        from .tools import find_loadgen
+
+        loadgen = shlex.quote(find_loadgen())
+    except CloneError:
+        loadgen = "tailscope-loadgen"
+    (out / "run.sh").write_text(_RUN_SH.format(port=listen["port"], load=load_args, rate=load["medium_rate"],
+                                                loadgen=loadgen))
     (out / "run.sh").chmod(0o755)
     meta = {
         "seed": seed,
@@ -334,7 +341,7 @@ cd "$(dirname "$0")"
 PORT=${{PORT:-{port}}}
 RATE=${{RATE:-{rate}}}
 DURATION=${{DURATION:-10}}
-LOADGEN=${{LOADGEN:-$(command -v tailscope-loadgen || echo ../target/release/tailscope-loadgen)}}
+LOADGEN=${{LOADGEN:-$(command -v tailscope-loadgen || echo {loadgen})}}
 [ -x ./clone ] || make -s
 body() {{
   ./clone -p "$PORT" & pid=$!
