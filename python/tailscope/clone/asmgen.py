@@ -331,9 +331,13 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     segs = couple(spec.icode_bins, spec.data_bins)
     blocks: list[Block] = []
     main_per_insn = spec.mem_per_insn * spec.main_fraction
-    for mass, w, r in segs:
-        code = max(64, int(0.7 * w))
-        region = int(0.75 * r) // 64 * 64 if r > 0 else 0
+    for i, (mass, w, r) in enumerate(segs):
+        # a bin (S/2, S] is only known as a whole; assume sizes log-uniform inside it and place
+        # alternate blocks at its quartiles 2^-0.75 S and 2^-0.25 S, so a cache of 3/4 S (e.g. a
+        # held-out 48 KiB D1 between the 32 and 64 KiB sweep points) catches about half of the bin
+        frac = 0.59 if i % 2 == 0 else 0.84
+        code = max(64, int(frac * w))
+        region = int(frac * r) // 64 * 64 if r > 0 else 0
         blocks.append(Block(weight=mass, code_bytes=code, region_bytes=region, main_per_insn=main_per_insn))
     _apply_knobs(blocks, knobs)
     # layout of the arena: tiny region, then each block's region (4 KiB aligned)
