@@ -202,8 +202,11 @@ def test_signal_handlers(tmp_path):
     o = meta["ldb"]["observer"]
     assert o["resyncs"] == 0, o
     # A handler that interrupts a hook mid-update (the stack's gen odd) cannot push without
-    # corrupting it: its calls are skipped by design. The rest are reported and right.
-    errs = check_against_truth(tmp_path, "signals", meta, f, {"handler_fn", "sleep_fn"}, 10, min_reported=0.5)
+    # corrupting it: its calls are skipped by design, and the main loop here is mostly hooks.
+    # Measured on a quiet machine: 13 to 35 of the 50 handler calls reported (a 0.5 floor
+    # failed 5 runs in 8). What must hold: a fifth or more are reported, and every reported
+    # call is right (no corruption).
+    errs = check_against_truth(tmp_path, "signals", meta, f, {"handler_fn", "sleep_fn"}, 10, min_reported=0.2)
     assert any(e[2] == "handler_fn" for e in errs)
 
 

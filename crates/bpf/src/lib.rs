@@ -404,6 +404,22 @@ fn set_config(
     Ok(())
 }
 
+/// `map[key] = value` on a map with u32 keys.
+fn map_set<V: Copy>(fd: &OwnedFd, key: u32, value: V) -> std::io::Result<()> {
+    let rc = unsafe {
+        libbpf_sys::bpf_map_update_elem(
+            fd.as_raw_fd(),
+            &key as *const u32 as *const c_void,
+            &value as *const V as *const c_void,
+            libbpf_sys::BPF_ANY as u64,
+        )
+    };
+    if rc != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn map_fd(obj: &Object, name: &str) -> Result<OwnedFd, TracerError> {
     let m = obj
         .maps()
@@ -624,39 +640,12 @@ impl Tracer {
 
     /// Accounts the threads of process `tgid` (and of the children it forks).
     pub fn add_target(&mut self, tgid: u32) -> Result<(), TracerError> {
-        let key = tgid;
-        let one: u8 = 1;
         // The pre-filter bucket first: BPF checks it before the set.
         let bucket = tgid & (TS_TGID_BUCKETS - 1);
-        let on: u32 = 1;
-        let rc = unsafe {
-            libbpf_sys::bpf_map_update_elem(
-                self.buckets_fd.as_raw_fd(),
-                &bucket as *const u32 as *const c_void,
-                &on as *const u32 as *const c_void,
-                libbpf_sys::BPF_ANY as u64,
-            )
-        };
-        if rc != 0 {
-            return Err(TracerError::Io(format!(
-                "add target {tgid}: bucket: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let rc = unsafe {
-            libbpf_sys::bpf_map_update_elem(
-                self.targets_fd.as_raw_fd(),
-                &key as *const u32 as *const c_void,
-                &one as *const u8 as *const c_void,
-                libbpf_sys::BPF_ANY as u64,
-            )
-        };
-        if rc != 0 {
-            return Err(TracerError::Io(format!(
-                "add target {tgid}: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
+        map_set(&self.buckets_fd, bucket, 1u32)
+            .map_err(|e| TracerError::Io(format!("add target {tgid}: bucket: {e}")))?;
+        map_set(&self.targets_fd, tgid, 1u8)
+            .map_err(|e| TracerError::Io(format!("add target {tgid}: {e}")))?;
         if self.server_ports_fd.is_some() {
             self.mark_listening_ports(tgid)?;
         }
@@ -680,23 +669,9 @@ impl Tracer {
         }
         ports.sort_unstable();
         ports.dedup();
-        let one: u8 = 1;
         for p in &ports {
-            let key = *p as u32;
-            let rc = unsafe {
-                libbpf_sys::bpf_map_update_elem(
-                    fd.as_raw_fd(),
-                    &key as *const u32 as *const c_void,
-                    &one as *const u8 as *const c_void,
-                    libbpf_sys::BPF_ANY as u64,
-                )
-            };
-            if rc != 0 {
-                return Err(TracerError::Io(format!(
-                    "mark server port {p}: {}",
-                    std::io::Error::last_os_error()
-                )));
-            }
+            map_set(fd, *p as u32, 1u8)
+                .map_err(|e| TracerError::Io(format!("mark server port {p}: {e}")))?;
         }
         Ok(ports.len())
     }
