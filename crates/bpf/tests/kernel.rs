@@ -728,7 +728,6 @@ struct Sampled {
 }
 
 fn sampled(tid: u32) -> Sampled {
-    use libbpf_rs::MapCore;
     let m = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
     let len = TS_KC_ENTRIES as usize * TS_KC_ENTRY_SIZE as usize;
     let mem = unsafe {
