@@ -40,13 +40,15 @@ static struct ts_thread_slot *slots;
 static volatile int consumer_stop;
 static uint64_t drained;
 
-static uint64_t now_ns(void) {
+static uint64_t now_ns(void)
+{
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
 
-static void *consumer(void *arg) {
+static void *consumer(void *arg)
+{
 	(void)arg;
 	while (!consumer_stop) {
 		for (uint32_t i = 0; i < hdr->slots_used && i < TS_MAX_SLOTS; i++) {
@@ -64,20 +66,23 @@ static void *consumer(void *arg) {
 
 static int self_drain; /* the producer drains its own ring every 128 pairs */
 
-static void *producer(void *arg) {
+static void *producer(void *arg)
+{
 	double *ns = arg;
 	int kind = 1;
 	tailscope_request_begin_kind(0, kind); /* register outside the timing */
 	tailscope_request_end(0);
 	struct ts_thread_slot *me = NULL;
 	for (int i = 0; i < TS_MAX_SLOTS && !me; i++)
-		if (slots[i].tid == (uint32_t)gettid() && slots[i].state == TS_SLOT_LIVE) me = &slots[i];
+		if (slots[i].tid == (uint32_t)gettid() && slots[i].state == TS_SLOT_LIVE)
+			me = &slots[i];
 	uint64_t t0 = now_ns();
 	if (self_drain && me) {
 		for (long i = 1; i <= pairs; i++) {
 			tailscope_request_begin_kind((uint64_t)i, kind);
 			tailscope_request_end((uint64_t)i);
-			if ((i & 127) == 0) me->ring_tail = me->ring_head;
+			if ((i & 127) == 0)
+				me->ring_tail = me->ring_head;
 		}
 	} else {
 		for (long i = 1; i <= pairs; i++) {
@@ -89,18 +94,22 @@ static void *producer(void *arg) {
 	return NULL;
 }
 
-static int cmp(const void *a, const void *b) {
+static int cmp(const void *a, const void *b)
+{
 	double x = *(const double *)a, y = *(const double *)b;
 	return x < y ? -1 : x > y;
 }
 
-static uint64_t total_dropped(void) {
+static uint64_t total_dropped(void)
+{
 	uint64_t d = 0;
-	for (int i = 0; i < TS_MAX_SLOTS; i++) d += slots[i].dropped_ring_full;
+	for (int i = 0; i < TS_MAX_SLOTS; i++)
+		d += slots[i].dropped_ring_full;
 	return d;
 }
 
-static void run_case(const char *name, uint32_t agent_ppm, int attached) {
+static void run_case(const char *name, uint32_t agent_ppm, int attached)
+{
 	double ns[RUNS];
 	pthread_t c;
 	hdr->sample_ppm_agent = agent_ppm;
@@ -109,19 +118,24 @@ static void run_case(const char *name, uint32_t agent_ppm, int attached) {
 	drained = 0;
 	uint64_t dropped0 = total_dropped();
 	int spin_consumer = attached && !self_drain;
-	if (spin_consumer) pthread_create(&c, NULL, consumer, NULL);
+	if (spin_consumer)
+		pthread_create(&c, NULL, consumer, NULL);
 	for (int r = 0; r < RUNS; r++) {
 		pthread_t p;
 		uint64_t h0 = 0;
-		for (int i = 0; i < TS_MAX_SLOTS; i++) h0 += slots[i].ring_head;
+		for (int i = 0; i < TS_MAX_SLOTS; i++)
+			h0 += slots[i].ring_head;
 		pthread_create(&p, NULL, producer, &ns[r]);
 		pthread_join(p, NULL);
 		if (self_drain)
-			for (int i = 0; i < TS_MAX_SLOTS; i++) h0 -= slots[i].ring_head;
-		if (self_drain) drained += -h0;
+			for (int i = 0; i < TS_MAX_SLOTS; i++)
+				h0 -= slots[i].ring_head;
+		if (self_drain)
+			drained += -h0;
 	}
 	consumer_stop = 1;
-	if (spin_consumer) pthread_join(c, NULL);
+	if (spin_consumer)
+		pthread_join(c, NULL);
 	hdr->agent_pid = 0;
 	hdr->sample_ppm_agent = 0;
 	double sorted[RUNS];
@@ -129,33 +143,39 @@ static void run_case(const char *name, uint32_t agent_ppm, int attached) {
 	qsort(sorted, RUNS, sizeof(double), cmp);
 	printf("{\"case\":\"%s\",\"ns_per_pair_median\":%.2f,\"pairs_per_run\":%ld,\"runs\":[",
 	       name, sorted[RUNS / 2], pairs);
-	for (int r = 0; r < RUNS; r++) printf("%s%.2f", r ? "," : "", ns[r]);
+	for (int r = 0; r < RUNS; r++)
+		printf("%s%.2f", r ? "," : "", ns[r]);
 	printf("],\"records_drained\":%llu,\"records_dropped_ring_full\":%llu}\n",
 	       (unsigned long long)drained, (unsigned long long)(total_dropped() - dropped0));
 	fflush(stdout);
 }
 
-static int map_region(void) {
+static int map_region(void)
+{
 	int fd = open(tailscope_region_path(), O_RDWR);
-	if (fd < 0) return -1;
+	if (fd < 0)
+		return -1;
 	struct stat st;
 	fstat(fd, &st);
 	void *p = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
-	if (p == MAP_FAILED) return -1;
+	if (p == MAP_FAILED)
+		return -1;
 	hdr = p;
 	slots = (struct ts_thread_slot *)(hdr + 1);
 	return 0;
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
 	const char *s = getenv("TAILSCOPE_SAMPLE");
 	if (!s || strcmp(s, "0") != 0) { /* runtime's own rate 0; cases set the override */
 		setenv("TAILSCOPE_SAMPLE", "0", 1);
 		execv("/proc/self/exe", argv);
 		return 1;
 	}
-	if (argc > 1) pairs = atol(argv[1]);
+	if (argc > 1)
+		pairs = atol(argv[1]);
 	if (!tailscope_enabled() || map_region() != 0) {
 		fprintf(stderr, "microbench: runtime disabled (see TAILSCOPE_DEBUG=1)\n");
 		return 1;
@@ -174,13 +194,15 @@ int main(int argc, char **argv) {
 		fake_kc_destroy(fake);
 		ts_kc_pin_path = TS_KC_PIN_PATH;
 	} else {
-		printf("{\"case\":\"sampled_100pct_fake_kc\",\"skipped\":\"cannot create a BPF array\"}\n");
+		printf("{\"case\":\"sampled_100pct_fake_kc\",\"skipped\":\"cannot create a BPF "
+		       "array\"}\n");
 	}
 	if (access(TS_KC_PIN_PATH, F_OK) == 0) {
 		usleep(150000);
 		run_case("sampled_100pct_kcounters", TS_PPM, 1);
 	} else {
-		printf("{\"case\":\"sampled_100pct_kcounters\",\"skipped\":\"no agent running\"}\n");
+		printf(
+		    "{\"case\":\"sampled_100pct_kcounters\",\"skipped\":\"no agent running\"}\n");
 	}
 	return 0;
 }

@@ -22,14 +22,14 @@
 
 /* Countdown values that mean "never sample" or "look again later". */
 #define TS_COUNTDOWN_NEVER INT64_MAX
-#define TS_COUNTDOWN_IDLE 65536   /* rate 0 / no agent: re-check this often */
+#define TS_COUNTDOWN_IDLE 65536 /* rate 0 / no agent: re-check this often */
 #define TS_COUNTDOWN_CAP (1LL << 30)
 
 /* ts_thread.state */
-#define TS_THREAD_NEW 0     /* first call not seen yet */
-#define TS_THREAD_READY 1   /* has a slot */
-#define TS_THREAD_MUTE 2    /* no slot or runtime disabled: never records */
-#define TS_THREAD_DEAD 3    /* past its TSD destructor */
+#define TS_THREAD_NEW 0   /* first call not seen yet */
+#define TS_THREAD_READY 1 /* has a slot */
+#define TS_THREAD_MUTE 2  /* no slot or runtime disabled: never records */
+#define TS_THREAD_DEAD 3  /* past its TSD destructor */
 
 /* A snapshot of a thread's cumulative kernel counters. */
 struct ts_kc_snap {
@@ -38,54 +38,54 @@ struct ts_kc_snap {
 	uint64_t blocked_ns;
 	uint64_t irq_ns;
 	uint64_t softirq_ns;
-	uint32_t counts[9];   /* runnable_count .. invol_switches, ABI order */
+	uint32_t counts[9]; /* runnable_count .. invol_switches, ABI order */
 };
 
 /* ts_kc_snapshot() result */
-#define TS_SNAP_NONE 0    /* no kcounters entry for this thread */
+#define TS_SNAP_NONE 0 /* no kcounters entry for this thread */
 #define TS_SNAP_OK 1
-#define TS_SNAP_TORN 2    /* entry kept changing; snapshot best-effort */
+#define TS_SNAP_TORN 2 /* entry kept changing; snapshot best-effort */
 
 struct ts_thread {
-	int64_t countdown;        /* requests until the next sampled one */
-	uint32_t active;          /* a sampled request is open */
-	uint32_t state;           /* TS_THREAD_* */
+	int64_t countdown; /* requests until the next sampled one */
+	uint32_t active;   /* a sampled request is open */
+	uint32_t state;    /* TS_THREAD_* */
 	uint64_t cur_id;
 	uint64_t start_ns;
 	uint16_t kind;
-	uint16_t snap_state;      /* TS_SNAP_* of the begin snapshot */
+	uint16_t snap_state; /* TS_SNAP_* of the begin snapshot */
 	uint32_t tid;
-	int sample_at_zero;       /* the countdown was drawn at a rate > 0 */
-	uint32_t kc_idx;          /* kcounters entry index, 0 = none */
+	int sample_at_zero; /* the countdown was drawn at a rate > 0 */
+	uint32_t kc_idx;    /* kcounters entry index, 0 = none */
 	uint32_t _pad;
 	struct ts_kcounters *kc_map; /* the mapping kc_idx belongs to */
-	uint64_t rng;             /* xorshift64* state */
+	uint64_t rng;                /* xorshift64* state */
 	struct ts_thread_slot *slot;
-	struct ts_kc_snap snap;   /* counters at begin */
+	struct ts_kc_snap snap; /* counters at begin */
 	/* LDB */
-	struct ts_shadow_stack *shadow; /* hooks' fast path; NULL: take the slow path */
+	struct ts_shadow_stack *shadow;      /* hooks' fast path; NULL: take the slow path */
 	struct ts_shadow_stack *shadow_slow; /* the stack, once attached */
-	uint32_t fn_clock;        /* stamp frame entries (TAILSCOPE_FN_CLOCK=1) */
-	uint32_t in_attach;       /* recursion guard for shadow_attach */
+	uint32_t fn_clock;                   /* stamp frame entries (TAILSCOPE_FN_CLOCK=1) */
+	uint32_t in_attach;                  /* recursion guard for shadow_attach */
 };
 
 struct ts_process {
-	int enabled;              /* region mapped and usable */
+	int enabled; /* region mapped and usable */
 	int debug;
 	int pid;
-	uint32_t sample_ppm;      /* runtime's own rate */
+	uint32_t sample_ppm; /* runtime's own rate */
 	struct ts_region_header *hdr;
 	struct ts_thread_slot *slots;
 	size_t region_size;
 	char path[64];
-	pthread_key_t key;        /* TSD destructor marks the slot EXITED */
+	pthread_key_t key; /* TSD destructor marks the slot EXITED */
 	pthread_mutex_t kind_lock;
 	/* kernel-counter array, mapped on demand */
-	struct ts_kcounters *kc;  /* NULL until mapped; never unmapped */
-	uint32_t kc_maps;         /* mappings made so far (bounded) */
-	uint64_t kc_next_try_ns;  /* rate limit for failed opens */
-	pthread_mutex_t kc_lock;  /* only ever trylock'ed */
-	uint32_t fn_clock;        /* TAILSCOPE_FN_CLOCK=1 */
+	struct ts_kcounters *kc; /* NULL until mapped; never unmapped */
+	uint32_t kc_maps;        /* mappings made so far (bounded) */
+	uint64_t kc_next_try_ns; /* rate limit for failed opens */
+	pthread_mutex_t kc_lock; /* only ever trylock'ed */
+	uint32_t fn_clock;       /* TAILSCOPE_FN_CLOCK=1 */
 };
 
 extern struct ts_process ts_proc TS_HIDDEN;

@@ -35,18 +35,21 @@ _Static_assert(sizeof(struct ts_kc_header) == TS_KC_ENTRY_SIZE, "kc header");
  * library point it at a map they made themselves (hidden, not an API). */
 const char *ts_kc_pin_path TS_HIDDEN = TS_KC_PIN_PATH;
 
-static struct ts_kc_header *kc_header(struct ts_kcounters *kc) {
+static struct ts_kc_header *kc_header(struct ts_kcounters *kc)
+{
 	return (struct ts_kc_header *)kc;
 }
 
-static int kc_header_ok(struct ts_kc_header *h) {
+static int kc_header_ok(struct ts_kc_header *h)
+{
 	return h->magic == TS_ABI_MAGIC && h->abi_version == TS_ABI_VERSION &&
 	       h->entry_size == TS_KC_ENTRY_SIZE && h->entries == TS_KC_ENTRIES &&
 	       __atomic_load_n(&h->live, __ATOMIC_ACQUIRE) == 1;
 }
 
 /* Open and map the pinned array. Called under kc_lock. */
-static struct ts_kcounters *kc_map_open(void) {
+static struct ts_kcounters *kc_map_open(void)
+{
 	union bpf_attr attr;
 	memset(&attr, 0, sizeof(attr));
 	attr.pathname = (uint64_t)(uintptr_t)ts_kc_pin_path;
@@ -71,14 +74,16 @@ static struct ts_kcounters *kc_map_open(void) {
 }
 
 /* Make ts_proc.kc a live mapping if we can, without ever blocking. */
-static struct ts_kcounters *kc_current(uint64_t now) {
+static struct ts_kcounters *kc_current(uint64_t now)
+{
 	struct ts_kcounters *kc = __atomic_load_n(&ts_proc.kc, __ATOMIC_ACQUIRE);
 	if (TS_LIKELY(kc && __atomic_load_n(&kc_header(kc)->live, __ATOMIC_RELAXED)))
 		return kc;
 	if (now < __atomic_load_n(&ts_proc.kc_next_try_ns, __ATOMIC_RELAXED) ||
 	    ts_proc.kc_maps >= TS_KC_MAX_MAPS)
 		return NULL;
-	if (pthread_mutex_trylock(&ts_proc.kc_lock) != 0) return NULL;
+	if (pthread_mutex_trylock(&ts_proc.kc_lock) != 0)
+		return NULL;
 	kc = ts_proc.kc;
 	if (kc && !kc_header(kc)->live) {
 		ts_debug("kcounters: agent gone (live=0), dropping mapping");
@@ -86,9 +91,11 @@ static struct ts_kcounters *kc_current(uint64_t now) {
 	}
 	if (!kc) {
 		kc = kc_map_open();
-		if (kc) ts_proc.kc_maps++;
-		else __atomic_store_n(&ts_proc.kc_next_try_ns, now + TS_KC_RETRY_NS,
-				      __ATOMIC_RELAXED);
+		if (kc)
+			ts_proc.kc_maps++;
+		else
+			__atomic_store_n(&ts_proc.kc_next_try_ns, now + TS_KC_RETRY_NS,
+			                 __ATOMIC_RELAXED);
 		__atomic_store_n(&ts_proc.kc, kc, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&ts_proc.kc_lock);
@@ -96,17 +103,20 @@ static struct ts_kcounters *kc_current(uint64_t now) {
 }
 
 /* Find this thread's entry, claiming a free one if none has its tid. */
-static uint32_t kc_find(struct ts_kcounters *kc, uint32_t tid) {
+static uint32_t kc_find(struct ts_kcounters *kc, uint32_t tid)
+{
 	const uint32_t mask = TS_KC_ENTRIES - 1;
 	for (uint32_t i = 0; i < TS_KC_PROBE; i++) {
 		uint32_t idx = (tid + i) & mask;
-		if (idx && __atomic_load_n(&kc[idx].tid, __ATOMIC_RELAXED) == tid) return idx;
+		if (idx && __atomic_load_n(&kc[idx].tid, __ATOMIC_RELAXED) == tid)
+			return idx;
 	}
 	for (uint32_t i = 0; i < TS_KC_PROBE; i++) {
 		uint32_t idx = (tid + i) & mask, zero = 0;
-		if (!idx) continue;
-		if (__atomic_compare_exchange_n(&kc[idx].tid, &zero, tid, 0,
-						__ATOMIC_ACQ_REL, __ATOMIC_RELAXED) ||
+		if (!idx)
+			continue;
+		if (__atomic_compare_exchange_n(&kc[idx].tid, &zero, tid, 0, __ATOMIC_ACQ_REL,
+		                                __ATOMIC_RELAXED) ||
 		    zero == tid)
 			return idx;
 	}
@@ -115,7 +125,8 @@ static uint32_t kc_find(struct ts_kcounters *kc, uint32_t tid) {
 
 /* At a sampled begin: make sure t->kc_idx names this thread's entry in the
  * live mapping. Returns 1 if it does. */
-int ts_kc_begin(struct ts_thread *t, uint64_t now) {
+int ts_kc_begin(struct ts_thread *t, uint64_t now)
+{
 	struct ts_kcounters *kc = kc_current(now);
 	if (!kc) {
 		t->kc_idx = 0;
@@ -133,7 +144,8 @@ int ts_kc_begin(struct ts_thread *t, uint64_t now) {
  * on-CPU interval (since switch_in_ns) is added in. ~25 instructions when
  * the first read is clean, which is the norm: the entry is only written
  * by BPF in contexts that interrupt or switch out this very thread. */
-int ts_kc_snapshot(struct ts_thread *t, uint64_t now, struct ts_kc_snap *s) {
+int ts_kc_snapshot(struct ts_thread *t, uint64_t now, struct ts_kc_snap *s)
+{
 	if (!t->kc_idx || !t->kc_map || !kc_header(t->kc_map)->live)
 		return TS_SNAP_NONE;
 	volatile struct ts_kcounters *e = &t->kc_map[t->kc_idx];
@@ -157,9 +169,12 @@ int ts_kc_snapshot(struct ts_thread *t, uint64_t now, struct ts_kc_snap *s) {
 		s->counts[7] = e->vol_switches;
 		s->counts[8] = e->invol_switches;
 		__atomic_thread_fence(__ATOMIC_ACQUIRE);
-		if (!(s1 & 1) && __atomic_load_n(&e->seq, __ATOMIC_RELAXED) == s1) break;
+		if (!(s1 & 1) && __atomic_load_n(&e->seq, __ATOMIC_RELAXED) == s1)
+			break;
 	}
-	if (e->tid != t->tid) return TS_SNAP_NONE;
-	if (switch_in && now > switch_in) s->oncpu_ns += now - switch_in;
+	if (e->tid != t->tid)
+		return TS_SNAP_NONE;
+	if (switch_in && now > switch_in)
+		s->oncpu_ns += now - switch_in;
 	return tries < 4 ? TS_SNAP_OK : TS_SNAP_TORN;
 }

@@ -51,28 +51,34 @@ static TS_TLS struct {
 	struct ts_held h[TS_HELD_MAX];
 } ts_held;
 
-static NOINST uint64_t now_ns(void) {
+static NOINST uint64_t now_ns(void)
+{
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static NOINST inline int locks_on(void) {
+static NOINST inline int locks_on(void)
+{
 	struct ts_region_header *h = __atomic_load_n(&ts_proc.hdr, __ATOMIC_RELAXED);
 	return h && (__atomic_load_n(&h->ldb_flags, __ATOMIC_RELAXED) & TS_LDB_LOCKS);
 }
 
-static NOINST void held_push(const pthread_mutex_t *m, uint64_t wait_start, uint64_t acquired) {
+static NOINST void held_push(const pthread_mutex_t *m, uint64_t wait_start, uint64_t acquired)
+{
 	if (ts_held.n < TS_HELD_MAX)
 		ts_held.h[ts_held.n++] = (struct ts_held){m, wait_start, acquired};
 }
 
 /* Removes m's entry (most recent first); returns 1 and the entry if held. */
-static NOINST int held_pop(const pthread_mutex_t *m, struct ts_held *out) {
+static NOINST int held_pop(const pthread_mutex_t *m, struct ts_held *out)
+{
 	for (uint32_t i = ts_held.n; i-- > 0;) {
-		if (ts_held.h[i].m != m) continue;
+		if (ts_held.h[i].m != m)
+			continue;
 		*out = ts_held.h[i];
-		for (uint32_t j = i + 1; j < ts_held.n; j++) ts_held.h[j - 1] = ts_held.h[j];
+		for (uint32_t j = i + 1; j < ts_held.n; j++)
+			ts_held.h[j - 1] = ts_held.h[j];
 		ts_held.n--;
 		return 1;
 	}
@@ -80,51 +86,64 @@ static NOINST int held_pop(const pthread_mutex_t *m, struct ts_held *out) {
 }
 
 /* After the unlock: log the episode if it waited or held long enough. */
-static NOINST void held_log(const struct ts_held *e, uint64_t released) {
-	if (!locks_on()) return; /* the recording ended while it was held */
+static NOINST void held_log(const struct ts_held *e, uint64_t released)
+{
+	if (!locks_on())
+		return; /* the recording ended while it was held */
 	uint64_t thresh = ts_mutex_thresh_ns();
 	uint64_t wait = e->wait_start_ns ? e->acquired_ns - e->wait_start_ns : 0;
 	uint64_t hold = released - e->acquired_ns;
-	if (wait <= thresh && hold <= thresh) return;
+	if (wait <= thresh && hold <= thresh)
+		return;
 	struct ts_event ev[3];
 	int n = 0;
 	uint64_t obj = (uint64_t)(uintptr_t)e->m;
 	if (e->wait_start_ns)
-		ev[n++] = (struct ts_event){.ts_ns = e->wait_start_ns, .object = obj,
-					    .type = TS_EV_MUTEX_WAIT};
-	ev[n++] = (struct ts_event){.ts_ns = e->acquired_ns, .object = obj, .type = TS_EV_MUTEX_LOCK};
+		ev[n++] = (struct ts_event){
+		    .ts_ns = e->wait_start_ns, .object = obj, .type = TS_EV_MUTEX_WAIT};
+	ev[n++] =
+	    (struct ts_event){.ts_ns = e->acquired_ns, .object = obj, .type = TS_EV_MUTEX_LOCK};
 	ev[n++] = (struct ts_event){.ts_ns = released, .object = obj, .type = TS_EV_MUTEX_UNLOCK};
 	ts_event_push3(&ts_self, ev, n);
 }
 
-static NOINST __attribute__((noinline)) int lock_slow(pthread_mutex_t *m) {
+static NOINST __attribute__((noinline)) int lock_slow(pthread_mutex_t *m)
+{
 	uint64_t wait_start = 0;
 	if (real_mutex_trylock(m) != 0) {
 		wait_start = now_ns();
 		int rc = real_mutex_lock(m);
-		if (rc != 0) return rc;
+		if (rc != 0)
+			return rc;
 	}
 	held_push(m, wait_start, now_ns());
 	return 0;
 }
 
-NOINST int pthread_mutex_lock(pthread_mutex_t *m) {
-	if (TS_LIKELY(!locks_on())) return real_mutex_lock(m);
+NOINST int pthread_mutex_lock(pthread_mutex_t *m)
+{
+	if (TS_LIKELY(!locks_on()))
+		return real_mutex_lock(m);
 	return lock_slow(m);
 }
 
-NOINST int pthread_mutex_trylock(pthread_mutex_t *m) {
+NOINST int pthread_mutex_trylock(pthread_mutex_t *m)
+{
 	int rc = real_mutex_trylock(m);
-	if (TS_UNLIKELY(rc == 0 && locks_on())) held_push(m, 0, now_ns());
+	if (TS_UNLIKELY(rc == 0 && locks_on()))
+		held_push(m, 0, now_ns());
 	return rc;
 }
 
-NOINST int pthread_mutex_unlock(pthread_mutex_t *m) {
-	if (TS_LIKELY(ts_held.n == 0)) return real_mutex_unlock(m);
+NOINST int pthread_mutex_unlock(pthread_mutex_t *m)
+{
+	if (TS_LIKELY(ts_held.n == 0))
+		return real_mutex_unlock(m);
 	struct ts_held e;
 	int had = held_pop(m, &e);
 	int rc = real_mutex_unlock(m);
-	if (had && rc == 0) held_log(&e, now_ns());
+	if (had && rc == 0)
+		held_log(&e, now_ns());
 	return rc;
 }
 
@@ -133,11 +152,14 @@ NOINST int pthread_mutex_unlock(pthread_mutex_t *m) {
 typedef int (*cond_wait_fn)(pthread_cond_t *, pthread_mutex_t *);
 typedef int (*cond_timedwait_fn)(pthread_cond_t *, pthread_mutex_t *, const struct timespec *);
 
-static NOINST void *real_symbol(void **cache, const char *name) {
+static NOINST void *real_symbol(void **cache, const char *name)
+{
 	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
-	if (f) return f;
+	if (f)
+		return f;
 	f = dlvsym(RTLD_NEXT, name, "GLIBC_2.3.2");
-	if (!f) f = dlsym(RTLD_NEXT, name);
+	if (!f)
+		f = dlsym(RTLD_NEXT, name);
 	__atomic_store_n(cache, f, __ATOMIC_RELEASE);
 	return f;
 }
@@ -145,35 +167,46 @@ static NOINST void *real_symbol(void **cache, const char *name) {
 static void *real_cond_wait, *real_cond_timedwait;
 
 /* The hold ends while the condition wait releases the mutex. */
-static NOINST void cond_release(pthread_mutex_t *m) {
+static NOINST void cond_release(pthread_mutex_t *m)
+{
 	struct ts_held e;
-	if (held_pop(m, &e)) held_log(&e, now_ns());
+	if (held_pop(m, &e))
+		held_log(&e, now_ns());
 }
 
-NOINST int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m) {
+NOINST int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
+{
 	cond_wait_fn f = (cond_wait_fn)real_symbol(&real_cond_wait, "pthread_cond_wait");
-	if (!f) return EINVAL;
-	if (TS_LIKELY(ts_held.n == 0 && !locks_on())) return f(c, m);
+	if (!f)
+		return EINVAL;
+	if (TS_LIKELY(ts_held.n == 0 && !locks_on()))
+		return f(c, m);
 	cond_release(m);
 	int rc = f(c, m);
-	if (locks_on()) held_push(m, 0, now_ns());
+	if (locks_on())
+		held_push(m, 0, now_ns());
 	return rc;
 }
 
 NOINST int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m,
-				  const struct timespec *abstime) {
+                                  const struct timespec *abstime)
+{
 	cond_timedwait_fn f =
-		(cond_timedwait_fn)real_symbol(&real_cond_timedwait, "pthread_cond_timedwait");
-	if (!f) return EINVAL;
-	if (TS_LIKELY(ts_held.n == 0 && !locks_on())) return f(c, m, abstime);
+	    (cond_timedwait_fn)real_symbol(&real_cond_timedwait, "pthread_cond_timedwait");
+	if (!f)
+		return EINVAL;
+	if (TS_LIKELY(ts_held.n == 0 && !locks_on()))
+		return f(c, m, abstime);
 	cond_release(m);
 	int rc = f(c, m, abstime);
-	if (locks_on()) held_push(m, 0, now_ns());
+	if (locks_on())
+		held_push(m, 0, now_ns());
 	return rc;
 }
 
 /* Tell the agent the shim is here (the linker pulled this file in). */
-__attribute__((constructor)) static NOINST void lockshim_announce(void) {
+__attribute__((constructor)) static NOINST void lockshim_announce(void)
+{
 	if (ts_process_ready())
 		__atomic_fetch_or(&ts_proc.hdr->features, TS_FEAT_LOCK_SHIM, __ATOMIC_RELAXED);
 }

@@ -23,8 +23,8 @@
 #include "tailscope/tailscope.h"
 
 /* Seqlock-publish the slot's cur_* for observers (gen odd while writing). */
-static void slot_publish(struct ts_thread_slot *s, const struct ts_thread *t,
-			 uint32_t active) {
+static void slot_publish(struct ts_thread_slot *s, const struct ts_thread *t, uint32_t active)
+{
 	uint64_t g = s->gen;
 	__atomic_store_n(&s->gen, g + 1, __ATOMIC_RELAXED);
 	__atomic_thread_fence(__ATOMIC_RELEASE);
@@ -35,8 +35,9 @@ static void slot_publish(struct ts_thread_slot *s, const struct ts_thread *t,
 	__atomic_store_n(&s->gen, g + 2, __ATOMIC_RELEASE);
 }
 
-static __attribute__((noinline)) void request_begin_sampled(struct ts_thread *t,
-							    uint64_t id, int kind) {
+static __attribute__((noinline)) void request_begin_sampled(struct ts_thread *t, uint64_t id,
+                                                            int kind)
+{
 	uint64_t now = ts_now_ns();
 	t->snap_state = TS_SNAP_NONE;
 	if (ts_kc_begin(t, now)) {
@@ -54,26 +55,31 @@ static __attribute__((noinline)) void request_begin_sampled(struct ts_thread *t,
 	t->active = 1;
 }
 
-static __attribute__((noinline)) void request_begin_slow(uint64_t id, int kind) {
+static __attribute__((noinline)) void request_begin_slow(uint64_t id, int kind)
+{
 	struct ts_thread *t = &ts_self;
 	if (TS_UNLIKELY(t->state != TS_THREAD_READY)) {
-		if (!ts_thread_init(t)) return;
-		if (--t->countdown > 0) return;
+		if (!ts_thread_init(t))
+			return;
+		if (--t->countdown > 0)
+			return;
 	}
 	int sample = t->sample_at_zero;
 	ts_sample_redraw(t);
-	if (!sample) return;
-	if (!__atomic_load_n(&ts_proc.hdr->agent_pid, __ATOMIC_RELAXED)) return;
+	if (!sample)
+		return;
+	if (!__atomic_load_n(&ts_proc.hdr->agent_pid, __ATOMIC_RELAXED))
+		return;
 	request_begin_sampled(t, id, kind);
 }
 
 /* Fill r's counters with end - begin. Returns 0 if the entry went
  * backwards (reclaimed or reset under us): then the counters are junk. */
-static int record_counters(struct ts_request_record *r,
-			   const struct ts_kc_snap *b, const struct ts_kc_snap *e) {
+static int record_counters(struct ts_request_record *r, const struct ts_kc_snap *b,
+                           const struct ts_kc_snap *e)
+{
 	if (e->oncpu_ns < b->oncpu_ns || e->runnable_ns < b->runnable_ns ||
-	    e->blocked_ns < b->blocked_ns || e->irq_ns < b->irq_ns ||
-	    e->softirq_ns < b->softirq_ns)
+	    e->blocked_ns < b->blocked_ns || e->irq_ns < b->irq_ns || e->softirq_ns < b->softirq_ns)
 		return 0;
 	r->oncpu_ns = e->oncpu_ns - b->oncpu_ns;
 	r->runnable_ns = e->runnable_ns - b->runnable_ns;
@@ -92,21 +98,23 @@ static int record_counters(struct ts_request_record *r,
 	return 1;
 }
 
-static void record_clear_counters(struct ts_request_record *r) {
+static void record_clear_counters(struct ts_request_record *r)
+{
 	r->oncpu_ns = r->runnable_ns = r->blocked_ns = r->irq_ns = r->softirq_ns = 0;
 	r->runnable_count = r->blocked_count = r->irq_count = r->softirq_count = 0;
 	r->fault_user_count = r->fault_kernel_count = r->migrations = 0;
 	r->vol_switches = r->invol_switches = 0;
 }
 
-static __attribute__((noinline)) void request_end_slow(uint64_t id) {
+static __attribute__((noinline)) void request_end_slow(uint64_t id)
+{
 	struct ts_thread *t = &ts_self;
-	if (id != t->cur_id) return; /* not the open sampled request: ignore */
+	if (id != t->cur_id)
+		return; /* not the open sampled request: ignore */
 	t->active = 0;
 	uint64_t now = ts_now_ns();
 	struct ts_kc_snap end;
-	int end_state = t->snap_state == TS_SNAP_NONE ? TS_SNAP_NONE
-						      : ts_kc_snapshot(t, now, &end);
+	int end_state = t->snap_state == TS_SNAP_NONE ? TS_SNAP_NONE : ts_kc_snapshot(t, now, &end);
 	if (t->snap_state != TS_SNAP_NONE && t->kc_map && t->kc_idx &&
 	    __atomic_load_n(&t->kc_map[t->kc_idx].tid, __ATOMIC_RELAXED) == t->tid)
 		__atomic_store_n(&t->kc_map[t->kc_idx].sampled_refs, 0, __ATOMIC_RELAXED);
@@ -116,8 +124,7 @@ static __attribute__((noinline)) void request_end_slow(uint64_t id) {
 	uint64_t head = s->ring_head;
 	uint64_t tail = __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE);
 	if (head - tail >= TS_RING_CAPACITY) {
-		__atomic_store_n(&s->dropped_ring_full, s->dropped_ring_full + 1,
-				 __ATOMIC_RELAXED);
+		__atomic_store_n(&s->dropped_ring_full, s->dropped_ring_full + 1, __ATOMIC_RELAXED);
 		return;
 	}
 	struct ts_request_record *r = &s->ring[head & (TS_RING_CAPACITY - 1)];
@@ -141,24 +148,31 @@ static __attribute__((noinline)) void request_end_slow(uint64_t id) {
 
 /* Hot path, unsampled: 7 instructions on x86-64 gcc -O2 (TLS offset, load,
  * sub, store, test, jle, ret). */
-void tailscope_request_begin_kind(uint64_t id, int kind) {
-	if (TS_LIKELY(--ts_self.countdown > 0)) return;
+void tailscope_request_begin_kind(uint64_t id, int kind)
+{
+	if (TS_LIKELY(--ts_self.countdown > 0))
+		return;
 	request_begin_slow(id, kind);
 }
 
 /* Same as begin_kind(id, 0), without the extra call. */
-void tailscope_request_begin(uint64_t id) {
-	if (TS_LIKELY(--ts_self.countdown > 0)) return;
+void tailscope_request_begin(uint64_t id)
+{
+	if (TS_LIKELY(--ts_self.countdown > 0))
+		return;
 	request_begin_slow(id, 0);
 }
 
 /* Hot path, no sampled request open: 5 instructions (TLS offset, load,
  * test, jne, ret). */
-void tailscope_request_end(uint64_t id) {
-	if (TS_LIKELY(!ts_self.active)) return;
+void tailscope_request_end(uint64_t id)
+{
+	if (TS_LIKELY(!ts_self.active))
+		return;
 	request_end_slow(id);
 }
 
-uint32_t tailscope_sample_ppm(void) {
+uint32_t tailscope_sample_ppm(void)
+{
 	return ts_process_ready() ? ts_current_ppm() : 0;
 }

@@ -17,15 +17,17 @@
  */
 #include "internal.h"
 
-uint32_t ts_current_ppm(void) {
-	if (!ts_proc.enabled) return 0;
-	uint32_t agent = __atomic_load_n(&ts_proc.hdr->sample_ppm_agent,
-					 __ATOMIC_RELAXED);
+uint32_t ts_current_ppm(void)
+{
+	if (!ts_proc.enabled)
+		return 0;
+	uint32_t agent = __atomic_load_n(&ts_proc.hdr->sample_ppm_agent, __ATOMIC_RELAXED);
 	uint32_t ppm = agent ? agent : ts_proc.sample_ppm;
 	return ppm > TS_PPM ? TS_PPM : ppm;
 }
 
-static uint64_t rng_next(struct ts_thread *t) {
+static uint64_t rng_next(struct ts_thread *t)
+{
 	uint64_t x = t->rng;
 	x ^= x >> 12;
 	x ^= x << 25;
@@ -34,7 +36,8 @@ static uint64_t rng_next(struct ts_thread *t) {
 	return x * 0x2545F4914F6CDD1Dull;
 }
 
-void ts_sample_seed(struct ts_thread *t) {
+void ts_sample_seed(struct ts_thread *t)
+{
 	uint64_t s = ts_now_ns() ^ ((uint64_t)t->tid * 0x9E3779B97F4A7C15ull);
 	t->rng = s ? s : 0x1234567;
 	t->countdown = 0;
@@ -45,8 +48,12 @@ void ts_sample_seed(struct ts_thread *t) {
  * ln m = 2 atanh(s), s = (m - 1) / (m + 1), |s| < 0.172, six odd terms
  * (relative error < 1e-9). m - 1 is exact near 1, so ln(1 - p) keeps its
  * precision for tiny p. */
-double ts_ln(double x) {
-	union { double d; uint64_t u; } v = { .d = x };
+double ts_ln(double x)
+{
+	union {
+		double d;
+		uint64_t u;
+	} v = {.d = x};
 	int e = (int)((v.u >> 52) & 0x7ff) - 1023;
 	v.u = (v.u & 0x000fffffffffffffull) | 0x3ff0000000000000ull;
 	if (v.d > 1.41421356237309505) {
@@ -64,7 +71,8 @@ double ts_ln(double x) {
 }
 
 /* Draw the gap to the next sampled request. */
-void ts_sample_redraw(struct ts_thread *t) {
+void ts_sample_redraw(struct ts_thread *t)
+{
 	uint32_t ppm = ts_current_ppm();
 	t->sample_at_zero = ppm != 0;
 	if (ppm == 0) {

@@ -20,17 +20,19 @@
 
 TS_TLS struct ts_thread ts_self;
 
-static int slot_take(struct ts_thread_slot *s, uint32_t from) {
-	return __atomic_compare_exchange_n(&s->state, &from, TS_SLOT_LIVE, 0,
-					   __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+static int slot_take(struct ts_thread_slot *s, uint32_t from)
+{
+	return __atomic_compare_exchange_n(&s->state, &from, TS_SLOT_LIVE, 0, __ATOMIC_ACQ_REL,
+	                                   __ATOMIC_RELAXED);
 }
 
-static struct ts_thread_slot *slot_claim(void) {
+static struct ts_thread_slot *slot_claim(void)
+{
 	struct ts_region_header *h = ts_proc.hdr;
 	uint32_t used = __atomic_load_n(&h->slots_used, __ATOMIC_RELAXED);
 	while (used < TS_MAX_SLOTS) {
 		if (__atomic_compare_exchange_n(&h->slots_used, &used, used + 1, 0,
-						__ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+		                                __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
 			if (slot_take(&ts_proc.slots[used], TS_SLOT_FREE))
 				return &ts_proc.slots[used];
 			break;
@@ -39,7 +41,8 @@ static struct ts_thread_slot *slot_claim(void) {
 	for (uint32_t i = 0; i < TS_MAX_SLOTS; i++) {
 		struct ts_thread_slot *s = &ts_proc.slots[i];
 		uint32_t st = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
-		if (st == TS_SLOT_FREE && slot_take(s, TS_SLOT_FREE)) return s;
+		if (st == TS_SLOT_FREE && slot_take(s, TS_SLOT_FREE))
+			return s;
 		if (st == TS_SLOT_EXITED &&
 		    __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) == s->ring_head &&
 		    __atomic_load_n(&s->ev_tail, __ATOMIC_ACQUIRE) == s->ev_head &&
@@ -52,10 +55,13 @@ static struct ts_thread_slot *slot_claim(void) {
 
 /* First call on this thread: claim a slot and seed the sampler. Returns 1
  * if the thread can record, 0 if it never will (state MUTE or DEAD). */
-int ts_thread_init(struct ts_thread *t) {
-	if (t->state == TS_THREAD_DEAD || t->state == TS_THREAD_MUTE) return 0;
+int ts_thread_init(struct ts_thread *t)
+{
+	if (t->state == TS_THREAD_DEAD || t->state == TS_THREAD_MUTE)
+		return 0;
 	t->tid = (uint32_t)gettid();
-	if (!ts_process_ready()) goto mute;
+	if (!ts_process_ready())
+		goto mute;
 	struct ts_thread_slot *s = slot_claim();
 	if (!s) {
 		ts_debug("thread %u: no free slot (max %d)", t->tid, TS_MAX_SLOTS);
@@ -77,7 +83,8 @@ mute:
 
 /* TSD destructor: the thread is ending. Close any open request and mark
  * the slot EXITED so the agent drains it and it can be reused. */
-void ts_slot_exit(void *slot) {
+void ts_slot_exit(void *slot)
+{
 	struct ts_thread_slot *s = slot;
 	struct ts_thread *t = &ts_self;
 	uint64_t g = s->gen;
@@ -95,7 +102,9 @@ void ts_slot_exit(void *slot) {
 
 /* In a fork child the calling thread's slot belongs to the parent's
  * region. Forget it; the thread re-registers in the child's region. */
-void ts_thread_reset_after_fork(struct ts_thread *t) {
-	if (ts_proc.enabled) pthread_setspecific(ts_proc.key, NULL);
+void ts_thread_reset_after_fork(struct ts_thread *t)
+{
+	if (ts_proc.enabled)
+		pthread_setspecific(ts_proc.key, NULL);
 	memset(t, 0, sizeof(*t)); /* shadow = NULL: re-attached in the child's region */
 }

@@ -18,12 +18,14 @@ extern const char *ts_kc_pin_path; /* libtailscope internal */
 
 static char fake_kc_path[64];
 
-static inline long fake_bpf(int cmd, union bpf_attr *a) {
+static inline long fake_bpf(int cmd, union bpf_attr *a)
+{
 	return syscall(__NR_bpf, cmd, a, sizeof(*a));
 }
 
 /* Create, map and pin; point the runtime at it. NULL if bpf() fails. */
-static inline struct ts_kcounters *fake_kc_create(void) {
+static inline struct ts_kcounters *fake_kc_create(void)
+{
 	union bpf_attr a;
 	memset(&a, 0, sizeof(a));
 	a.map_type = BPF_MAP_TYPE_ARRAY;
@@ -32,10 +34,14 @@ static inline struct ts_kcounters *fake_kc_create(void) {
 	a.max_entries = TS_KC_ENTRIES;
 	a.map_flags = BPF_F_MMAPABLE;
 	int fd = (int)fake_bpf(BPF_MAP_CREATE, &a);
-	if (fd < 0) return NULL;
-	void *p = mmap(NULL, (size_t)TS_KC_ENTRIES * TS_KC_ENTRY_SIZE,
-		       PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	if (p == MAP_FAILED) { close(fd); return NULL; }
+	if (fd < 0)
+		return NULL;
+	void *p = mmap(NULL, (size_t)TS_KC_ENTRIES * TS_KC_ENTRY_SIZE, PROT_READ | PROT_WRITE,
+	               MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		close(fd);
+		return NULL;
+	}
 	struct ts_kc_header *h = p;
 	h->magic = TS_ABI_MAGIC;
 	h->abi_version = TS_ABI_VERSION;
@@ -43,31 +49,38 @@ static inline struct ts_kcounters *fake_kc_create(void) {
 	h->entries = TS_KC_ENTRIES;
 	h->agent_pid = (__u32)getpid();
 	h->live = 1;
-	snprintf(fake_kc_path, sizeof(fake_kc_path), "/sys/fs/bpf/tailscope-test-kc-%d" /* bpffs rejects dots */, (int)getpid());
+	snprintf(fake_kc_path, sizeof(fake_kc_path),
+	         "/sys/fs/bpf/tailscope-test-kc-%d" /* bpffs rejects dots */, (int)getpid());
 	unlink(fake_kc_path);
 	memset(&a, 0, sizeof(a));
 	a.pathname = (__u64)(unsigned long)fake_kc_path;
 	a.bpf_fd = (__u32)fd;
 	long rc = fake_bpf(BPF_OBJ_PIN, &a);
 	close(fd);
-	if (rc != 0) { munmap(p, (size_t)TS_KC_ENTRIES * TS_KC_ENTRY_SIZE); return NULL; }
+	if (rc != 0) {
+		munmap(p, (size_t)TS_KC_ENTRIES * TS_KC_ENTRY_SIZE);
+		return NULL;
+	}
 	ts_kc_pin_path = fake_kc_path;
 	return p;
 }
 
-static inline void fake_kc_destroy(struct ts_kcounters *kc) {
+static inline void fake_kc_destroy(struct ts_kcounters *kc)
+{
 	((struct ts_kc_header *)kc)->live = 0;
 	unlink(fake_kc_path);
 }
 
 /* Find tid's entry the way BPF would (claim if free). */
-static inline struct ts_kcounters *fake_kc_entry(struct ts_kcounters *kc, __u32 tid) {
+static inline struct ts_kcounters *fake_kc_entry(struct ts_kcounters *kc, __u32 tid)
+{
 	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
 		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1), zero = 0;
-		if (!idx) continue;
+		if (!idx)
+			continue;
 		if (kc[idx].tid == tid ||
-		    __atomic_compare_exchange_n(&kc[idx].tid, &zero, tid, 0,
-						__ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+		    __atomic_compare_exchange_n(&kc[idx].tid, &zero, tid, 0, __ATOMIC_ACQ_REL,
+		                                __ATOMIC_RELAXED))
 			return &kc[idx];
 	}
 	return NULL;
@@ -75,7 +88,8 @@ static inline struct ts_kcounters *fake_kc_entry(struct ts_kcounters *kc, __u32 
 
 /* Play BPF: add to an entry under its seqlock. */
 static inline void fake_kc_add(struct ts_kcounters *e, __u64 runnable_ns, __u64 irq_ns,
-			__u32 faults) {
+                               __u32 faults)
+{
 	__atomic_fetch_add(&e->seq, 1, __ATOMIC_ACQ_REL);
 	e->runnable_ns += runnable_ns;
 	e->runnable_count += runnable_ns != 0;

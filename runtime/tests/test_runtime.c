@@ -30,20 +30,26 @@ double ts_ln(double x);
 
 static int passed, failed;
 
-#define CHECK(cond) do {                                                   \
-	if (cond) passed++;                                                \
-	else { failed++; fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__,      \
-				 __LINE__, #cond); }                       \
-} while (0)
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (cond)                                                                          \
+			passed++;                                                                  \
+		else {                                                                             \
+			failed++;                                                                  \
+			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);            \
+		}                                                                                  \
+	} while (0)
 
 static struct ts_region_header *hdr;
 static struct ts_thread_slot *slots;
 
-static struct ts_region_header *map_region(int pid) {
+static struct ts_region_header *map_region(int pid)
+{
 	char path[64];
 	snprintf(path, sizeof(path), TS_REGION_PATH_FMT, pid);
 	int fd = open(path, O_RDWR);
-	if (fd < 0) return NULL;
+	if (fd < 0)
+		return NULL;
 	struct stat st;
 	fstat(fd, &st);
 	void *p = mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
@@ -51,38 +57,45 @@ static struct ts_region_header *map_region(int pid) {
 	return p == MAP_FAILED ? NULL : p;
 }
 
-static struct ts_thread_slot *slot_of(uint32_t tid) {
+static struct ts_thread_slot *slot_of(uint32_t tid)
+{
 	for (int i = 0; i < TS_MAX_SLOTS; i++)
-		if (slots[i].tid == tid && slots[i].state == TS_SLOT_LIVE) return &slots[i];
+		if (slots[i].tid == tid && slots[i].state == TS_SLOT_LIVE)
+			return &slots[i];
 	return NULL;
 }
 
 /* Drain one slot's ring; returns records consumed. */
-static uint64_t drain(struct ts_thread_slot *s) {
+static uint64_t drain(struct ts_thread_slot *s)
+{
 	uint64_t head = __atomic_load_n(&s->ring_head, __ATOMIC_ACQUIRE);
 	uint64_t n = head - s->ring_tail;
 	__atomic_store_n(&s->ring_tail, head, __ATOMIC_RELEASE);
 	return n;
 }
 
-static void attach(uint32_t ppm) {
+static void attach(uint32_t ppm)
+{
 	hdr->sample_ppm_agent = ppm;
 	hdr->agent_pid = 1;
 }
 
-static void detach(void) {
+static void detach(void)
+{
 	hdr->agent_pid = 0;
 	hdr->sample_ppm_agent = 0;
 }
 
 /* Run fn on a fresh thread (a fresh countdown drawn at the current rate). */
-static void on_thread(void *(*fn)(void *), void *arg) {
+static void on_thread(void *(*fn)(void *), void *arg)
+{
 	pthread_t th;
 	pthread_create(&th, NULL, fn, arg);
 	pthread_join(th, NULL);
 }
 
-static void test_parse(void) {
+static void test_parse(void)
+{
 	CHECK(ts_parse_sample("0.01", 7) == 10000);
 	CHECK(ts_parse_sample("1%", 7) == 10000);
 	CHECK(ts_parse_sample("250ppm", 7) == 250);
@@ -99,11 +112,13 @@ static void test_parse(void) {
 	CHECK(fabs(ts_ln(1 - 1e-6) - log1p(-1e-6)) < 1e-14);
 }
 
-static void test_region_header(void) {
+static void test_region_header(void)
+{
 	CHECK(tailscope_enabled());
 	hdr = map_region(getpid());
 	CHECK(hdr != NULL);
-	if (!hdr) exit(1);
+	if (!hdr)
+		exit(1);
 	slots = (struct ts_thread_slot *)(hdr + 1);
 	CHECK(hdr->magic == TS_ABI_MAGIC);
 	CHECK(hdr->abi_version == TS_ABI_VERSION);
@@ -118,7 +133,8 @@ static void test_region_header(void) {
 	CHECK(hdr->agent_pid == 0);
 }
 
-static void test_kinds(void) {
+static void test_kinds(void)
+{
 	int get = tailscope_kind("GET"), set = tailscope_kind("SET");
 	CHECK(get == 1 && set == 2);
 	CHECK(tailscope_kind("GET") == 1);
@@ -128,21 +144,30 @@ static void test_kinds(void) {
 	CHECK(strlen(hdr->kinds[3]) == TS_KIND_NAME_LEN - 1);
 }
 
-struct rate_run { long n; uint64_t records; int bad; };
+struct rate_run {
+	long n;
+	uint64_t records;
+	int bad;
+};
 
-static void *rate_thread(void *arg) {
+static void *rate_thread(void *arg)
+{
 	struct rate_run *r = arg;
 	tailscope_request_begin(0); /* registers the slot */
 	tailscope_request_end(0);
 	struct ts_thread_slot *s = slot_of(gettid());
-	if (!s) { r->bad = 1; return NULL; }
+	if (!s) {
+		r->bad = 1;
+		return NULL;
+	}
 	drain(s);
 	for (long i = 1; i <= r->n; i++) {
 		tailscope_request_begin_kind(i, 1);
 		tailscope_request_end(i);
 		uint64_t head = s->ring_head;
 		if (head != s->ring_tail) {
-			struct ts_request_record *rec = &s->ring[(head - 1) & (TS_RING_CAPACITY - 1)];
+			struct ts_request_record *rec =
+			    &s->ring[(head - 1) & (TS_RING_CAPACITY - 1)];
 			if (rec->request_id != (uint64_t)i || rec->kind != 1 ||
 			    rec->tid != (uint32_t)gettid() || !(rec->flags & TS_REC_SAMPLED) ||
 			    rec->cpu >= 1024 || rec->latency_ns > 1000000000ull)
@@ -150,12 +175,14 @@ static void *rate_thread(void *arg) {
 			r->records += drain(s);
 		}
 	}
-	if (s->cur_active) r->bad++;
+	if (s->cur_active)
+		r->bad++;
 	return NULL;
 }
 
-static uint64_t sampled_count(uint32_t ppm, long n, int *bad) {
-	struct rate_run r = { .n = n };
+static uint64_t sampled_count(uint32_t ppm, long n, int *bad)
+{
+	struct rate_run r = {.n = n};
 	attach(ppm);
 	on_thread(rate_thread, &r);
 	detach();
@@ -163,12 +190,13 @@ static uint64_t sampled_count(uint32_t ppm, long n, int *bad) {
 	return r.records;
 }
 
-static void test_sampling(void) {
+static void test_sampling(void)
+{
 	int bad;
 	uint64_t got = sampled_count(10000, 1000000, &bad);
 	double sigma = sqrt(1e6 * 0.01 * 0.99);
-	printf("  1%% of 1e6: %llu sampled (expect 10000 +- %.0f)\n",
-	       (unsigned long long)got, 5 * sigma);
+	printf("  1%% of 1e6: %llu sampled (expect 10000 +- %.0f)\n", (unsigned long long)got,
+	       5 * sigma);
 	CHECK(fabs((double)got - 10000) < 5 * sigma);
 	CHECK(bad == 0);
 	got = sampled_count(TS_PPM, 100000, &bad);
@@ -176,12 +204,12 @@ static void test_sampling(void) {
 	got = sampled_count(0, 200000, &bad); /* no override: runtime rate 0 */
 	CHECK(got == 0);
 	got = sampled_count(100, 2000000, &bad);
-	printf("  100 ppm of 2e6: %llu sampled (expect 200 +- 71)\n",
-	       (unsigned long long)got);
+	printf("  100 ppm of 2e6: %llu sampled (expect 200 +- 71)\n", (unsigned long long)got);
 	CHECK(fabs((double)got - 200) < 5 * sqrt(200));
 }
 
-static void *no_agent_thread(void *arg) {
+static void *no_agent_thread(void *arg)
+{
 	(void)arg;
 	for (int i = 1; i <= 1000; i++) {
 		tailscope_request_begin(i);
@@ -192,19 +220,22 @@ static void *no_agent_thread(void *arg) {
 	return NULL;
 }
 
-static void test_no_agent(void) {
+static void test_no_agent(void)
+{
 	hdr->sample_ppm_agent = TS_PPM;
 	on_thread(no_agent_thread, NULL);
 	hdr->sample_ppm_agent = 0;
 }
 
-static void *mismatch_thread(void *arg) {
+static void *mismatch_thread(void *arg)
+{
 	(void)arg;
 	tailscope_request_begin(0);
 	tailscope_request_end(0);
 	struct ts_thread_slot *s = slot_of(gettid());
 	CHECK(s != NULL);
-	if (!s) return NULL;
+	if (!s)
+		return NULL;
 	drain(s);
 	tailscope_request_end(42); /* no begin */
 	CHECK(s->ring_head == s->ring_tail);
@@ -220,13 +251,15 @@ static void *mismatch_thread(void *arg) {
 	return NULL;
 }
 
-static void test_end_without_begin(void) {
+static void test_end_without_begin(void)
+{
 	attach(TS_PPM);
 	on_thread(mismatch_thread, NULL);
 	detach();
 }
 
-static void *overflow_thread(void *arg) {
+static void *overflow_thread(void *arg)
+{
 	(void)arg;
 	for (int i = 1; i <= 600; i++) {
 		tailscope_request_begin(i);
@@ -234,15 +267,18 @@ static void *overflow_thread(void *arg) {
 	}
 	struct ts_thread_slot *s = slot_of(gettid());
 	CHECK(s != NULL);
-	if (!s) return NULL;
+	if (!s)
+		return NULL;
 	CHECK(s->ring_head - s->ring_tail == TS_RING_CAPACITY);
 	CHECK(s->dropped_ring_full == 600 - TS_RING_CAPACITY);
-	CHECK(s->ring[0].request_id == 1 && s->ring[TS_RING_CAPACITY - 1].request_id == TS_RING_CAPACITY);
+	CHECK(s->ring[0].request_id == 1 &&
+	      s->ring[TS_RING_CAPACITY - 1].request_id == TS_RING_CAPACITY);
 	drain(s);
 	return NULL;
 }
 
-static void test_ring_overflow(void) {
+static void test_ring_overflow(void)
+{
 	attach(TS_PPM);
 	on_thread(overflow_thread, NULL);
 	detach();
@@ -252,7 +288,8 @@ static void test_ring_overflow(void) {
 static volatile int producer_done;
 static volatile uint32_t producer_tid;
 
-static void *producer(void *arg) {
+static void *producer(void *arg)
+{
 	long n = (long)arg;
 	producer_tid = gettid();
 	tailscope_request_begin(0);
@@ -264,15 +301,18 @@ static void *producer(void *arg) {
 		/* the first half waits (boundedly) for the consumer; the second
 		 * half runs free and overflows */
 		if (i < n / 2 && (i & 127) == 0)
-			for (int spin = 0; spin < 1000000 &&
-			     s->ring_head - __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) > 256; spin++)
+			for (int spin = 0;
+			     spin < 1000000 &&
+			     s->ring_head - __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) > 256;
+			     spin++)
 				__builtin_ia32_pause();
 	}
 	__atomic_store_n(&producer_done, 1, __ATOMIC_RELEASE);
 	return NULL;
 }
 
-static void test_consumer(void) {
+static void test_consumer(void)
+{
 	const long n = 300000;
 	attach(TS_PPM);
 	producer_done = 0;
@@ -280,19 +320,22 @@ static void test_consumer(void) {
 	pthread_t th;
 	pthread_create(&th, NULL, producer, (void *)n);
 	struct ts_thread_slot *s = NULL;
-	while (!s) s = producer_tid ? slot_of(producer_tid) : NULL;
+	while (!s)
+		s = producer_tid ? slot_of(producer_tid) : NULL;
 	uint64_t got = 0, last_id = 0, out_of_order = 0;
 	for (;;) {
 		int done = __atomic_load_n(&producer_done, __ATOMIC_ACQUIRE);
 		uint64_t head = __atomic_load_n(&s->ring_head, __ATOMIC_ACQUIRE);
 		for (uint64_t t = s->ring_tail; t < head; t++) {
 			uint64_t id = s->ring[t & (TS_RING_CAPACITY - 1)].request_id;
-			if (got && id <= last_id) out_of_order++;
+			if (got && id <= last_id)
+				out_of_order++;
 			last_id = id;
 			got++;
 		}
 		__atomic_store_n(&s->ring_tail, head, __ATOMIC_RELEASE);
-		if (done && head == s->ring_head) break;
+		if (done && head == s->ring_head)
+			break;
 	}
 	pthread_join(th, NULL);
 	detach();
@@ -307,7 +350,8 @@ static void test_consumer(void) {
 /* 300 threads alive at once: TS_MAX_SLOTS minus those taken get a slot. */
 static pthread_barrier_t barrier;
 
-static void *many_thread(void *arg) {
+static void *many_thread(void *arg)
+{
 	(void)arg;
 	tailscope_request_begin(7);
 	tailscope_request_end(7);
@@ -315,32 +359,38 @@ static void *many_thread(void *arg) {
 	return NULL;
 }
 
-static uint32_t live_slots(void) {
+static uint32_t live_slots(void)
+{
 	uint32_t n = 0;
-	for (int i = 0; i < TS_MAX_SLOTS; i++) n += slots[i].state == TS_SLOT_LIVE;
+	for (int i = 0; i < TS_MAX_SLOTS; i++)
+		n += slots[i].state == TS_SLOT_LIVE;
 	return n;
 }
 
-static void test_many_threads(void) {
+static void test_many_threads(void)
+{
 	enum { N = 300 };
 	static pthread_t th[N];
 	uint32_t live = live_slots();
 	uint64_t exhausted0 = hdr->slots_exhausted;
 	pthread_barrier_init(&barrier, NULL, N + 1);
-	for (int i = 0; i < N; i++) pthread_create(&th[i], NULL, many_thread, NULL);
+	for (int i = 0; i < N; i++)
+		pthread_create(&th[i], NULL, many_thread, NULL);
 	/* wait for all to register, then count before anyone exits */
-	while (live_slots() + (hdr->slots_exhausted - exhausted0) < live + N) usleep(1000);
+	while (live_slots() + (hdr->slots_exhausted - exhausted0) < live + N)
+		usleep(1000);
 	CHECK(live_slots() == TS_MAX_SLOTS);
 	pthread_barrier_wait(&barrier);
-	for (int i = 0; i < N; i++) pthread_join(th[i], NULL);
+	for (int i = 0; i < N; i++)
+		pthread_join(th[i], NULL);
 	uint64_t exhausted = hdr->slots_exhausted - exhausted0;
-	printf("  %d threads: %llu found no slot (expect %u)\n", N,
-	       (unsigned long long)exhausted, N - (TS_MAX_SLOTS - live));
+	printf("  %d threads: %llu found no slot (expect %u)\n", N, (unsigned long long)exhausted,
+	       N - (TS_MAX_SLOTS - live));
 	CHECK(exhausted == N - (TS_MAX_SLOTS - live));
 	CHECK(hdr->slots_used == TS_MAX_SLOTS);
 	CHECK(live_slots() == live);
 	/* exited, drained slots are reused */
-	struct rate_run r = { .n = 1000 };
+	struct rate_run r = {.n = 1000};
 	attach(TS_PPM);
 	on_thread(rate_thread, &r);
 	detach();
@@ -348,7 +398,8 @@ static void test_many_threads(void) {
 	CHECK(hdr->slots_exhausted - exhausted0 == exhausted);
 }
 
-static void test_fork(void) {
+static void test_fork(void)
+{
 	char parent_path[64];
 	snprintf(parent_path, sizeof(parent_path), "%s", tailscope_region_path());
 	fflush(stdout);
@@ -387,18 +438,21 @@ static void test_fork(void) {
  * the counter deltas accumulated between begin and end. */
 static struct ts_kcounters *fake;
 
-static void *fake_kc_thread(void *arg) {
+static void *fake_kc_thread(void *arg)
+{
 	(void)arg;
 	tailscope_request_begin(0);
 	tailscope_request_end(0);
 	struct ts_thread_slot *s = slot_of(gettid());
 	CHECK(s != NULL);
-	if (!s) return NULL;
+	if (!s)
+		return NULL;
 	drain(s);
 	tailscope_request_begin_kind(10, 2);
 	struct ts_kcounters *e = fake_kc_entry(fake, gettid());
 	CHECK(e != NULL && e->tid == (__u32)gettid());
-	if (!e) return NULL;
+	if (!e)
+		return NULL;
 	fake_kc_add(e, 5000, 700, 3);
 	tailscope_request_end(10);
 	CHECK(s->ring_head == s->ring_tail + 1);
@@ -429,7 +483,8 @@ static void *fake_kc_thread(void *arg) {
 	return NULL;
 }
 
-static void test_fake_kcounters(void) {
+static void test_fake_kcounters(void)
+{
 	fake = fake_kc_create();
 	if (!fake) {
 		printf("  skip fake kcounters: cannot create a BPF array (not root?)\n");
@@ -443,19 +498,21 @@ static void test_fake_kcounters(void) {
 	ts_kc_pin_path = TS_KC_PIN_PATH;
 }
 
-static void test_kcounters(void) {
+static void test_kcounters(void)
+{
 	if (access(TS_KC_PIN_PATH, F_OK) != 0) {
 		printf("  skip kcounters: no agent running (%s absent)\n", TS_KC_PIN_PATH);
 		return;
 	}
-	struct rate_run r = { .n = 1000 };
+	struct rate_run r = {.n = 1000};
 	attach(TS_PPM);
 	on_thread(rate_thread, &r);
 	detach();
 	CHECK(r.records == 1000 && r.bad == 0);
 }
 
-int main(int argc, char **argv) {
+int main(int argc, char **argv)
+{
 	(void)argc;
 	const char *s = getenv("TAILSCOPE_SAMPLE");
 	if (!s || strcmp(s, "0") != 0) {

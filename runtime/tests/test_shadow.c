@@ -26,29 +26,37 @@
 #define NOINLINE __attribute__((noinline))
 
 static int passed, failed;
-#define CHECK(cond) do {                                                   \
-	if (cond) passed++;                                                \
-	else { failed++; fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__,      \
-				 __LINE__, #cond); }                       \
-} while (0)
+#define CHECK(cond)                                                                                \
+	do {                                                                                       \
+		if (cond)                                                                          \
+			passed++;                                                                  \
+		else {                                                                             \
+			failed++;                                                                  \
+			fprintf(stderr, "FAIL %s:%d: %s\n", __FILE__, __LINE__, #cond);            \
+		}                                                                                  \
+	} while (0)
 
 static struct ts_region_header *hdr;
 static struct ts_thread_slot *slots;
 
-static NOINST uint64_t now_ns(void) {
+static NOINST uint64_t now_ns(void)
+{
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static NOINST struct ts_thread_slot *my_slot(void) {
+static NOINST struct ts_thread_slot *my_slot(void)
+{
 	uint32_t tid = (uint32_t)gettid();
 	for (int i = 0; i < TS_MAX_SLOTS; i++)
-		if (slots[i].tid == tid && slots[i].state == TS_SLOT_LIVE) return &slots[i];
+		if (slots[i].tid == tid && slots[i].state == TS_SLOT_LIVE)
+			return &slots[i];
 	return NULL;
 }
 
-static NOINST struct ts_shadow_stack *me(void) {
+static NOINST struct ts_shadow_stack *me(void)
+{
 	struct ts_thread_slot *s = my_slot();
 	return s ? &s->shadow : NULL;
 }
@@ -58,11 +66,21 @@ static NOINST struct ts_shadow_stack *me(void) {
 static uint32_t seen_depth;
 static uint64_t seen_ids[8];
 
-static NOINLINE void leaf3(void) { seen_depth = me()->depth; }
-static NOINLINE void mid2(void) { leaf3(); }
-static NOINLINE void top1(void) { mid2(); }
+static NOINLINE void leaf3(void)
+{
+	seen_depth = me()->depth;
+}
+static NOINLINE void mid2(void)
+{
+	leaf3();
+}
+static NOINLINE void top1(void)
+{
+	mid2();
+}
 
-static NOINLINE int rec(int n) {
+static NOINLINE int rec(int n)
+{
 	if (n == 0) {
 		seen_depth = me()->depth;
 		return 0;
@@ -70,15 +88,18 @@ static NOINLINE int rec(int n) {
 	return rec(n - 1) + 1;
 }
 
-static NOINLINE void record_id(int i) {
+static NOINLINE void record_id(int i)
+{
 	struct ts_shadow_stack *s = me();
 	seen_ids[i] = s->frames[s->depth - 1].id;
 }
 
-static NOINST void test_depth(void) {
+static NOINST void test_depth(void)
+{
 	struct ts_shadow_stack *s = me();
 	CHECK(s != NULL);
-	if (!s) exit(1);
+	if (!s)
+		exit(1);
 	CHECK(hdr->features & TS_FEAT_FN_HOOKS);
 	uint32_t base = s->depth; /* main() and the test function are instrumented? no: NOINST */
 	top1();
@@ -89,16 +110,19 @@ static NOINST void test_depth(void) {
 	rec(10);
 	CHECK(seen_depth == base + 11);
 	CHECK(s->depth == base);
-	for (int i = 0; i < 4; i++) record_id(i); /* one call site, four calls */
+	for (int i = 0; i < 4; i++)
+		record_id(i); /* one call site, four calls */
 	int distinct = 1;
-	for (int i = 1; i < 4; i++) distinct &= seen_ids[i] > seen_ids[i - 1];
+	for (int i = 1; i < 4; i++)
+		distinct &= seen_ids[i] > seen_ids[i - 1];
 	CHECK(distinct);
 	CHECK(s->gen % 2 == 0);
 }
 
 /* ---- truncation -------------------------------------------------------- */
 
-static NOINST void test_truncation(void) {
+static NOINST void test_truncation(void)
+{
 	struct ts_shadow_stack *s = me();
 	uint32_t base = s->depth;
 	uint64_t before = s->truncated;
@@ -115,21 +139,30 @@ static NOINST void test_truncation(void) {
 
 static jmp_buf jb;
 static volatile int jump_sink;
-static NOINLINE void jump_deep(int n) {
-	if (n <= 0) longjmp(jb, 1);
-	if (n < 100) jump_deep(n - 1);
+static NOINLINE void jump_deep(int n)
+{
+	if (n <= 0)
+		longjmp(jb, 1);
+	if (n < 100)
+		jump_deep(n - 1);
 	jump_sink++;
 }
-static NOINLINE void after_jump(void) { seen_depth = me()->depth; }
-static NOINLINE void jumper(void) {
+static NOINLINE void after_jump(void)
+{
+	seen_depth = me()->depth;
+}
+static NOINLINE void jumper(void)
+{
 	uint32_t at = me()->depth; /* jumper's own frame is on top */
-	if (setjmp(jb) == 0) jump_deep(5);
+	if (setjmp(jb) == 0)
+		jump_deep(5);
 	CHECK(me()->depth == at + 6); /* the skipped frames are still there */
-	after_jump();                  /* its entry drops them */
+	after_jump();                 /* its entry drops them */
 	CHECK(seen_depth == at + 1);
 }
 
-static NOINST void test_longjmp(void) {
+static NOINST void test_longjmp(void)
+{
 	struct ts_shadow_stack *s = me();
 	uint32_t base = s->depth;
 	uint64_t r0 = s->resyncs;
@@ -142,7 +175,8 @@ static NOINST void test_longjmp(void) {
 
 static volatile uint64_t handler_calls;
 static volatile uint32_t handler_bad;
-static NOINLINE void in_handler(void) {
+static NOINLINE void in_handler(void)
+{
 	handler_calls++;
 	struct ts_shadow_stack *s = me();
 	/* Interrupting a hook, the handler's calls are skipped: then depth is
@@ -151,13 +185,18 @@ static NOINLINE void in_handler(void) {
 	    s->frames[s->depth - 1].fn != (uint64_t)(uintptr_t)in_handler)
 		handler_bad++;
 }
-static NOINLINE void on_alarm(int sig) {
+static NOINLINE void on_alarm(int sig)
+{
 	(void)sig;
 	in_handler();
 }
-static NOINLINE uint64_t busy_leaf(uint64_t x) { return x * 31 + 7; }
+static NOINLINE uint64_t busy_leaf(uint64_t x)
+{
+	return x * 31 + 7;
+}
 
-static NOINST void test_signals(void) {
+static NOINST void test_signals(void)
+{
 	struct ts_shadow_stack *s = me();
 	uint32_t base = s->depth;
 	uint64_t r0 = s->resyncs;
@@ -167,7 +206,8 @@ static NOINST void test_signals(void) {
 	setitimer(ITIMER_REAL, &it, NULL);
 	uint64_t acc = 0, end = now_ns() + 300000000ull;
 	while (now_ns() < end)
-		for (int i = 0; i < 1000; i++) acc += busy_leaf((uint64_t)i);
+		for (int i = 0; i < 1000; i++)
+			acc += busy_leaf((uint64_t)i);
 	struct itimerval off = {{0, 0}, {0, 0}};
 	setitimer(ITIMER_REAL, &off, NULL);
 	signal(SIGALRM, SIG_DFL);
@@ -176,8 +216,9 @@ static NOINST void test_signals(void) {
 	CHECK(s->depth == base);
 	CHECK(s->resyncs == r0);
 	CHECK(s->gen % 2 == 0);
-	if (handler_bad) fprintf(stderr, "handler_bad %u of %llu\n", handler_bad,
-				 (unsigned long long)handler_calls);
+	if (handler_bad)
+		fprintf(stderr, "handler_bad %u of %llu\n", handler_bad,
+		        (unsigned long long)handler_calls);
 	CHECK(handler_bad == 0);
 }
 
@@ -186,7 +227,8 @@ static NOINST void test_signals(void) {
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static volatile int holder_in;
 
-static NOINST void *holder(void *arg) {
+static NOINST void *holder(void *arg)
+{
 	(void)arg;
 	pthread_mutex_lock(&mu);
 	holder_in = 1;
@@ -195,7 +237,8 @@ static NOINST void *holder(void *arg) {
 	return NULL;
 }
 
-static NOINST int drain_events(struct ts_thread_slot *s, struct ts_event *out, int max) {
+static NOINST int drain_events(struct ts_thread_slot *s, struct ts_event *out, int max)
+{
 	uint64_t head = __atomic_load_n(&s->ev_head, __ATOMIC_ACQUIRE);
 	int n = 0;
 	for (uint64_t i = s->ev_tail; i < head && n < max; i++)
@@ -204,19 +247,23 @@ static NOINST int drain_events(struct ts_thread_slot *s, struct ts_event *out, i
 	return n;
 }
 
-static NOINST struct ts_thread_slot *slot_of(uint32_t tid) {
+static NOINST struct ts_thread_slot *slot_of(uint32_t tid)
+{
 	for (int i = 0; i < TS_MAX_SLOTS; i++)
-		if (slots[i].tid == tid) return &slots[i];
+		if (slots[i].tid == tid)
+			return &slots[i];
 	return NULL;
 }
 
 static uint32_t holder_tid;
-static NOINST void *holder_wrap(void *a) {
+static NOINST void *holder_wrap(void *a)
+{
 	holder_tid = (uint32_t)gettid();
 	return holder(a);
 }
 
-static NOINST void test_locks(void) {
+static NOINST void test_locks(void)
+{
 	CHECK(hdr->features & TS_FEAT_LOCK_SHIM);
 	struct ts_thread_slot *s = my_slot();
 	struct ts_event ev[64];
@@ -239,7 +286,8 @@ static NOINST void test_locks(void) {
 	pthread_t th;
 	holder_in = 0;
 	pthread_create(&th, NULL, holder_wrap, NULL);
-	while (!holder_in) usleep(100);
+	while (!holder_in)
+		usleep(100);
 	uint64_t t0 = now_ns();
 	pthread_mutex_lock(&mu);
 	uint64_t t1 = now_ns();
@@ -251,7 +299,8 @@ static NOINST void test_locks(void) {
 		CHECK(ev[0].type == TS_EV_MUTEX_WAIT && ev[1].type == TS_EV_MUTEX_LOCK &&
 		      ev[2].type == TS_EV_MUTEX_UNLOCK);
 		CHECK(ev[0].object == (uint64_t)(uintptr_t)&mu);
-		CHECK(ev[0].ts_ns >= t0 && ev[1].ts_ns <= t1 && ev[1].ts_ns - ev[0].ts_ns > 5000000);
+		CHECK(ev[0].ts_ns >= t0 && ev[1].ts_ns <= t1 &&
+		      ev[1].ts_ns - ev[0].ts_ns > 5000000);
 		CHECK(ev[0].tid == (uint32_t)gettid());
 	}
 	struct ts_thread_slot *hs = slot_of(holder_tid);
@@ -259,8 +308,8 @@ static NOINST void test_locks(void) {
 	if (hs) {
 		n = drain_events(hs, ev, 64);
 		CHECK(n == 2);
-		CHECK(n == 2 && ev[0].type == TS_EV_MUTEX_LOCK && ev[1].type == TS_EV_MUTEX_UNLOCK &&
-		      ev[1].ts_ns - ev[0].ts_ns >= 20000000);
+		CHECK(n == 2 && ev[0].type == TS_EV_MUTEX_LOCK &&
+		      ev[1].type == TS_EV_MUTEX_UNLOCK && ev[1].ts_ns - ev[0].ts_ns >= 20000000);
 	}
 	/* trylock + a condition wait: the hold before the wait is logged. */
 	pthread_cond_t cv = PTHREAD_COND_INITIALIZER;
@@ -269,7 +318,10 @@ static NOINST void test_locks(void) {
 	struct timespec ts;
 	clock_gettime(CLOCK_REALTIME, &ts);
 	ts.tv_nsec += 1000000;
-	if (ts.tv_nsec >= 1000000000) { ts.tv_sec++; ts.tv_nsec -= 1000000000; }
+	if (ts.tv_nsec >= 1000000000) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000;
+	}
 	pthread_cond_timedwait(&cv, &mu, &ts);
 	pthread_mutex_unlock(&mu);
 	n = drain_events(s, ev, 64);
@@ -296,37 +348,45 @@ static NOINST void test_locks(void) {
 
 /* ---- thread churn -------------------------------------------------------- */
 
-static NOINLINE void *churn(void *arg) {
+static NOINLINE void *churn(void *arg)
+{
 	(void)arg;
 	top1();
 	return NULL;
 }
 
-static NOINST void test_churn(void) {
+static NOINST void test_churn(void)
+{
 	uint64_t exhausted = hdr->slots_exhausted;
 	for (int i = 0; i < 1000; i += 8) {
 		pthread_t th[8];
-		for (int j = 0; j < 8; j++) pthread_create(&th[j], NULL, churn, NULL);
-		for (int j = 0; j < 8; j++) pthread_join(th[j], NULL);
+		for (int j = 0; j < 8; j++)
+			pthread_create(&th[j], NULL, churn, NULL);
+		for (int j = 0; j < 8; j++)
+			pthread_join(th[j], NULL);
 	}
 	CHECK(hdr->slots_exhausted == exhausted);
 	CHECK(hdr->slots_used <= TS_MAX_SLOTS);
 	int live = 0;
-	for (int i = 0; i < TS_MAX_SLOTS; i++) live += slots[i].state == TS_SLOT_LIVE;
+	for (int i = 0; i < TS_MAX_SLOTS; i++)
+		live += slots[i].state == TS_SLOT_LIVE;
 	CHECK(live < 8);
 }
 
-int main(void) {
+int main(void)
+{
 	setvbuf(stdout, NULL, _IONBF, 0);
 	CHECK(tailscope_enabled());
 	char path[64];
 	snprintf(path, sizeof(path), TS_REGION_PATH_FMT, getpid());
 	int fd = open(path, O_RDWR);
 	struct stat st;
-	if (fd < 0 || fstat(fd, &st) != 0) return 1;
+	if (fd < 0 || fstat(fd, &st) != 0)
+		return 1;
 	hdr = mmap(NULL, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
-	if (hdr == MAP_FAILED) return 1;
+	if (hdr == MAP_FAILED)
+		return 1;
 	slots = (struct ts_thread_slot *)(hdr + 1);
 	CHECK(hdr->shadow_depth == TS_SHADOW_DEPTH);
 	CHECK(hdr->event_ring_capacity == TS_EVENT_RING_CAPACITY);

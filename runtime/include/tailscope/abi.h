@@ -65,14 +65,14 @@
 #define TS_WAIT_BLOCKED 2  /* sleeping / waiting for I/O, not yet woken */
 
 struct ts_kc_header {
-	__u64 magic;         /* TS_ABI_MAGIC */
-	__u32 abi_version;   /* TS_ABI_VERSION */
-	__u32 entry_size;    /* TS_KC_ENTRY_SIZE */
-	__u32 entries;       /* TS_KC_ENTRIES */
-	__u32 agent_pid;     /* agent that owns the map */
-	__u32 live;          /* 1 while the agent records; 0 once it exits */
+	__u64 magic;       /* TS_ABI_MAGIC */
+	__u32 abi_version; /* TS_ABI_VERSION */
+	__u32 entry_size;  /* TS_KC_ENTRY_SIZE */
+	__u32 entries;     /* TS_KC_ENTRIES */
+	__u32 agent_pid;   /* agent that owns the map */
+	__u32 live;        /* 1 while the agent records; 0 once it exits */
 	__u32 _pad0;
-	__u64 collisions;    /* claims that found no free entry in TS_KC_PROBE */
+	__u64 collisions; /* claims that found no free entry in TS_KC_PROBE */
 	__u8 _reserved[88];
 };
 
@@ -86,10 +86,10 @@ struct ts_kcounters {
 	__u64 wait_since_ns; /* start of the open wait, when wait_state != NONE */
 	__u32 wait_state;    /* TS_WAIT_* */
 	__u32 _pad0;
-	__u64 runnable_ns;   /* preempted or woken, waiting for a CPU */
-	__u64 blocked_ns;    /* switched out voluntarily until woken */
-	__u64 irq_ns;        /* hard irq + irq_vectors time while this thread was current */
-	__u64 softirq_ns;    /* softirq time while this thread was current */
+	__u64 runnable_ns; /* preempted or woken, waiting for a CPU */
+	__u64 blocked_ns;  /* switched out voluntarily until woken */
+	__u64 irq_ns;      /* hard irq + irq_vectors time while this thread was current */
+	__u64 softirq_ns;  /* softirq time while this thread was current */
 	__u32 runnable_count;
 	__u32 blocked_count;
 	__u32 irq_count;
@@ -99,21 +99,21 @@ struct ts_kcounters {
 	__u32 migrations;
 	__u32 vol_switches;
 	__u32 invol_switches;
-	__u32 tgid;          /* process of the owner (set at claim by BPF; 0 if claimed by runtime first) */
-	__u32 sampled_refs;  /* open sampled requests of this thread, kept by zero-instrumentation
-	                      * inference; a gated agent accounts irq, softirq and fault events
-	                      * only while it is nonzero (switches and waits always) */
+	__u32 tgid; /* process of the owner (set at claim by BPF; 0 if claimed by runtime first) */
+	__u32 sampled_refs; /* open sampled requests of this thread, kept by zero-instrumentation
+	                     * inference; a gated agent accounts irq, softirq and fault events
+	                     * only while it is nonzero (switches and waits always) */
 	__u8 _reserved[12];
 };
 
 /* ---- 2. per-process region (/dev/shm) ---------------------------------- */
 
 #define TS_REGION_PATH_FMT "/dev/shm/tailscope.%d"
-#define TS_MAX_SLOTS 256          /* threads per process that can record */
-#define TS_RING_CAPACITY 512      /* records per thread ring; power of two */
-#define TS_MAX_KINDS 64           /* distinct request kinds per process */
-#define TS_KIND_NAME_LEN 24       /* including the NUL */
-#define TS_PPM 1000000u           /* sampling rates are parts per million */
+#define TS_MAX_SLOTS 256             /* threads per process that can record */
+#define TS_RING_CAPACITY 512         /* records per thread ring; power of two */
+#define TS_MAX_KINDS 64              /* distinct request kinds per process */
+#define TS_KIND_NAME_LEN 24          /* including the NUL */
+#define TS_PPM 1000000u              /* sampling rates are parts per million */
 #define TS_DEFAULT_SAMPLE_PPM 10000u /* 1% */
 
 /* struct ts_request_record.flags */
@@ -126,11 +126,11 @@ struct ts_kcounters {
  * into the zero-instrumentation ringbuf; the same layout either way. */
 struct ts_request_record {
 	__u64 request_id;
-	__u64 start_ns;   /* CLOCK_MONOTONIC */
+	__u64 start_ns; /* CLOCK_MONOTONIC */
 	__u64 latency_ns;
 	__u32 tid;
-	__u16 kind;       /* index into ts_region_header.kinds; 0 = unnamed */
-	__u16 flags;      /* TS_REC_* */
+	__u16 kind;  /* index into ts_region_header.kinds; 0 = unnamed */
+	__u16 flags; /* TS_REC_* */
 	__u64 oncpu_ns;
 	__u64 runnable_ns;
 	__u64 blocked_ns;
@@ -145,7 +145,7 @@ struct ts_request_record {
 	__u32 migrations;
 	__u32 vol_switches;
 	__u32 invol_switches;
-	__u32 cpu;        /* CPU the request ended on */
+	__u32 cpu; /* CPU the request ended on */
 };
 
 /* ---- 3. LDB: shadow stacks, lock and request events ------------------- */
@@ -185,8 +185,8 @@ struct ts_frame {
 };
 
 struct ts_shadow_stack {
-	__u64 gen;       /* seqlock: odd while the owner changes depth/frames */
-	__u32 depth;     /* logical depth; frames[0..min(depth, TS_SHADOW_DEPTH)) valid */
+	__u64 gen;   /* seqlock: odd while the owner changes depth/frames */
+	__u32 depth; /* logical depth; frames[0..min(depth, TS_SHADOW_DEPTH)) valid */
 	__u32 _pad0;
 	__u64 truncated; /* calls deeper than TS_SHADOW_DEPTH (not stored) */
 	__u64 resyncs;   /* frames dropped when an exit did not match (longjmp, exceptions) */
@@ -210,52 +210,52 @@ struct ts_event {
 struct ts_thread_slot {
 	/* written by the owning thread */
 	__u32 tid;
-	__u32 state;            /* TS_SLOT_* */
-	__u64 gen;              /* seqlock over cur_*; odd while changing */
-	__u64 cur_request_id;   /* request in progress (sampled only) */
+	__u32 state;          /* TS_SLOT_* */
+	__u64 gen;            /* seqlock over cur_*; odd while changing */
+	__u64 cur_request_id; /* request in progress (sampled only) */
 	__u64 cur_start_ns;
 	__u32 cur_kind;
-	__u32 cur_active;       /* 1 while a sampled request is in progress */
-	__u64 ring_head;        /* records produced (monotonic); release-stored */
-	__u64 dropped_ring_full;/* records lost because the ring was full */
+	__u32 cur_active;        /* 1 while a sampled request is in progress */
+	__u64 ring_head;         /* records produced (monotonic); release-stored */
+	__u64 dropped_ring_full; /* records lost because the ring was full */
 	__u64 _pad_producer[1];
 	/* written by the agent; own cache line */
-	__u64 ring_tail;        /* records consumed (monotonic) */
+	__u64 ring_tail; /* records consumed (monotonic) */
 	__u64 _pad_consumer[7];
 	struct ts_request_record ring[TS_RING_CAPACITY];
 	/* LDB (ABI 2). The shadow stack is written by the owning thread only. */
 	struct ts_shadow_stack shadow;
-	__u64 ev_head;          /* events produced (monotonic); release-stored */
-	__u64 ev_dropped;       /* events lost because the event ring was full */
+	__u64 ev_head;    /* events produced (monotonic); release-stored */
+	__u64 ev_dropped; /* events lost because the event ring was full */
 	__u64 _pad_ev_producer[6];
-	__u64 ev_tail;          /* events consumed; written by the agent */
+	__u64 ev_tail; /* events consumed; written by the agent */
 	__u64 _pad_ev_consumer[7];
 	struct ts_event events[TS_EVENT_RING_CAPACITY];
 };
 
 struct ts_region_header {
-	__u64 magic;            /* TS_ABI_MAGIC */
-	__u32 abi_version;      /* TS_ABI_VERSION */
-	__u32 header_size;      /* sizeof(struct ts_region_header) */
-	__u32 slot_size;        /* sizeof(struct ts_thread_slot) */
-	__u32 max_slots;        /* TS_MAX_SLOTS */
-	__u32 ring_capacity;    /* TS_RING_CAPACITY */
-	__u32 record_size;      /* sizeof(struct ts_request_record) */
+	__u64 magic;         /* TS_ABI_MAGIC */
+	__u32 abi_version;   /* TS_ABI_VERSION */
+	__u32 header_size;   /* sizeof(struct ts_region_header) */
+	__u32 slot_size;     /* sizeof(struct ts_thread_slot) */
+	__u32 max_slots;     /* TS_MAX_SLOTS */
+	__u32 ring_capacity; /* TS_RING_CAPACITY */
+	__u32 record_size;   /* sizeof(struct ts_request_record) */
 	__u32 pid;
-	__u32 slots_used;       /* high-water mark of claimed slots */
+	__u32 slots_used;         /* high-water mark of claimed slots */
 	__u32 sample_ppm_runtime; /* the runtime's own rate (env or default) */
 	__u32 sample_ppm_agent;   /* agent override; 0 = none */
-	__u32 agent_pid;        /* non-zero while an agent is attached */
-	__u32 kinds_count;      /* names registered in kinds[] */
-	__u64 created_ns;       /* CLOCK_MONOTONIC at creation */
-	__u64 slots_exhausted;  /* threads that found no free slot */
+	__u32 agent_pid;          /* non-zero while an agent is attached */
+	__u32 kinds_count;        /* names registered in kinds[] */
+	__u64 created_ns;         /* CLOCK_MONOTONIC at creation */
+	__u64 slots_exhausted;    /* threads that found no free slot */
 	char kinds[TS_MAX_KINDS][TS_KIND_NAME_LEN];
 	/* ABI 2 */
-	__u32 shadow_depth;     /* TS_SHADOW_DEPTH */
+	__u32 shadow_depth;        /* TS_SHADOW_DEPTH */
 	__u32 event_ring_capacity; /* TS_EVENT_RING_CAPACITY */
-	__u32 features;         /* TS_FEAT_*, set by the runtime */
-	__u32 ldb_flags;        /* TS_LDB_*, set by the agent */
-	__u64 mutex_thresh_ns;  /* agent override of TS_MUTEX_THRESH_NS; 0 = default */
+	__u32 features;            /* TS_FEAT_*, set by the runtime */
+	__u32 ldb_flags;           /* TS_LDB_*, set by the agent */
+	__u64 mutex_thresh_ns;     /* agent override of TS_MUTEX_THRESH_NS; 0 = default */
 	__u8 _reserved[416];
 };
 
