@@ -388,6 +388,12 @@ while True:
     if not d: break
     c.sendall(d)
 "#;
+    python_server(code)
+}
+
+/// Runs `code` (a Python TCP server that prints its port, then serves) in
+/// a child process; returns it and the port.
+fn python_server(code: &str) -> (std::process::Child, u16) {
     let mut child = std::process::Command::new("python3")
         .args(["-c", code])
         .stdout(std::process::Stdio::piped())
@@ -842,18 +848,7 @@ while True:
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    let mut child = std::process::Command::new("python3")
-        .args(["-c", code])
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("python3");
-    let mut line = String::new();
-    let mut out = child.stdout.take().unwrap();
-    let mut byte = [0u8; 1];
-    while out.read(&mut byte).unwrap() == 1 && byte[0] != b'\n' {
-        line.push(byte[0] as char);
-    }
-    let port: u16 = line.trim().parse().unwrap();
+    let (mut child, port) = python_server(code);
     t.add_target(child.id()).unwrap();
     let mut a = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
     let mut b = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
