@@ -86,7 +86,7 @@ pub struct ts_kcounters {
     pub switch_in_ns: u64,
     pub wait_since_ns: u64,
     pub wait_state: u32,
-    pub _pad0: u32,
+    pub last_blocked_ns: u32,
     pub runnable_ns: u64,
     pub blocked_ns: u64,
     pub irq_ns: u64,

@@ -193,7 +193,7 @@ fn ldb_reader_survives_forged_slot() {
                     .map(|i| ts_frame {
                         r#fn: 0x1000 + i as u64,
                         site: rng.next(),
-                        id: gen - 2 * i as u64,
+                        id: gen.wrapping_sub(2 * i as u64),
                         sp: rng.next(),
                         entry_ns: 0,
                     })

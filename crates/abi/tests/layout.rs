@@ -40,7 +40,7 @@ fn all_fields() -> Vec<Field> {
     fields! {
         ts_kc_header { magic, abi_version, entry_size, entries, agent_pid, live, _pad0, collisions, _reserved }
         ts_kcounters {
-            tid, seq, oncpu_ns, switch_in_ns, wait_since_ns, wait_state, _pad0, runnable_ns,
+            tid, seq, oncpu_ns, switch_in_ns, wait_since_ns, wait_state, last_blocked_ns, runnable_ns,
             blocked_ns, irq_ns, softirq_ns, runnable_count, blocked_count, irq_count,
             softirq_count, fault_user_count, fault_kernel_count, migrations, vol_switches,
             invol_switches, tgid, sampled_refs, _reserved,

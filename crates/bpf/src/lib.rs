@@ -439,9 +439,16 @@ fn attach_all(
 ) -> Result<(), TracerError> {
     let mut progs: Vec<_> = obj.progs_mut().collect();
     progs.sort_by_key(|p| !p.name().to_string_lossy().ends_with("_exit"));
+    // Diagnostic knob (bench/docs): TAILSCOPE_DEBUG_SKIP=prog,prog leaves
+    // programs unattached, to measure what each one costs.
+    let skip = std::env::var("TAILSCOPE_DEBUG_SKIP").unwrap_or_default();
     for p in progs {
         let name = p.name().to_string_lossy().into_owned();
         if !p.autoload() {
+            continue;
+        }
+        if skip.split(',').any(|s| !s.is_empty() && name.starts_with(s)) {
+            skipped.push(format!("{name} (TAILSCOPE_DEBUG_SKIP)"));
             continue;
         }
         match p.attach() {
