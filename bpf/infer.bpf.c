@@ -3,19 +3,25 @@
  *
  * For a binary without libtailscope (stock redis, memcached, nginx), a
  * request is tracked per connection (per struct sock):
- *     it starts when its bytes land in the server's socket (tcp:tcp_probe),
- *     is opened by the first data-bearing receive on that socket
- *     (sock:sock_recv_length, ret > 0), and
+ *     it is opened by the first data-bearing receive on that socket
+ *     (sock:sock_recv_length, ret > 0), starts when its bytes landed in the
+ *     socket (TCP: the socket's tcp_clock_cache, which the kernel stamps on
+ *     every segment it processes), and
  *     ends at the next data-bearing send on the same socket
  *     (sock:sock_send_length, ret > 0).
  * Keeping the state per socket, not per thread, keeps an event loop's batch
  * apart: redis reads A, reads B, then writes A and B; A and B are two
  * requests, each from its own arrival to its own reply.
  *
- * The sock tracepoints fire inside sock_recvmsg/sock_sendmsg, so only
- * socket I/O pays (read, recv*, write, send*, readv, writev on sockets);
- * other syscalls cost nothing. Per-socket state lives in socket local
- * storage (freed with the socket), per-thread state in task local storage.
+ * Two programs per request, both in the server's own syscalls; nothing runs
+ * per packet. (An earlier version marked arrivals from tcp:tcp_probe, which
+ * fires for every segment of every TCP socket on the machine; reading the
+ * arrival stamp at the receive costs nothing extra.) The sock tracepoints
+ * fire inside sock_recvmsg/sock_sendmsg, so only socket I/O pays (read,
+ * recv*, write, send*, readv, writev on sockets); other syscalls cost
+ * nothing, and a process that is no target is turned away by one array load.
+ * Per-socket state lives in socket local storage (freed with the socket),
+ * per-thread state in task local storage.
  *
  * Which sockets carry requests: a TCP socket whose local port is a
  * listening port (the server side of a connection), tracked in
@@ -24,12 +30,13 @@
  * Other sockets (the target's own client connections to a database or an
  * upstream, UDP) are ignored.
  *
- * The sampling decision is drawn at arrival (or at the opening receive when
- * the arrival was not seen), and a sampled request snapshots the reading
- * thread's kcounters entry at its start (the in-progress on-CPU interval and
- * any open wait closed at that instant) and again at its end; the difference
- * goes out as a struct ts_request_record on a ringbuf. A full ringbuf is
- * counted, never waited on.
+ * The sampling decision is drawn at the opening receive. A sampled request
+ * snapshots the reading thread's kcounters entry there and rewinds it to the
+ * request's start (the arrival): on-CPU time since then, and the part of the
+ * thread's last wait after it, are moved into the request, using the
+ * entry's switch_in_ns, wait_since_ns and last_blocked_ns (see rewind()).
+ * At the end it snapshots again; the difference goes out as a struct
+ * ts_request_record on a ringbuf. A full ringbuf is counted, never waited on.
  */
 #include "vmlinux.h"
 #include <bpf/bpf_helpers.h>
@@ -82,12 +89,15 @@ struct {
 	__type(value, __u8);
 } server_ports SEC(".maps");
 
-/* A counter snapshot: the cumulative fields of ts_kcounters. */
+/* A counter snapshot: the cumulative fields of ts_kcounters, and where the
+ * thread's last on-CPU interval and wait began (for rewind()). */
 struct kc_snap {
 	__u64 oncpu_ns, runnable_ns, blocked_ns, irq_ns, softirq_ns;
+	__u64 in_ns, wait_since_ns;
 	__u32 runnable_count, blocked_count, irq_count, softirq_count;
 	__u32 fault_user_count, fault_kernel_count, migrations;
 	__u32 vol_switches, invol_switches;
+	__u32 last_blocked_ns;
 	__u32 valid; /* 0: no entry; 1: consistent; 2: torn */
 };
 
@@ -95,19 +105,13 @@ struct kc_snap {
 struct sk_req {
 	__u32 tid; /* thread that last received on it (0: none yet) */
 	__u32 tgid;
-	__u64 arrival_ns; /* of the pending arrival, if it is sampled */
 	__u64 start_ns;   /* start of the open request, if it is sampled */
 	__u64 request_id; /* of the open request, if it is sampled */
 	__u8 ignore;      /* not the server side of a connection */
 	__u8 active;      /* a request is open */
 	__u8 sampled;     /* the open request is sampled (holds a ref on ref_tid) */
-	__u8 arr_pending; /* bytes landed that no receive has consumed yet */
-	__u8 arr_sampled; /* the pending arrival is sampled (holds a ref on arr_tid) */
-	__u8 fallback;    /* the open request started without a seen arrival */
-	__u8 _pad[2];
-	__u32 arr_tid; /* whose counters arr_snap holds */
-	__u32 ref_tid; /* whose sampled_refs the open sampled request holds */
-	struct kc_snap arr_snap;
+	__u8 no_stamp;    /* a Unix socket: no arrival stamps; starts use wakeups */
+	__u32 ref_tid;    /* whose sampled_refs the open sampled request holds */
 	struct kc_snap begin;
 };
 
@@ -174,6 +178,9 @@ static __always_inline void snapshot(__u32 tid, __u32 tgid, __u64 now, struct kc
 		s->migrations = e->migrations;
 		s->vol_switches = e->vol_switches;
 		s->invol_switches = e->invol_switches;
+		s->in_ns = in;
+		s->wait_since_ns = e->wait_since_ns;
+		s->last_blocked_ns = e->last_blocked_ns;
 		/* Close an open wait at `now` too (a snapshot taken from softirq
 		 * while the reader sleeps or waits for a CPU), so the difference
 		 * of two snapshots counts only the wait after the first. */
@@ -197,6 +204,75 @@ static __always_inline void snapshot(__u32 tid, __u32 tgid, __u64 now, struct kc
 	s->valid = 2;
 }
 
+static __always_inline void sub64(__u64 *v, __u64 d)
+{
+	*v = *v > d ? *v - d : 0;
+}
+
+static __always_inline void dec32(__u32 *v)
+{
+	if (*v)
+		(*v)--;
+}
+
+/* Turns `b`, a snapshot of the current thread taken at `now`, into the
+ * counters as they stood at `a` <= now, so that the request that started at
+ * `a` owns what the thread did since. The entry remembers the open on-CPU
+ * interval (since in_ns) and the wait before it: runnable from
+ * wait_since_ns to in_ns, and, when that wait began with a wakeup, blocked
+ * for last_blocked_ns before it. Rewinding further (several switches since
+ * `a`) is not possible; the oldest part is then counted as on-CPU time,
+ * which is what it most likely was (an event loop busy with earlier
+ * requests). */
+static __always_inline void rewind(struct kc_snap *b, __u64 a, __u64 now)
+{
+	__u64 in = b->in_ns, w = b->wait_since_ns, s0;
+
+	if (!b->valid || a >= now)
+		return;
+	if (!in || a >= in) { /* on CPU since before the arrival */
+		sub64(&b->oncpu_ns, now - a);
+		return;
+	}
+	sub64(&b->oncpu_ns, now - in);
+	if (!w || w > in) /* no wait on record */
+		return;
+	sub64(&b->runnable_ns, in - (a > w ? a : w));
+	dec32(&b->runnable_count);
+	if (a >= w)
+		return;
+	if (b->last_blocked_ns) { /* woken at w after blocking since s0 */
+		s0 = w > b->last_blocked_ns ? w - b->last_blocked_ns : 0;
+		sub64(&b->blocked_ns, w - (a > s0 ? a : s0));
+		dec32(&b->blocked_count);
+		if (a < s0) {
+			sub64(&b->oncpu_ns, s0 - a);
+			dec32(&b->vol_switches);
+		}
+	} else { /* preempted at w */
+		sub64(&b->oncpu_ns, w - a);
+		dec32(&b->invol_switches);
+	}
+}
+
+/* When the bytes the current receive returns landed in a TCP socket: the
+ * socket's tcp_clock_cache, which tcp_rcv_established refreshes for every
+ * segment (and the send path for every transmit, so a stamp older than the
+ * previous reply means pipelined bytes: the start is then that reply). 0
+ * when there is none (Unix sockets) or it looks wrong. */
+static __always_inline __u64 arrival_of(struct sock *sk, __u64 now)
+{
+	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
+	__u64 a;
+
+	if (!tp)
+		return 0;
+	a = tp->tcp_clock_cache;
+	if (!a || a > now || now - a > 1000000000ULL)
+		return 0;
+	return a;
+}
+
 /* Whether a socket first touched by a target carries requests. */
 static __always_inline bool is_server_side(struct sock *sk)
 {
@@ -216,8 +292,13 @@ static __always_inline bool is_server_side(struct sock *sk)
 /* The socket's state if a target uses it, created on a target's first use. */
 static __always_inline struct sk_req *sk_state(struct sock *sk, __u32 tgid)
 {
-	struct sk_req *s = bpf_sk_storage_get(&sk_reqs, sk, 0, 0);
+	struct sk_req *s;
 
+	/* Every process's socket I/O comes here: turn non-targets away with
+	 * one array load, before any helper call. */
+	if (!maybe_target_tgid(tgid))
+		return NULL;
+	s = bpf_sk_storage_get(&sk_reqs, sk, 0, 0);
 	if (s) {
 		if (s->ignore || (s->tgid != tgid && !is_target_tgid(tgid)))
 			return NULL;
@@ -233,6 +314,7 @@ static __always_inline struct sk_req *sk_state(struct sock *sk, __u32 tgid)
 		s->ignore = 1;
 		return NULL;
 	}
+	s->no_stamp = sk->__sk_common.skc_family == AF_UNIX;
 	return s;
 }
 
@@ -259,10 +341,11 @@ static __always_inline void ref_put(__u32 tid, __u32 tgid)
 SEC("tp_btf/sock_recv_length")
 int BPF_PROG(sock_recv_length, struct sock *sk, int ret, int flags)
 {
+	struct ts_kcounters *e;
 	struct thr_state *t;
 	struct sk_req *s;
 	__u32 tid, tgid;
-	__u64 id, now;
+	__u64 id, now, a;
 
 	if (ret <= 0 || (flags & MSG_PEEK))
 		return 0;
@@ -276,70 +359,35 @@ int BPF_PROG(sock_recv_length, struct sock *sk, int ret, int flags)
 		s->tid = tid;
 		s->tgid = tgid;
 	}
-	if (s->active) {
-		/* More of the open request, or pipelined requests behind it:
-		 * they join it, and their arrival is consumed. */
-		if (s->arr_pending) {
-			s->arr_pending = 0;
-			if (s->arr_sampled)
-				ref_put(s->arr_tid, tgid);
-		}
+	if (s->active) /* more of the open request, or pipelined ones: they join it */
 		return 0;
-	}
 	s->active = 1;
-	s->fallback = 0;
 	stat_inc(STAT_SEEN);
-	if (s->arr_pending) {
-		/* 1. The bytes' arrival: the time they sat in the socket while
-		 * the server was busy or preempted is the request's. */
-		s->arr_pending = 0;
-		s->sampled = s->arr_sampled;
-		if (!s->sampled)
-			return 0;
-		s->start_ns = s->arrival_ns;
-		s->ref_tid = s->arr_tid;
-		if (s->arr_tid == tid) {
-			__builtin_memcpy(&s->begin, &s->arr_snap, sizeof(s->begin));
-		} else { /* another thread reads it: account that one */
-			snapshot(tid, tgid, bpf_ktime_get_ns(), &s->begin);
-			ref_put(s->arr_tid, tgid);
-			ref_get(tid, tgid);
-			s->ref_tid = tid;
-		}
-	} else {
-		/* Arrival unseen (the connection's first request, a Unix
-		 * socket): 2. if the thread slept since its previous request
-		 * ended (an event loop in epoll_wait), the wakeup that ended
-		 * the sleep; 3. else the receive itself. */
-		struct ts_kcounters *e;
-
-		s->fallback = 1;
-		s->sampled = sampled_draw();
-		if (!s->sampled)
-			return 0;
-		t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(), 0,
-		                         BPF_LOCAL_STORAGE_GET_F_CREATE);
-		e = kc_entry(tid, tgid, true);
-		now = bpf_ktime_get_ns();
-		s->start_ns = now;
-		snapshot(tid, tgid, now, &s->begin);
-		if (t && e && e->blocked_count != t->end_blocked) {
-			__u64 woke = e->wait_since_ns, in = e->switch_in_ns;
-
-			if (woke > t->last_end_ns && in >= woke && woke <= now) {
-				s->start_ns = woke;
-				snapshot(tid, tgid, in, &s->begin);
-				if (s->begin.runnable_ns >= in - woke)
-					s->begin.runnable_ns -= in - woke;
-				if (in > woke && s->begin.runnable_count)
-					s->begin.runnable_count--;
-			}
-		}
-		ref_get(tid, tgid);
-		s->ref_tid = tid;
-	}
+	s->sampled = sampled_draw();
+	if (!s->sampled)
+		return 0;
+	now = bpf_ktime_get_ns();
 	t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(), 0,
 	                         BPF_LOCAL_STORAGE_GET_F_CREATE);
+	a = s->no_stamp ? 0 : arrival_of(sk, now);
+	if (!a) {
+		/* No arrival stamp (a Unix socket): if the thread slept since
+		 * its previous request ended (an event loop in epoll_wait),
+		 * the wakeup that ended the sleep; else the receive itself. */
+		a = now;
+		e = kc_entry(tid, tgid, true);
+		if (s->no_stamp && t && e && e->blocked_count != t->end_blocked) {
+			__u64 woke = e->wait_since_ns, in = e->switch_in_ns;
+
+			if (woke > t->last_end_ns && in >= woke && woke <= now)
+				a = woke;
+		}
+	}
+	s->start_ns = a;
+	snapshot(tid, tgid, now, &s->begin);
+	rewind(&s->begin, a, now);
+	ref_get(tid, tgid);
+	s->ref_tid = tid;
 	if (t) {
 		t->seq++;
 		s->request_id = ((__u64)tid << 32) | (__u32)t->seq;
@@ -368,10 +416,10 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 	if (!s || !s->active)
 		return 0;
 	s->active = 0;
-	if (!s->sampled && !s->fallback)
+	if (!s->sampled && !s->no_stamp)
 		return 0;
 	now = bpf_ktime_get_ns();
-	if (s->fallback) {
+	if (s->no_stamp) {
 		/* The fallback start needs the end of the thread's previous
 		 * request. */
 		struct thr_state *t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(),
@@ -424,38 +472,6 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 		D(invol_switches);
 	}
 	bpf_ringbuf_submit(rec, 0);
-	return 0;
-}
-
-/* Bytes arrived on a TCP socket (softirq, any CPU, or the owner's
- * release_sock). For a watched server socket with nothing pending, mark
- * the arrival and draw the sampling decision; a sampled one also records
- * when, snapshots the reading thread's counters and takes a ref on it.
- * Pure ACKs carry no data and are ignored. */
-SEC("tp_btf/tcp_probe")
-int BPF_PROG(tcp_probe, struct sock *sk, struct sk_buff *skb)
-{
-	struct sk_req *s = bpf_sk_storage_get(&sk_reqs, sk, 0, 0);
-	unsigned char *data;
-	struct tcphdr th;
-	__u64 now;
-
-	if (!s || s->ignore || s->arr_pending || !s->tid)
-		return 0;
-	data = skb->data;
-	if (bpf_probe_read_kernel(&th, sizeof(th), data))
-		return 0;
-	if (skb->len <= (__u32)th.doff * 4)
-		return 0;
-	s->arr_pending = 1;
-	s->arr_sampled = sampled_draw();
-	if (!s->arr_sampled)
-		return 0;
-	now = bpf_ktime_get_ns();
-	s->arrival_ns = now;
-	s->arr_tid = s->tid;
-	snapshot(s->tid, s->tgid, now, &s->arr_snap);
-	ref_get(s->tid, s->tgid);
 	return 0;
 }
 

@@ -78,59 +78,63 @@ SEC("tp_btf/sched_switch")
 int BPF_PROG(sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next,
              unsigned int prev_state)
 {
-	__u64 now = bpf_ktime_get_ns();
-	struct ts_kcounters *e;
+	struct ts_kcounters *p = tracked(prev), *n = tracked(next);
+	__u64 now = 0; /* read only if a target switches (not the common case) */
 
-	e = tracked(prev);
-	if (e) {
-		kc_write_begin(e);
-		if (e->switch_in_ns && now > e->switch_in_ns)
-			e->oncpu_ns += now - e->switch_in_ns;
-		e->switch_in_ns = 0;
+	if (p) {
+		now = bpf_ktime_get_ns();
+		kc_write_begin(p);
+		if (p->switch_in_ns && now > p->switch_in_ns)
+			p->oncpu_ns += now - p->switch_in_ns;
+		p->switch_in_ns = 0;
 		if (preempt || prev_state == TASK_RUNNING) {
-			e->invol_switches++;
-			e->wait_state = TS_WAIT_RUNNABLE;
+			p->invol_switches++;
+			p->wait_state = TS_WAIT_RUNNABLE;
 		} else {
-			e->vol_switches++;
-			e->wait_state = TS_WAIT_BLOCKED;
+			p->vol_switches++;
+			p->wait_state = TS_WAIT_BLOCKED;
 		}
-		e->wait_since_ns = now;
-		kc_write_end(e);
+		p->wait_since_ns = now;
+		p->last_blocked_ns = 0;
+		kc_write_end(p);
 	}
+	if (n) {
+		if (!now)
+			now = bpf_ktime_get_ns();
+		kc_write_begin(n);
+		if (n->wait_state != TS_WAIT_NONE && now > n->wait_since_ns) {
+			__u64 waited = now - n->wait_since_ns;
 
-	e = tracked(next);
-	if (e) {
-		kc_write_begin(e);
-		if (e->wait_state != TS_WAIT_NONE && now > e->wait_since_ns) {
-			__u64 waited = now - e->wait_since_ns;
-
-			if (e->wait_state == TS_WAIT_RUNNABLE) {
-				e->runnable_ns += waited;
-				e->runnable_count++;
+			if (n->wait_state == TS_WAIT_RUNNABLE) {
+				n->runnable_ns += waited;
+				n->runnable_count++;
 			} else { /* BLOCKED: the wakeup was missed */
-				e->blocked_ns += waited;
-				e->blocked_count++;
+				n->blocked_ns += waited;
+				n->blocked_count++;
 			}
 		}
-		e->wait_state = TS_WAIT_NONE;
-		e->switch_in_ns = now;
-		kc_write_end(e);
+		n->wait_state = TS_WAIT_NONE;
+		n->switch_in_ns = now;
+		kc_write_end(n);
 	}
 	return 0;
 }
 
 static __always_inline void on_wakeup(struct task_struct *p, bool is_new)
 {
-	__u64 now = bpf_ktime_get_ns();
 	struct ts_kcounters *e = tracked(p);
+	__u64 now;
 
 	if (!e)
 		return;
+	now = bpf_ktime_get_ns();
 	if (e->wait_state == TS_WAIT_BLOCKED) {
+		__u64 blocked = now > e->wait_since_ns ? now - e->wait_since_ns : 0;
+
 		kc_write_begin(e);
-		if (now > e->wait_since_ns)
-			e->blocked_ns += now - e->wait_since_ns;
+		e->blocked_ns += blocked;
 		e->blocked_count++;
+		e->last_blocked_ns = blocked > 0xffffffffULL ? 0xffffffffU : (__u32)blocked;
 		e->wait_state = TS_WAIT_RUNNABLE;
 		e->wait_since_ns = now;
 		kc_write_end(e);
