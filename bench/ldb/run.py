@@ -4,7 +4,9 @@
 1. Per-call cost (microbenchmark, bench/ldb/microbench.c): one build each of plain,
    -finstrument-functions with empty hooks, with libtailscope's shadow-stack hooks (and with
    TAILSCOPE_FN_CLOCK=1 entry stamps), -pg (glibc mcount) and -pg under `uftrace record`; runs
-   interleaved, medians; cost per call = variant − plain. Target ≤ 5 ns for tailscope.
+   interleaved and pinned to one CPU; each run reports its best of several batches (other
+   work only adds time), the table the median over runs; cost per call = variant − plain.
+   Target ≤ 5 ns for tailscope.
 2. The LDB Fig. 3.1 toy (tests/ldb/toy.c) under `perf record -g` and `tailscope-agent
    --functions` at once: perf's share of samples in snapshot() against what LDB reports.
 3. Instrumented memcached (bench/ldb/build-memcached.sh), SET requests at 20% and 80% of the
@@ -78,13 +80,15 @@ def agent_cmd_retry(args: list[str], **kw) -> subprocess.Popen:
 
 def micro(runs: int) -> dict:
     subprocess.run(["make", "-s", "-C", str(ROOT / "bench" / "ldb")], check=True)
-    n, n_uftrace = 20_000_000, 1_000_000
+    n, reps, n_uftrace = 5_000_000, 9, 1_000_000
+    pin = ["taskset", "-c", "1"] if (os.cpu_count() or 1) > 1 else []
     variants = {
-        "plain": ([str(BUILD / "micro-plain"), str(n)], {}),
-        "empty hooks (-finstrument-functions)": ([str(BUILD / "micro-empty"), str(n)], {}),
-        "tailscope hooks": ([str(BUILD / "micro-tailscope"), str(n)], {}),
-        "tailscope hooks + entry stamps": ([str(BUILD / "micro-tailscope"), str(n)], {"TAILSCOPE_FN_CLOCK": "1"}),
-        "-pg (mcount, no tracer)": ([str(BUILD / "micro-pg"), str(n)], {}),
+        "plain": ([*pin, str(BUILD / "micro-plain"), str(n), str(reps)], {}),
+        "empty hooks (-finstrument-functions)": ([*pin, str(BUILD / "micro-empty"), str(n), str(reps)], {}),
+        "tailscope hooks": ([*pin, str(BUILD / "micro-tailscope"), str(n), str(reps)], {}),
+        "tailscope hooks + entry stamps": ([*pin, str(BUILD / "micro-tailscope"), str(n), str(reps)],
+                                           {"TAILSCOPE_FN_CLOCK": "1"}),
+        "-pg (mcount, no tracer)": ([*pin, str(BUILD / "micro-pg"), str(n), str(reps)], {}),
     }
     times: dict[str, list[float]] = {k: [] for k in [*variants, "uftrace record (-pg)"]}
     with tempfile.TemporaryDirectory(prefix="ldb-uftrace-") as tmp:
@@ -93,7 +97,8 @@ def micro(runs: int) -> dict:
                 out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, check=True)
                 times[name].append(float(out.stdout.split()[0]))
             if shutil.which("uftrace"):
-                out = subprocess.run(["uftrace", "record", "-d", f"{tmp}/u", str(BUILD / "micro-pg"), str(n_uftrace)],
+                out = subprocess.run([*pin, "uftrace", "record", "-d", f"{tmp}/u", str(BUILD / "micro-pg"),
+                                      str(n_uftrace), "1"],
                                      capture_output=True, text=True)
                 m = re.search(r"([\d.]+) ns/call", out.stdout)
                 if m:
@@ -110,7 +115,7 @@ def micro(runs: int) -> dict:
     empty = next(r for r in rows if r["variant"].startswith("empty"))["cost_ns"]
     for r in rows:
         r["cost_vs_empty_hooks"] = (r["cost_ns"] / empty) if r["cost_ns"] is not None and empty else None
-    return {"rows": rows, "calls": n, "uftrace_calls": n_uftrace}
+    return {"rows": rows, "calls": n, "batches": reps, "uftrace_calls": n_uftrace}
 
 
 # ---- 2. the toy under perf and LDB ------------------------------------------------------------
@@ -324,6 +329,9 @@ def render(res: dict, command: str) -> str:
     out = ["# ldb: cost of function-level latency recording (medians)", "",
            f"Reproduce: `{command}` (part of `make bench`). 2-vCPU VM shared with other work: "
            "numbers are noisy.", "", "## Per instrumented call (enter + exit)", "",
+           f"Each run: the best of {res['micro'].get('batches', 1)} batches of {res['micro']['calls']} calls "
+           "(uftrace: one batch of {0} calls), pinned to CPU 1; the table: medians over the interleaved runs."
+           .format(res["micro"].get("uftrace_calls")), "",
            "| variant | ns/call | cost over plain (ns) | × empty hooks |", "|---|---|---|---|"]
     for r in res["micro"]["rows"]:
         out.append(f"| {r['variant']} | {fmt(r['ns_per_call'], '.2f')} | {fmt(r['cost_ns'], '.2f')} | "

@@ -173,12 +173,14 @@ static NOINST void test_longjmp(void)
 
 /* ---- signals ------------------------------------------------------------ */
 
-static volatile uint64_t handler_calls;
+static volatile uint64_t handler_calls, handler_skipped;
 static volatile uint32_t handler_bad;
 static NOINLINE void in_handler(void)
 {
 	handler_calls++;
 	struct ts_shadow_stack *s = me();
+	if (s->gen & 1)
+		handler_skipped++; /* landed in a push: this call and on_alarm's were skipped */
 	/* Interrupting a hook, the handler's calls are skipped: then depth is
 	 * the interrupted thread's. Otherwise our frame is on top. */
 	if (s->depth >= 1 && s->depth <= TS_SHADOW_DEPTH && !(s->gen & 1) &&
@@ -199,7 +201,7 @@ static NOINST void test_signals(void)
 {
 	struct ts_shadow_stack *s = me();
 	uint32_t base = s->depth;
-	uint64_t r0 = s->resyncs;
+	uint64_t r0 = s->resyncs, k0 = s->skipped;
 	struct sigaction sa = {.sa_handler = on_alarm};
 	sigaction(SIGALRM, &sa, NULL);
 	struct itimerval it = {{0, 50}, {0, 50}};
@@ -220,6 +222,13 @@ static NOINST void test_signals(void)
 		fprintf(stderr, "handler_bad %u of %llu\n", handler_bad,
 		        (unsigned long long)handler_calls);
 	CHECK(handler_bad == 0);
+	/* Every skipped push is counted: on_alarm's and in_handler's per skip. */
+	if (s->skipped - k0 != 2 * handler_skipped)
+		fprintf(stderr, "skipped %llu, handlers skipped %llu\n",
+		        (unsigned long long)(s->skipped - k0), (unsigned long long)handler_skipped);
+	CHECK(s->skipped - k0 == 2 * handler_skipped);
+	printf("signals: %llu handler calls, %llu landed in a push (skipped)\n",
+	       (unsigned long long)handler_calls, (unsigned long long)handler_skipped);
 }
 
 /* ---- lock shim ---------------------------------------------------------- */

@@ -151,7 +151,8 @@ pub struct ts_shadow_stack {
     pub _pad0: u32,
     pub truncated: u64,
     pub resyncs: u64,
-    pub _pad1: [u64; 4],
+    pub skipped: u64,
+    pub _pad1: [u64; 3],
     pub frames: [ts_frame; TS_SHADOW_DEPTH as usize],
 }
 

@@ -9,6 +9,8 @@
 //! symbolised, never followed).
 //!
 //! How the observer reads a shadow stack (a seqlock read):
+//! 0. `gen` and `depth` unchanged since the last walk: nothing changed (a
+//!    push changes `gen`; a pop changes only `depth`);
 //! 1. `gen` with acquire; odd means the owner is mid-update: skip this pass;
 //! 2. copy [`SHADOW_HEAD_BYTES`], then [`stored_frames`]`(depth)` frames;
 //! 3. re-read `gen`; a different value means the copy may be torn: discard.
@@ -30,6 +32,7 @@ pub mod ldb_offsets {
     use super::*;
     pub const SHADOW: usize = offset_of!(ts_thread_slot, shadow);
     pub const SHADOW_GEN: usize = SHADOW + offset_of!(ts_shadow_stack, gen);
+    pub const SHADOW_DEPTH: usize = SHADOW + offset_of!(ts_shadow_stack, depth);
     pub const SHADOW_FRAMES: usize = SHADOW + offset_of!(ts_shadow_stack, frames);
     pub const EV_HEAD: usize = offset_of!(ts_thread_slot, ev_head);
     pub const EV_DROPPED: usize = offset_of!(ts_thread_slot, ev_dropped);
@@ -67,6 +70,8 @@ pub struct ShadowHead {
     pub depth: u32,
     pub truncated: u64,
     pub resyncs: u64,
+    /// Calls the runtime did not push (a signal handler interrupted a hook).
+    pub skipped: u64,
 }
 
 impl ShadowHead {
@@ -84,6 +89,7 @@ pub fn parse_shadow_head(b: &[u8]) -> Result<ShadowHead, AbiError> {
         depth: u32_at(b, offset_of!(ts_shadow_stack, depth)),
         truncated: u64_at(b, offset_of!(ts_shadow_stack, truncated)),
         resyncs: u64_at(b, offset_of!(ts_shadow_stack, resyncs)),
+        skipped: u64_at(b, offset_of!(ts_shadow_stack, skipped)),
     })
 }
 

@@ -57,7 +57,7 @@ fn all_fields() -> Vec<Field> {
             ev_dropped, _pad_ev_producer, ev_tail, _pad_ev_consumer, events,
         }
         ts_frame { r#fn, site, id, sp, entry_ns }
-        ts_shadow_stack { gen, depth, _pad0, truncated, resyncs, _pad1, frames }
+        ts_shadow_stack { gen, depth, _pad0, truncated, resyncs, skipped, _pad1, frames }
         ts_event { ts_ns, object, arg, r#type, tid }
         ts_region_header {
             magic, abi_version, header_size, slot_size, max_slots, ring_capacity, record_size,

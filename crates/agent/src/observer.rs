@@ -2,8 +2,10 @@
 //! shadow stacks and drains its event rings, on its own thread.
 //!
 //! Each pass visits every claimed slot:
-//! - **fast path**: the stack's `gen` equals the one of the last accepted
-//!   walk — nothing changed, one load, no clock, no copy;
+//! - **fast path**: the stack's version — `gen` and `depth`: a push changes
+//!   `gen`, a plain pop only `depth` (runtime/src/shadow.c) — equals the one
+//!   of the last accepted walk — nothing changed, two loads, no clock, no
+//!   copy;
 //! - **invalid**: `gen` is odd — the owner is mid-update; look next pass;
 //! - **full walk**: clock `Cs`, copy the head and the stored frames (bounded
 //!   by `TS_SHADOW_DEPTH` whatever `depth` says), re-read `gen`, clock `Ce`.
@@ -127,6 +129,9 @@ pub struct ObserverStats {
     pub truncated: u64,
     /// Frames the runtime dropped to resynchronise (longjmp, exceptions).
     pub resyncs: u64,
+    /// Calls the runtime did not push because a signal handler interrupted
+    /// one of its hooks mid-update (counted by the runtime; never seen).
+    pub skipped: u64,
     pub lock_events: u64,
     pub request_events: u64,
     /// Events the runtime lost to a full event ring.
@@ -156,6 +161,7 @@ impl Default for ObserverStats {
             unterminated: 0,
             truncated: 0,
             resyncs: 0,
+            skipped: 0,
             lock_events: 0,
             request_events: 0,
             event_ring_full: 0,
@@ -215,7 +221,8 @@ struct Tracked {
 #[derive(Debug, Default)]
 struct Track {
     tid: u32,
-    last_gen: Option<u64>,
+    /// (gen, depth) of the last accepted walk.
+    last_version: Option<(u64, u32)>,
     /// When the tracked frames were last known to be the thread's stack.
     confirmed_ns: u64,
     /// An exited thread whose final stack has been read.
@@ -224,6 +231,7 @@ struct Track {
     prev: Option<(u64, u64)>,
     truncated: (u64, u64),
     resyncs: (u64, u64),
+    skipped: (u64, u64),
     ev_dropped: (u64, u64),
 }
 
@@ -337,12 +345,13 @@ impl<M: RegionMemory> Observer<M> {
         }
         if self.tracks[i as usize].tid != tid {
             self.end_thread(i);
-            let (trunc, resync) = self.read_head(base);
+            let (trunc, resync, skip) = self.read_head(base);
             let drop0 = self.mem.load_u64(base + ldb_offsets::EV_DROPPED);
             let t = &mut self.tracks[i as usize];
             t.tid = tid;
             t.truncated = (trunc, trunc);
             t.resyncs = (resync, resync);
+            t.skipped = (skip, skip);
             t.ev_dropped = (drop0, drop0);
             // Not this thread's slot at the previous pass: its calls began since.
             t.confirmed_ns = self.before_pass_ns;
@@ -355,10 +364,11 @@ impl<M: RegionMemory> Observer<M> {
         let walk = self.walk(i, base, clock);
         if !live && matches!(walk, Walk::Unchanged | Walk::Accepted) {
             // Exited: its stack is final. Calls still on it never ended in view.
-            let (trunc, resync) = self.read_head(base);
+            let (trunc, resync, skip) = self.read_head(base);
             let t = &mut self.tracks[i as usize];
             t.truncated.1 = trunc.max(t.truncated.0);
             t.resyncs.1 = resync.max(t.resyncs.0);
+            t.skipped.1 = skip.max(t.skipped.0);
             self.fold(i);
             self.tracks[i as usize].retired = true;
         }
@@ -367,7 +377,8 @@ impl<M: RegionMemory> Observer<M> {
     /// One seqlock read of slot `i`'s shadow stack, applied if consistent.
     fn walk(&mut self, i: u32, base: usize, clock: &mut dyn FnMut() -> u64) -> Walk {
         let gen = self.mem.load_u64_acquire(base + ldb_offsets::SHADOW_GEN);
-        if self.tracks[i as usize].last_gen == Some(gen) {
+        let depth = self.mem.load_u32(base + ldb_offsets::SHADOW_DEPTH);
+        if self.tracks[i as usize].last_version == Some((gen, depth)) {
             self.stats.fast_path += 1;
             self.tracks[i as usize].confirmed_ns = self.pass_ns;
             return Walk::Unchanged;
@@ -404,9 +415,10 @@ impl<M: RegionMemory> Observer<M> {
                 return Walk::Discarded;
             }
         }
-        track.last_gen = Some(gen);
+        track.last_version = Some((gen, head.depth));
         track.truncated.1 = head.truncated.max(track.truncated.0);
         track.resyncs.1 = head.resyncs.max(track.resyncs.0);
+        track.skipped.1 = head.skipped.max(track.skipped.0);
         // The state changed after `confirmed_ns` and was read by `ce`.
         let gap = ce.saturating_sub(track.confirmed_ns);
         track.confirmed_ns = cs;
@@ -422,10 +434,11 @@ impl<M: RegionMemory> Observer<M> {
         Walk::Accepted
     }
 
-    fn read_head(&mut self, base: usize) -> (u64, u64) {
+    /// (truncated, resyncs, skipped) of slot `base`'s shadow stack.
+    fn read_head(&mut self, base: usize) -> (u64, u64, u64) {
         self.mem
             .read(base + ldb_offsets::SHADOW, &mut self.head_buf);
-        parse_shadow_head(&self.head_buf).map_or((0, 0), |h| (h.truncated, h.resyncs))
+        parse_shadow_head(&self.head_buf).map_or((0, 0, 0), |h| (h.truncated, h.resyncs, h.skipped))
     }
 
     /// Diff the accepted snapshot in `new_frames` against the tracked ones.
@@ -485,12 +498,14 @@ impl<M: RegionMemory> Observer<M> {
         let t = &mut self.tracks[i as usize];
         self.stats.unterminated += t.frames.len() as u64;
         t.frames.clear();
-        t.last_gen = None;
+        t.last_version = None;
         self.stats.truncated += Track::delta(t.truncated);
         self.stats.resyncs += Track::delta(t.resyncs);
+        self.stats.skipped += Track::delta(t.skipped);
         self.stats.event_ring_full += Track::delta(t.ev_dropped);
         t.truncated.0 = t.truncated.1;
         t.resyncs.0 = t.resyncs.1;
+        t.skipped.0 = t.skipped.1;
         t.ev_dropped.0 = t.ev_dropped.1;
     }
 
@@ -829,6 +844,31 @@ mod tests {
         assert!(f[3].latency_ns > f[0].latency_ns);
         assert_eq!(f[0].start_ns + f[0].latency_ns, f[1].start_ns);
         assert_eq!(o.stats().full_walks, 5);
+    }
+
+    /// The runtime pops without touching gen: a lower depth at the same gen
+    /// is a change (the call ended), not the fast path. Skipped pushes are
+    /// summed per thread like the other runtime counters.
+    #[test]
+    fn pops_change_depth_only_and_skips_are_counted() {
+        let mut o = setup();
+        let mut clock = ticking(1_000, 10);
+        set(&o, 4, &[frame(1, 0x100), frame(3, 0x200)]);
+        o.pass(&mut clock);
+        set(&o, 4, &[frame(1, 0x100)]); // 0x200 returned: depth 2 -> 1, same gen
+        o.pass(&mut clock);
+        assert_eq!(o.stats().fast_path, 0);
+        assert_eq!(o.functions.len(), 1);
+        assert_eq!(o.functions[0].fn_addr, 0x200);
+        o.pass(&mut clock);
+        assert_eq!(o.stats().fast_path, 1, "(gen, depth) unchanged");
+        let at = slot_offset(0)
+            + ldb_offsets::SHADOW
+            + core::mem::offset_of!(tailscope_abi::ts_shadow_stack, skipped);
+        o.mem.borrow_mut()[at..at + 8].copy_from_slice(&7u64.to_le_bytes());
+        set(&o, 6, &[frame(1, 0x100), frame(5, 0x300)]);
+        o.pass(&mut clock);
+        assert_eq!(o.finish().skipped, 7);
     }
 
     #[test]

@@ -131,7 +131,8 @@ def _observer(r: dict) -> tuple[go.Figure, str]:
              f"{o.get('passes', 0)} passes. A call's latency is within about one period.</p>"
              f"<table id=ldb-observer><tr><th>slot check</th><th>count</th><th>share</th></tr>{rows}</table>"
              f"<p class=muted>Calls deeper than the shadow stack: {o.get('truncated', 0)}; frames dropped to "
-             f"resynchronise (longjmp, exceptions): {o.get('resyncs', 0)}; calls open at thread exit or at the end: "
+             f"resynchronise (longjmp, exceptions): {o.get('resyncs', 0)}; calls not recorded because a signal "
+             f"handler interrupted a hook: {o.get('skipped', 0)}; calls open at thread exit or at the end: "
              f"{o.get('unterminated', 0)}; lock/request events lost to full rings: {o.get('event_ring_full', 0)}; "
              f"corrupt events: {o.get('corrupt_events', 0)}.</p>")
     return fig, table

@@ -192,7 +192,8 @@ struct ts_shadow_stack {
 	__u32 _pad0;
 	__u64 truncated; /* calls deeper than TS_SHADOW_DEPTH (not stored) */
 	__u64 resyncs;   /* frames dropped when an exit did not match (longjmp, exceptions) */
-	__u64 _pad1[4];  /* gen and depth alone on their cache line */
+	__u64 skipped;   /* calls not pushed: a signal handler ran while a hook was mid-update */
+	__u64 _pad1[3];  /* the head fills one cache line; frames start on the next */
 	struct ts_frame frames[TS_SHADOW_DEPTH];
 };
 
