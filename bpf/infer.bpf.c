@@ -3,22 +3,23 @@
  *
  * For a binary without libtailscope (stock redis, memcached, nginx), a
  * request is tracked per connection (per struct sock):
- *     it is opened by the first data-bearing receive on that socket
- *     (sock:sock_recv_length, ret > 0), starts when its bytes landed in the
- *     socket (TCP: the socket's tcp_clock_cache, which the kernel stamps on
- *     every segment it processes), and
+ *     it is opened by the first receive that consumes data on that socket
+ *     (TCP: tcp:tcp_rcv_space_adjust, which tcp_recvmsg runs per consumed
+ *     skb; Unix: sock:sock_recv_length, ret > 0), starts when its bytes
+ *     landed in the socket (TCP: the socket's tcp_clock_cache, which the
+ *     kernel stamps for every segment it processes, read before the receive
+ *     refreshes it), and
  *     ends at the next data-bearing send on the same socket
  *     (sock:sock_send_length, ret > 0).
  * Keeping the state per socket, not per thread, keeps an event loop's batch
  * apart: redis reads A, reads B, then writes A and B; A and B are two
  * requests, each from its own arrival to its own reply.
  *
- * Two programs per request, both in the server's own syscalls; nothing runs
- * per packet. (An earlier version marked arrivals from tcp:tcp_probe, which
- * fires for every segment of every TCP socket on the machine; reading the
- * arrival stamp at the receive costs nothing extra.) The sock tracepoints
- * fire inside sock_recvmsg/sock_sendmsg, so only socket I/O pays (read,
- * recv*, write, send*, readv, writev on sockets); other syscalls cost
+ * Two programs do work per request, both in the server's own syscalls;
+ * nothing runs per packet. (An earlier version marked arrivals from
+ * tcp:tcp_probe, which fires for every segment of every TCP socket on the
+ * machine, both directions.) The sock tracepoints fire inside
+ * sock_recvmsg/sock_sendmsg, so only socket I/O pays; other syscalls cost
  * nothing, and a process that is no target is turned away by one array load.
  * Per-socket state lives in socket local storage (freed with the socket),
  * per-thread state in task local storage.
@@ -30,7 +31,7 @@
  * Other sockets (the target's own client connections to a database or an
  * upstream, UDP) are ignored.
  *
- * The sampling decision is drawn at the opening receive. A sampled request
+ * The sampling decision is drawn when the request opens. A sampled request
  * snapshots the reading thread's kcounters entry there and rewinds it to the
  * request's start (the arrival): on-CPU time since then, and the part of the
  * thread's last wait after it, are moved into the request, using the
@@ -255,24 +256,6 @@ static __always_inline void rewind(struct kc_snap *b, __u64 a, __u64 now)
 	}
 }
 
-/* When the bytes the current receive returns landed in a TCP socket: the
- * socket's tcp_clock_cache, which tcp_rcv_established refreshes for every
- * segment (and the send path for every transmit, so a stamp older than the
- * previous reply means pipelined bytes: the start is then that reply). 0
- * when there is none (Unix sockets) or it looks wrong. */
-static __always_inline __u64 arrival_of(struct sock *sk, __u64 now)
-{
-	struct tcp_sock *tp = bpf_skc_to_tcp_sock(sk);
-	__u64 a;
-
-	if (!tp)
-		return 0;
-	a = tp->tcp_clock_cache;
-	if (!a || a > now || now - a > 1000000000ULL)
-		return 0;
-	return a;
-}
-
 /* Whether a socket first touched by a target carries requests. */
 static __always_inline bool is_server_side(struct sock *sk)
 {
@@ -336,41 +319,38 @@ static __always_inline void ref_put(__u32 tid, __u32 tgid)
 		__sync_fetch_and_sub(&e->sampled_refs, 1);
 }
 
-/* Bytes received by a thread: open the socket's request unless one is open.
- * An unsampled request costs a few loads and stores here: no clock read. */
-SEC("tp_btf/sock_recv_length")
-int BPF_PROG(sock_recv_length, struct sock *sk, int ret, int flags)
+/* Bytes received by the current thread on `sk`: open the socket's request
+ * unless one is open. `a` is when the bytes arrived (0: unknown). An
+ * unsampled request costs a few loads and stores here: no clock read. */
+static __always_inline void open_request(struct sock *sk, __u64 a)
 {
 	struct ts_kcounters *e;
 	struct thr_state *t;
 	struct sk_req *s;
 	__u32 tid, tgid;
-	__u64 id, now, a;
+	__u64 id, now;
 
-	if (ret <= 0 || (flags & MSG_PEEK))
-		return 0;
 	id = bpf_get_current_pid_tgid();
 	tid = (__u32)id;
 	tgid = id >> 32;
 	s = sk_state(sk, tgid);
 	if (!s)
-		return 0;
+		return;
 	if (s->tid != tid) {
 		s->tid = tid;
 		s->tgid = tgid;
 	}
 	if (s->active) /* more of the open request, or pipelined ones: they join it */
-		return 0;
+		return;
 	s->active = 1;
 	stat_inc(STAT_SEEN);
 	s->sampled = sampled_draw();
 	if (!s->sampled)
-		return 0;
+		return;
 	now = bpf_ktime_get_ns();
 	t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(), 0,
 	                         BPF_LOCAL_STORAGE_GET_F_CREATE);
-	a = s->no_stamp ? 0 : arrival_of(sk, now);
-	if (!a) {
+	if (!a || a > now || now - a > 1000000000ULL) {
 		/* No arrival stamp (a Unix socket): if the thread slept since
 		 * its previous request ended (an event loop in epoll_wait),
 		 * the wakeup that ended the sleep; else the receive itself. */
@@ -393,6 +373,34 @@ int BPF_PROG(sock_recv_length, struct sock *sk, int ret, int flags)
 		s->request_id = ((__u64)tid << 32) | (__u32)t->seq;
 	}
 	stat_inc(STAT_SAMPLED);
+}
+
+/* TCP: tcp_recvmsg consumed an skb. The tracepoint fires before
+ * tcp_rcv_space_adjust refreshes the socket's clock stamp, so
+ * tcp_clock_cache still holds when the kernel last processed a segment of
+ * this connection: the arrival of the bytes being read (or, for bytes
+ * pipelined behind a reply, that reply). MSG_PEEK runs it too: a peek
+ * opens the request as a read would, and the read after it joins. */
+SEC("tp_btf/tcp_rcv_space_adjust")
+int BPF_PROG(tcp_rcv_space_adjust, struct sock *sk)
+{
+	struct tcp_sock *tp;
+
+	if (!maybe_target_tgid(bpf_get_current_pid_tgid() >> 32))
+		return 0;
+	tp = bpf_skc_to_tcp_sock(sk);
+	open_request(sk, tp ? tp->tcp_clock_cache : 0);
+	return 0;
+}
+
+/* Other sockets (Unix): a data-bearing receive opens the request. TCP
+ * requests were opened by tcp_rcv_space_adjust, inside this receive. */
+SEC("tp_btf/sock_recv_length")
+int BPF_PROG(sock_recv_length, struct sock *sk, int ret, int flags)
+{
+	if (ret <= 0 || (flags & MSG_PEEK) || sk->__sk_common.skc_family != AF_UNIX)
+		return 0;
+	open_request(sk, 0);
 	return 0;
 }
 

@@ -505,6 +505,31 @@ fn infer_every_request() {
         over * 10 < N,
         "{over} of {N} server latencies exceed the client's round trip"
     );
+    // The counters are rewound from the receive to the arrival: the server
+    // sat blocked in recv when the bytes landed, so the wait after the
+    // arrival (blocked until the wakeup, then runnable) is the request's,
+    // and on-CPU + runnable + blocked accounts for the whole latency.
+    let mut gap: Vec<f64> = recs
+        .iter()
+        .map(|r| {
+            let sum = r.oncpu_ns + r.runnable_ns + r.blocked_ns;
+            (sum as f64 - r.latency_ns as f64).abs() / r.latency_ns as f64
+        })
+        .collect();
+    gap.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    assert!(
+        gap[N / 2] < 0.05,
+        "median |on-CPU + runnable + blocked - latency| is {:.1}% of latency",
+        100.0 * gap[N / 2]
+    );
+    assert!(
+        recs.iter()
+            .filter(|r| r.blocked_count + r.runnable_count > 0)
+            .count()
+            * 2
+            > N,
+        "most requests include the wait between arrival and wakeup"
+    );
     let med = {
         let mut l: Vec<_> = recs.iter().map(|r| r.latency_ns).collect();
         l.sort();
