@@ -63,6 +63,14 @@ struct Args {
     /// Ablation: no AQM.
     #[arg(long)]
     no_aqm: bool,
+    /// AQM against the oldest queued request's age only (the thesis's
+    /// signal), not the forecast wait.
+    #[arg(long)]
+    aqm_age: bool,
+    /// Breakwater's service reserve in µs (AQM budget = SLO − reserve);
+    /// default 30% of the SLO.
+    #[arg(long)]
+    reserve_us: Option<u64>,
     /// tower's ConcurrencyLimit for --control tower.
     #[arg(long, default_value = "8")]
     tower_limit: usize,
@@ -140,6 +148,13 @@ fn run(args: Args) -> Result<(), String> {
     spec.rtt_ns = args.rtt_us * 1000;
     spec.overcommit = !args.no_overcommit;
     spec.aqm = !args.no_aqm;
+    spec.aqm_forecast = !args.aqm_age;
+    if let Some(r) = args.reserve_us {
+        if r == 0 || r >= args.slo_us {
+            return Err(format!("--reserve-us must be in (0, --slo-us), got {r}"));
+        }
+        spec.service_reserve_ns = Some(r * 1000);
+    }
     let policy = spec.server().map_err(|e| e.to_string())?;
     let config = ServerConfig {
         workers: args.workers,

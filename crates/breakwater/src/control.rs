@@ -69,6 +69,11 @@ pub struct ControlSpec {
     /// Breakwater ablation switches.
     pub overcommit: bool,
     pub aqm: bool,
+    /// AQM against the forecast wait (default) or the oldest's age only.
+    pub aqm_forecast: bool,
+    /// Breakwater's service reserve (the AQM budget is SLO − this); `None`
+    /// keeps the default, 30% of the SLO.
+    pub service_reserve_ns: Option<Nanos>,
     /// SEDA: additive increase (req/s per adjustment) and starting rate per
     /// client. Tune to the per-client share of capacity.
     pub seda_adj_i: f64,
@@ -86,6 +91,8 @@ impl ControlSpec {
             rtt_ns: 100_000,
             overcommit: true,
             aqm: true,
+            aqm_forecast: true,
+            service_reserve_ns: None,
             seda_adj_i: 1.0,
             seda_initial_rate: 100.0,
             dagor_q_ns: None,
@@ -97,6 +104,11 @@ impl ControlSpec {
         c.rtt_ns = self.rtt_ns;
         c.overcommit = self.overcommit;
         c.aqm = self.aqm;
+        c.aqm_forecast = self.aqm_forecast;
+        if let Some(r) = self.service_reserve_ns {
+            c.service_reserve_ns = r.min(self.slo_ns);
+            c.queue_budget_ns = self.slo_ns.saturating_sub(r).max(1);
+        }
         if self.kind == ControlKind::BreakwaterEfficiency {
             c.signal = Signal::Efficiency;
         }

@@ -325,7 +325,10 @@ fn efficiency_branch_table() {
 
 #[test]
 fn aqm_drops_exactly_when_queue_delay_exceeds_budget() {
-    let mut p = bw(); // queue budget = SLO/2 = 500 µs
+    let mut cfg = BreakwaterConfig::for_slo(SLO, 4);
+    cfg.queue_budget_ns = SLO / 2; // 500 µs
+    cfg.service_reserve_ns = SLO / 2;
+    let mut p = Breakwater::new(cfg).unwrap();
     let now = 10_000_000;
     p.on_arrival(0, &msg(1, Kind::Register, 50), &empty());
     p.set_c_total(64.0);
@@ -353,7 +356,7 @@ fn aqm_drops_exactly_when_queue_delay_exceeds_budget() {
     assert_eq!(p.issued(), issued - 1);
     assert_eq!(p.issued(), p.issued_recount());
     // A client's own smaller remaining time tightens the rule: it keeps
-    // the service reserve (SLO/2 = 500 µs) for after the queue.
+    // the service reserve (500 µs here) for after the queue.
     let mut m = msg(1, Kind::Request, 5);
     m.budget_ns = Some(600_000);
     assert_eq!(
@@ -390,6 +393,91 @@ fn aqm_drops_exactly_when_queue_delay_exceeds_budget() {
             &msg(1, Kind::Request, 5),
             &queue_with_delay(now, 9 * SLO)
         ),
+        Verdict::Admit
+    );
+}
+
+#[test]
+fn aqm_budget_defaults_to_slo_minus_service_reserve() {
+    let c = BreakwaterConfig::for_slo(SLO, 4);
+    assert_eq!(c.service_reserve_ns, SLO * 3 / 10);
+    assert_eq!(c.queue_budget_ns + c.service_reserve_ns, SLO);
+    assert!(c.aqm_forecast);
+}
+
+/// Register client 1 with plenty of credit and teach the policy a mean
+/// service time of `svc` (sojourn − wait EWMAs) through completions.
+fn warmed(forecast: bool, svc: u64) -> Breakwater {
+    let mut cfg = BreakwaterConfig::for_slo(SLO, 1);
+    cfg.aqm_forecast = forecast;
+    let mut p = Breakwater::new(cfg).unwrap();
+    let q = QueueView {
+        workers: 1,
+        ..QueueView::default()
+    };
+    p.on_arrival(0, &msg(1, Kind::Register, 200), &q);
+    p.set_c_total(1000.0);
+    p.feedback(1, 1);
+    for i in 0..200 {
+        assert_eq!(
+            p.on_arrival(i, &msg(1, Kind::Request, 100), &q),
+            Verdict::Admit
+        );
+        p.on_start(i, 0);
+        p.on_complete(
+            i,
+            &Completion {
+                client: 1,
+                ok: true,
+                sojourn_ns: svc,
+            },
+            &q,
+        );
+    }
+    p
+}
+
+#[test]
+fn aqm_forecast_counts_the_work_queued_ahead() {
+    let svc = 100_000; // 100 µs
+    let p = warmed(true, svc);
+    assert!((p.service_estimate_ns() - svc as f64).abs() < 1.0);
+    // 10 queued on one worker, the oldest only 50 µs old: a newcomer waits
+    // about 1 ms, not 50 µs.
+    let now = 10_000_000;
+    let filling = QueueView {
+        oldest_enqueue: Some(now - 50_000),
+        len: 10,
+        busy: 1,
+        workers: 1,
+    };
+    let w = p.expected_wait(now, &filling);
+    assert!((999_000..=1_001_000).contains(&w), "forecast {w}");
+    // An old head of a short queue: the age is the larger, and is used.
+    let stale = QueueView {
+        oldest_enqueue: Some(now - 600_000),
+        len: 2,
+        ..filling
+    };
+    assert_eq!(p.expected_wait(now, &stale), 600_000);
+    // The drop rule uses the forecast: budget 700 µs (default, SLO 1 ms)
+    // refuses the newcomer to the filling queue...
+    let mut p = warmed(true, svc);
+    match p.on_arrival(now, &msg(1, Kind::Request, 5), &filling) {
+        Verdict::Reject(RejectReason::QueueDelay {
+            delay_ns,
+            budget_ns,
+        }) => {
+            assert!(delay_ns > budget_ns);
+            assert_eq!(budget_ns, SLO * 7 / 10);
+        }
+        v => panic!("expected an AQM drop on the forecast, got {v:?}"),
+    }
+    assert_eq!(p.issued(), p.issued_recount());
+    // ...which the age-only rule (the thesis's signal) admits.
+    let mut p = warmed(false, svc);
+    assert_eq!(
+        p.on_arrival(now, &msg(1, Kind::Request, 5), &filling),
         Verdict::Admit
     );
 }

@@ -28,6 +28,8 @@ struct Args {
     rtt_us: Option<u64>,
     clients: Option<usize>,
     slo_us: Option<u64>,
+    rx_cost_us: Option<f64>,
+    tx_cost_us: Option<f64>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -46,6 +48,8 @@ fn parse() -> Result<Args, String> {
         rtt_us: None,
         clients: None,
         slo_us: None,
+        rx_cost_us: None,
+        tx_cost_us: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -68,10 +72,12 @@ fn parse() -> Result<Args, String> {
             "--rtt-us" => a.rtt_us = Some(num(&val("--rtt-us")?, "--rtt-us")?.max(1)),
             "--clients" => a.clients = Some(num(&val("--clients")?, "--clients")?.max(1) as usize),
             "--slo-us" => a.slo_us = Some(num(&val("--slo-us")?, "--slo-us")?.max(1)),
+            "--rx-cost-us" => a.rx_cost_us = Some(pos(&val("--rx-cost-us")?, "--rx-cost-us")?),
+            "--tx-cost-us" => a.tx_cost_us = Some(pos(&val("--tx-cost-us")?, "--tx-cost-us")?),
             "--json" => a.json = Some(val("--json")?),
             "--quick" => a.quick = true,
             "-h" | "--help" => {
-                return Err("usage: bw-sim --experiment sweep|dist|shift|ablation|messages|all [--quick] [--json FILE] | --control NAME --dist D --mean-us N --demand X --duration S".into())
+                return Err("usage: bw-sim --experiment sweep|dist|shift|ablation|messages|all [--quick] [--json FILE] | --control NAME --dist D --mean-us N --demand X --duration S [--cores N --rtt-us N --clients N --slo-us N --rx-cost-us F --tx-cost-us F]".into())
             }
             other => return Err(format!("unknown flag {other:?}")),
         }
@@ -256,6 +262,12 @@ fn overrides(args: &Args, c: &mut SimConfig) {
     }
     if let Some(s) = args.slo_us {
         c.control.slo_ns = s * 1000;
+    }
+    if let Some(us) = args.rx_cost_us {
+        c.rx_cost_ns = (us * 1000.0) as u64;
+    }
+    if let Some(us) = args.tx_cost_us {
+        c.tx_cost_ns = (us * 1000.0) as u64;
     }
     let share = c.capacity_rps() / c.clients as f64;
     if args.seda_adj_i.is_none() {
