@@ -57,7 +57,7 @@ def _body_range(binary: Path, name: str) -> tuple[int, int]:
 def test_generated_branch_measures_its_target(tmp_path, p, r):
     import capstone
 
-    asmgen.write_standalone(_spec(branches=[[p, r, 1]]), tmp_path, seed=1, calls=100)
+    asmgen.write_standalone(_spec(branches=[[p, r, 1]]), tmp_path, seed=1, calls=400)
     exe = tmp_path / "harness"
     lo, size = _body_range(exe, "t")
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
@@ -79,7 +79,7 @@ def test_generated_branch_measures_its_target(tmp_path, p, r):
             "--collect-jumps=yes",
             f"--callgrind-out-file={cg_out}",
             str(exe),
-            "100",
+            "400",
         ],
         check=True,
         capture_output=True,
@@ -99,7 +99,7 @@ def test_generated_branch_measures_its_target(tmp_path, p, r):
             "--vex-guest-chase=no",
             f"--log-file={log}",
             str(exe),
-            "100",
+            "400",
         ],
         check=True,
         capture_output=True,

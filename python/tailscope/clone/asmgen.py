@@ -1,4 +1,3 @@
-# ruff: noqa: B023  (the emit helpers are closures used only inside the iteration that defines them)
 """The generated body: x86-64 assembly blocks that match a cluster's profiled distributions.
 
 One function per thread cluster, `clone_body_<c>(struct body_state *st)`, runs once per
@@ -76,6 +75,8 @@ class BodySpec:
     main_fraction: float  # fraction of data accesses that are not tiny-region
     rep_len: int = 32
     chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
+    expected: float = 0.0  # set by generate_body: the body's exact instructions per event
+    far_entries: float = 0.0  # I-cache line entries per event that miss the profiled I1
 
 
 def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
@@ -325,39 +326,68 @@ def _emit(cls: str, mem: str, regs: _Regs, mema: _Mem, rng, rep_len: int) -> lis
     return ["nop"]
 
 
+LL_REGION_FACTOR = 8  # the far-data region: 8x the LL the knobs name (beyond A's and B's LL)
+LL_LINES_PER_PASS = 8
+
+
+def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:
+    """A knob for one body (`key:name`) or for all bodies (`key`)."""
+    return float(knobs.get(f"{key}:{name}", knobs.get(key, default)))
+
+
 def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tuple[list[str], list[Block], int]:
-    """Assembly lines (intel syntax) of clone_body_<name>, its blocks, and its arena size."""
-    instructions = max(0.0, spec.instructions * knobs.get("instr_scale", 1.0))
-    segs = couple(spec.icode_bins, spec.data_bins)
-    blocks: list[Block] = []
+    """Assembly lines (intel syntax) of clone_body_<name>, its blocks, and its arena size.
+
+    The dynamic instruction count per event is counted exactly while emitting (every
+    scaffolding instruction included: block setup, loop control, rep iterations, call + ret), so
+    `spec.expected` ends up as the body's instructions per event; a straight-line filler at the
+    end makes up the rounding of whole passes. Blocks that run once per event have no loop (no
+    loop-exit misprediction), blocks that run k >= 2 times loop with a constant count, and only
+    blocks whose code is larger than the I1 the knobs name (`i1_bytes`) run a fractional number
+    of passes (a 16.16 accumulator in the state): their fetches all miss that I1, so the I1
+    misses per event are linear in their pass rate (`icode_far_scale`). Data accesses beyond the
+    LL (`ll_bytes`) come from one far-data loop at a fractional rate (`data_ll_scale`), linear too.
+    """
+    i1 = knobs.get("i1_bytes", 32768)
+    ll = knobs.get("ll_bytes", 2 << 20)
+    instructions = max(0.0, spec.instructions * body_knob(knobs, "instr_scale", spec.name))
+    # accesses to data beyond the LL: one dedicated far-data loop (linear control), not the blocks
+    far_mass = sum(m for s, m in spec.data_bins if s > ll) / max(1e-12, sum(m for _, m in spec.data_bins))
     main_per_insn = spec.mem_per_insn * spec.main_fraction
+    ll_lines = far_mass * main_per_insn * instructions * knobs.get("data_ll_scale", 1.0)
+    near_bins = [(s, m) for s, m in spec.data_bins if s <= ll] or [(0, 1.0)]
+    segs = couple(spec.icode_bins, near_bins)
+    blocks: list[Block] = []
     for i, (mass, w, r) in enumerate(segs):
         # a bin (S/2, S] is only known as a whole; assume sizes log-uniform inside it and place
-        # alternate blocks at its quartiles 2^-0.75 S and 2^-0.25 S, so a cache of 3/4 S (e.g. a
-        # held-out 48 KiB D1 between the 32 and 64 KiB sweep points) catches about half of the bin
+        # alternate blocks at its quartiles 2^-0.75 S and 2^-0.25 S
         frac = 0.59 if i % 2 == 0 else 0.84
         code = max(64, int(frac * w))
-        region = int(frac * r) // 64 * 64 if r > 0 else 0
-        blocks.append(Block(weight=mass, code_bytes=code, region_bytes=region, main_per_insn=main_per_insn))
+        blocks.append(
+            Block(
+                weight=mass,
+                code_bytes=code,
+                region_bytes=int(frac * r) if r > 0 else 0,
+                main_per_insn=main_per_insn * (1 - far_mass),
+            )
+        )
+    _layer_regions(blocks, ll)
     _apply_knobs(blocks, knobs)
-    # layout of the arena: tiny region, then each block's region (4 KiB aligned)
+    # layout of the arena: tiny region, then each block's region (4 KiB aligned), then far data
     off = 4096
     for b in blocks:
         if b.region_bytes:
             b.region_off = off
             off += b.region_bytes + 64 * 64 + 4096
             off = (off + 4095) // 4096 * 4096
-    arena = off
-    # mix without the scaffolding-only classes
+    far_off, far_bytes = off, (LL_REGION_FACTOR * ll if ll_lines > 0 else 0)
+    arena = off + far_bytes + (4096 if far_bytes else 0)
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
     mixp = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
     br_idx = [i for i, k in enumerate(keys) if k.startswith("branch/")]
-    # conditional branches are placed separately; the remaining branch mass is jmp/call
     cond = spec.cond_per_insn
     if mixp[br_idx].sum() > 0:
         mixp[br_idx] *= max(0.0, mixp[br_idx].sum() - cond) / mixp[br_idx].sum()
-    # a sample of a class emits several instructions for some classes (rep: its iterations and
-    # the register saves, div: the dividend setup, call: the leaf's ret): sample per instruction
     cost = np.array(
         [
             (spec.rep_len + 6)
@@ -390,58 +420,68 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         f"    mov r14, [rdi + {STATE_ITER}]",
     ]
     out += [f"    pxor {x}, {x}" for x in XMM[:4]]
+    expected = 12.0 + 4 + 9  # prologue above; epilogue: store r14, 6 pops, ret
     regs = _Regs(rng, spec.dep_hist)
     leaf = f".Lleaf_{spec.name}"
+    carry = 0.0
+    far_scale = body_knob(knobs, "icode_far_scale", spec.name)
     for bi, b in enumerate(blocks):
-        if spec.chunk_insns > 0:
-            # at least one full pass per event: a block run less often than once per event would
-            # have its lines evicted by everything else in between (all of its fetches far).
-            # Whole passes, and the block size chosen so passes x size = the block's instructions.
-            per_event_chunks = b.weight * instructions / spec.chunk_insns
-            want = max(1.0, min(b.code_bytes * knobs.get("code_scale", 1.0) / 64, per_event_chunks))
-            passes = max(1, round(per_event_chunks / want))
-            chunks = max(1, round(per_event_chunks / passes))
-            b.code_bytes = 64 * chunks
-            k_target = chunks * spec.chunk_insns
-        else:
-            k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
-        b.iters_per_event = b.weight * instructions / k_target if k_target else 0
-        if b.iters_per_event <= 0:
+        if b.weight <= 0:
             continue
-        if b.region_bytes:
-            # the first pass over a region in each event reuses lines last touched one event
-            # earlier (after every other block ran): those accesses land in a larger working set.
-            # Add one region's worth of accesses so the intended number stays at distance R_b.
-            warm = b.main_per_insn * k_target * b.iters_per_event
-            lines_ = b.region_bytes / 64
-            if warm > lines_:
-                b.main_per_insn = min(1.0, b.main_per_insn * (warm + lines_) / warm)
-        # whole passes when a block runs at least once per event: a constant trip count keeps the
-        # loop exit predictable (a fractional one alternates and mispredicts)
-        iters = round(b.iters_per_event) if b.iters_per_event >= 1 else b.iters_per_event
-        fixed = max(1, round(iters * 65536))
+        far_code = False
+        b.code_bytes = min(b.code_bytes, i1 // 2)
+        if spec.chunk_insns > 0:
+            per_event_chunks = b.weight * instructions / spec.chunk_insns
+            if far_code:
+                chunks = max(1, round(b.code_bytes * knobs.get("code_scale", 1.0) / 64))
+            else:
+                want = max(1.0, min(b.code_bytes * knobs.get("code_scale", 1.0) / 64, per_event_chunks))
+                chunks = max(1, round(per_event_chunks / max(1, round(per_event_chunks / want))))
+            b.code_bytes = 64 * chunks
         lab = f".L{spec.name}_{bi}"
         frac_off = STATE_BLOCKS + 16 * bi
         cur_off = frac_off + 8
-        out += [
-            f"    mov r12, [rdi + {frac_off}]",
-            f"    add r12, {fixed}" if fixed < 2**31 else f"    mov rax, {fixed}\n    add r12, rax",
-            "    mov rax, r12",
-            "    and eax, 65535",
-            f"    mov [rdi + {frac_off}], rax",
-            "    shr r12, 16",
-            f"    jz {lab}_done",
-            f"    mov r13, [rdi + {cur_off}]",
-        ]
-        # the patterns of this block's two branch families
         pats = []
         for _ in range(2):
             bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
             p, r = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
-            r = min(1.0, r * knobs.get("branch_r_scale", 1.0))
+            r = min(1.0, r * body_knob(knobs, "branch_r_scale", spec.name))
             pats.append((p, r, _pattern(p, r, rng)))
-        # the pattern registers rotate once per iteration; start them at the phase of the
-        # iteration counter, which persists across events
+        mema = _Mem(rng)
+        body, count = _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf)
+        # per iteration: the body, two pattern rotations, the region cursor, the iteration counter
+        k_iter = count + 2 + (4 if b.region_bytes else 0) + 1
+        passes_f = b.weight * instructions / max(1, k_iter + 2)
+        setup = 8 + (2 if b.region_bytes else 0)
+        if far_code:
+            passes = passes_f * far_scale  # fractional: linear I1-miss control
+            mode = "frac"
+        else:
+            passes = max(1, round(passes_f + carry))
+            carry += passes_f - passes
+            mode = "once" if passes == 1 else "loop"
+        b.iters_per_event = passes
+        if mode == "frac":
+            fixed = max(1, round(passes * 65536))
+            head = [
+                f"    mov r12, [rdi + {frac_off}]",
+                f"    add r12, {fixed}" if fixed < 2**31 else f"    mov rax, {fixed}\n    add r12, rax",
+                "    mov rax, r12",
+                "    and eax, 65535",
+                f"    mov [rdi + {frac_off}], rax",
+                "    shr r12, 16",
+                f"    jz {lab}_done",
+            ]
+            expected += 7 + passes * (setup + k_iter + 2)
+        elif mode == "loop":
+            head = [f"    mov r12d, {passes}"]
+            expected += 1 + setup + passes * (k_iter + 2)
+        else:
+            head = []
+            expected += setup + k_iter
+        out += head
+        if b.region_bytes:
+            out.append(f"    mov r13, [rdi + {cur_off}]")
         out += [
             f"    mov r11, {pats[0][2] or 0x5555555555555555}",
             f"    mov r10, {pats[1][2] or 0x3333333333333333}",
@@ -451,105 +491,43 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             "    ror r10, cl",
             "    pop rcx",
         ]
-        out.append(f"    .p2align 4\n{lab}:")
-        mema = _Mem(rng)
-        main_n = round(b.main_per_insn * k_target) if b.region_bytes else 0
-        main_n = min(main_n, max(0, b.region_bytes // 64 - 1)) if b.region_bytes else 0
-        mema.main_left, mema.main_j, mema.region_off = main_n, 0, b.region_off
-        body: list[str] = []
-        state = {"count": 0}
-
-        def emit_mix():
-            k = int(rng.choice(len(keys), p=mixp))
-            cls, mem = keys[k].split("/")
-            lines = _emit(cls, mem, regs, mema, rng, spec.rep_len)
-            for ln in lines:
-                if ln == "1:":
-                    body.append(f"{lab}_j{state['count']}:")
-                    continue
-                if ln == "jmp 1f":
-                    ln = f"jmp {lab}_j{state['count']}"
-                body.append("    " + ln.replace("{leaf}", leaf))
-            n = sum(1 for ln in lines if ln != "1:")
-            if cls == "rep":
-                n += spec.rep_len - 1
-            state["count"] += n
-            regs.tick(n)
-
-        def emit_cond(target: str | None = None):
-            which = int(rng.integers(0, 2))
-            p, _r, pat = pats[which]
-            reg = "r11" if which == 0 else "r10"
-            skip = target or f"{lab}_s{state['count']}"
-            if pat is None:
-                body.extend(_mask_branch(p, _r, skip))
-            else:
-                body.extend([f"    bt {reg}, {int(rng.integers(0, 64))}", f"    jc {skip}"])
-            state["count"] += 2
-            regs.tick(2)
-            body.extend(f"    {ln}" for ln in _emit("arith", "reg", regs, mema, rng, spec.rep_len))
-            state["count"] += 1
-            regs.tick()
-            if target is None:
-                body.append(f"{skip}:")
-
-        if spec.chunk_insns > 0:
-            # chunks of chunk_insns instructions, each starting a new cache line, ending in a
-            # conditional branch (or a jump) to the next chunk: line entries per instruction
-            # match the original's (its instruction fetches that miss even a 128-byte cache)
-            n_chunks = max(1, b.code_bytes // 64)
-            per_chunk_cond = cond * spec.chunk_insns
-            for ci in range(n_chunks):
-                nxt = f"{lab}_c{ci + 1}" if ci + 1 < n_chunks else f"{lab}_t"
-                body.append(f"    .p2align 6\n{lab}_c{ci}:")
-                start_count = state["count"]
-                extra_conds = max(0.0, per_chunk_cond - 1)
-                n_in = int(extra_conds) + (1 if rng.random() < extra_conds - int(extra_conds) else 0)
-                while state["count"] - start_count < spec.chunk_insns - 2:
-                    if n_in and rng.random() < 0.3:
-                        emit_cond()
-                        n_in -= 1
-                    else:
-                        emit_mix()
-                if rng.random() < min(1.0, per_chunk_cond):
-                    emit_cond(target=nxt)
-                body.append(f"    jmp {nxt}")
-                state["count"] += 1
-            body.append(f"{lab}_t:")
-        else:
-            k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
-            n_cond = round(cond * k_target) if cond > 0 else 0
-            cond_at = (
-                set(rng.choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist())
-                if n_cond
-                else set()
-            )
-            while state["count"] < k_target:
-                if state["count"] in cond_at:
-                    emit_cond()
-                else:
-                    emit_mix()
-        count = state["count"]
-        # any main-region accesses not placed by the mix: add loads so each iteration touches main_n lines
-        while mema.main_left > 0:
-            d = regs.dst()
-            body.append(f"    mov {d}, {mema.addr()}")
-            regs.wrote(d)
-            count += 1
+        # enter the loop head by a jump, so each pass starts a superblock there (the generator
+        # test rebuilds branch outcome sequences per pass from lackey's superblock trace)
+        out.append(f"    jmp {lab}\n    .p2align 4\n{lab}:")
         out += body
         out += ["    ror r11, 1", "    ror r10, 1"]
         if b.region_bytes:
-            step = 64 * max(1, main_n)
+            main_n = max(1, mema.main_j)
+            step = 64 * main_n
             limit = max(step * 2, b.region_bytes)
+            # cmp/jb + (rarely) sub: counted as 3 per iteration
+            # branchless wrap (a short region would make a wrap branch alternate and mispredict)
             out += [
                 f"    add r13, {step}",
                 f"    cmp r13, {limit}",
-                f"    jb {lab}_nw",
-                f"    sub r13, {limit}",
-                f"{lab}_nw:",
+                f"    lea rax, [r13 - {limit}]",
+                "    cmovae r13, rax",
             ]
-        out += ["    inc r14", "    dec r12", f"    jnz {lab}", f"    mov [rdi + {cur_off}], r13", f"{lab}_done:"]
-        b.insns = count
+        out.append("    inc r14")
+        if mode != "once":
+            out += ["    dec r12", f"    jnz {lab}"]
+        if b.region_bytes:
+            out.append(f"    mov [rdi + {cur_off}], r13")
+        out.append(f"{lab}_done:")
+        b.insns = k_iter
+    far_lines, far_expected = _far_function(
+        spec, rng, regs, knobs, i1, ll_lines, len(blocks), far_off, far_bytes, keys, mixp, cond, leaf
+    )
+    out.append(f"    call clone_far_{spec.name}")
+    expected += 2 + far_expected
+    # the filler: straight-line register arithmetic for what whole passes left over
+    fill = round(instructions - expected)
+    if fill > 0:
+        fill = min(fill, 4096)
+        for _ in range(fill):
+            a = regs.acc()
+            out.append(f"    add {a}, {regs.src()}")
+        expected += fill
     out += [
         f"    mov [rdi + {STATE_ITER}], r14",
         "    pop r15",
@@ -562,28 +540,207 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         f"{leaf}:",
         "    ret",
         f"    .size clone_body_{spec.name}, .-clone_body_{spec.name}",
+        *far_lines,
     ]
+    spec.expected = expected
     return out, blocks, arena
 
 
+def _far_function(spec, rng, regs, knobs, i1, ll_lines, bi, far_off, far_bytes, keys, mixp, cond, leaf):
+    """clone_far_<name>: what the tuning loop controls linearly, in a function of its own so that
+    callgrind reports its costs apart from the rest of the body.
+
+    - far code: a block of code larger than the I1 (`i1_bytes` + 1/4), in cache-line chunks like
+      the body, run at a fractional number of passes per event: every fetch of a line misses that
+      I1 (and any smaller one), so the I1 misses are linear in `icode_far_scale`;
+    - far data: LL_LINES_PER_PASS new lines per pass of a region 8x the LL, at a fractional
+      number of passes per event: the LL misses are linear in `data_ll_scale`.
+    Returns the function's lines and its expected instructions per event."""
+    name = spec.name
+    out = [
+        f"    .type clone_far_{name}, @function",
+        "    .p2align 6",
+        f"clone_far_{name}:",
+    ]
+    expected = 1.0  # ret
+    lines_code = 0
+    if spec.chunk_insns > 0 and spec.far_entries > 0:
+        code = i1 + i1 // 4
+        lines_code = code // 64
+        rate = spec.far_entries * body_knob(knobs, "icode_far_scale", name) / lines_code
+        fixed = max(1, round(rate * 65536))
+        lab = f".L{name}_fc"
+        frac_off = STATE_BLOCKS + 16 * bi
+        # the accumulator is stored inverted, so the first event (in the warm-up) runs a pass
+        out += [
+            f"    mov r12, [rdi + {frac_off}]",
+            "    xor r12d, 65535",
+            f"    add r12, {fixed}",
+            "    mov rax, r12",
+            "    and eax, 65535",
+            "    xor eax, 65535",
+            f"    mov [rdi + {frac_off}], rax",
+            "    shr r12, 16",
+            f"    jz {lab}_done",
+            f"{lab}:",
+        ]
+        fb = Block(weight=0.0, code_bytes=code, region_bytes=0, main_per_insn=0.0)
+        pats = [(0.5, 0.5, None), (0.5, 0.5, None)]
+        body, count = _block_body(spec, fb, lab, pats, regs, _Mem(rng), rng, keys, mixp, cond, leaf)
+        out += body
+        out += ["    dec r12", f"    jnz {lab}", f"{lab}_done:"]
+        expected += 9 + (fixed / 65536) * (count + 2)
+    if ll_lines > 0:
+        lab = f".L{name}_far"
+        frac_off = STATE_BLOCKS + 16 * (bi + 1)
+        cur_off = frac_off + 8
+        fixed = max(1, round(ll_lines / LL_LINES_PER_PASS * 65536))
+        out += [
+            f"    mov r12, [rdi + {frac_off}]",
+            f"    add r12, {fixed}",
+            "    mov rax, r12",
+            "    and eax, 65535",
+            f"    mov [rdi + {frac_off}], rax",
+            "    shr r12, 16",
+            f"    jz {lab}_done",
+            f"    mov r13, [rdi + {cur_off}]",
+            f"{lab}:",
+        ]
+        out += [f"    add rax, qword ptr [r15 + r13 + {far_off + 64 * j}]" for j in range(LL_LINES_PER_PASS)]
+        span = far_bytes - 64 * LL_LINES_PER_PASS
+        out += [
+            f"    add r13, {64 * LL_LINES_PER_PASS}",
+            f"    cmp r13, {span}",
+            f"    jb {lab}_nw",
+            "    xor r13d, r13d",
+            f"{lab}_nw:",
+            "    dec r12",
+            f"    jnz {lab}",
+            f"    mov [rdi + {cur_off}], r13",
+            f"{lab}_done:",
+        ]
+        expected += 8 + (fixed / 65536) * (LL_LINES_PER_PASS + 3 + 2)
+    out += ["    ret", f"    .size clone_far_{name}, .-clone_far_{name}"]
+    return out, expected
+
+
+def _layer_regions(blocks: list[Block], ll: int) -> None:
+    """Nest the data regions as LRU stack layers: a region walked across events is reused after
+    every smaller region was walked too, so its reuse distance is the sum of the regions up to
+    it. Sizing each region as (its target) - (the regions below it) puts that sum, not the region
+    alone, at the target size. Regions stay below 1/8 of the LL: the regions of every thread together
+    must fit in it (data beyond the LL has its own loop, at a controlled rate)."""
+    below = 0
+    for b in sorted((b for b in blocks if b.region_bytes), key=lambda x: x.region_bytes):
+        want = min(b.region_bytes, ll // 8)
+        b.region_bytes = max(128, (want - below) // 64 * 64)
+        below += b.region_bytes
+
+
+def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> tuple[list[str], int]:
+    """One iteration's instructions of block b and their dynamic count (rep iterations and the
+    leaf's ret included)."""
+    body: list[str] = []
+    state = {"count": 0}
+    k_target = 0
+
+    def emit_mix():
+        k = int(rng.choice(len(keys), p=mixp))
+        cls, mem = keys[k].split("/")
+        lines = _emit(cls, mem, regs, mema, rng, spec.rep_len)
+        for ln in lines:
+            if ln == "1:":
+                body.append(f"{lab}_j{state['count']}:")
+                continue
+            if ln == "jmp 1f":
+                ln = f"jmp {lab}_j{state['count']}"
+            body.append("    " + ln.replace("{leaf}", leaf))
+        n = sum(1 for ln in lines if ln != "1:")
+        if cls == "rep":
+            n += spec.rep_len - 1
+        if any(ln.startswith("call") for ln in lines):
+            n += 1  # the leaf's ret
+        state["count"] += n
+        regs.tick(n)
+
+    def emit_cond(target: str | None = None):
+        which = int(rng.integers(0, 2))
+        p, _r, pat = pats[which]
+        reg = "r11" if which == 0 else "r10"
+        skip = target or f"{lab}_s{state['count']}"
+        if pat is None:
+            body.extend(_mask_branch(p, _r, skip))
+        else:
+            body.extend([f"    bt {reg}, {int(rng.integers(0, 64))}", f"    jc {skip}"])
+        state["count"] += 2
+        regs.tick(2)
+        body.extend(f"    {ln}" for ln in _emit("arith", "reg", regs, mema, rng, spec.rep_len))
+        state["count"] += 1
+        regs.tick()
+        if target is None:
+            body.append(f"{skip}:")
+
+    if spec.chunk_insns > 0:
+        k_target = (b.code_bytes // 64) * spec.chunk_insns
+    else:
+        k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
+    main_n = round(b.main_per_insn * k_target) if b.region_bytes else 0
+    main_n = min(main_n, max(0, b.region_bytes // 64 - 1)) if b.region_bytes else 0
+    mema.main_left, mema.main_j, mema.region_off = main_n, 0, b.region_off
+    if spec.chunk_insns > 0:
+        n_chunks = max(1, b.code_bytes // 64)
+        per_chunk_cond = cond * spec.chunk_insns
+        for ci in range(n_chunks):
+            nxt = f"{lab}_c{ci + 1}" if ci + 1 < n_chunks else f"{lab}_t"
+            body.append(f"    .p2align 6\n{lab}_c{ci}:")
+            start_count = state["count"]
+            extra_conds = max(0.0, per_chunk_cond - 1)
+            n_in = int(extra_conds) + (1 if rng.random() < extra_conds - int(extra_conds) else 0)
+            end_cond = rng.random() < min(1.0, per_chunk_cond)
+            # the chunk's own instructions: the mix, then the closing branch (3) and jump (1)
+            room = spec.chunk_insns - 1 - (3 if end_cond else 0)
+            while state["count"] - start_count < room or state["count"] == start_count:
+                if n_in and rng.random() < 0.3:
+                    emit_cond()
+                    n_in -= 1
+                else:
+                    emit_mix()
+            if end_cond:
+                emit_cond(target=nxt)
+            body.append(f"    jmp {nxt}")
+            state["count"] += 1
+        body.append(f"{lab}_t:")
+    else:
+        n_cond = round(cond * k_target) if cond > 0 else 0
+        cond_at = (
+            set(rng.choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist()) if n_cond else set()
+        )
+        while state["count"] < k_target:
+            if state["count"] in cond_at:
+                emit_cond()
+            else:
+                emit_mix()
+    count = state["count"]
+    while mema.main_left > 0:
+        d = regs.dst()
+        body.append(f"    mov {d}, {mema.addr()}")
+        regs.wrote(d)
+        count += 1
+    return body, count
+
+
 def _apply_knobs(blocks: list[Block], knobs: dict) -> None:
-    """Tuning knobs: scale the weight of large code blocks and the density of far data."""
-    i1 = knobs.get("i1_bytes", 32768)
+    """Tuning knob for the D1: the density of accesses to regions that can miss the D1 the knobs
+    name (`d1_bytes`: regions whose layer reaches past half of it), or to all regions if none does."""
     d1 = knobs.get("d1_bytes", 32768)
-    _ = d1
-    ll = knobs.get("ll_bytes", 2 << 20)
-    for b in blocks:
-        if b.code_bytes > i1:
-            b.weight *= knobs.get("icode_far_scale", 1.0)
-        if b.region_bytes:
-            # D1 misses come from every region walked across events, not only those beyond D1
-            b.main_per_insn *= knobs.get("data_far_scale", 1.0)
-        if b.region_bytes > ll or (b.region_bytes > d1 and b.region_bytes * 4 > ll):
-            b.main_per_insn *= knobs.get("data_ll_scale", 1.0)
-    tot = sum(b.weight for b in blocks)
-    if tot > 0:
-        for b in blocks:
-            b.weight /= tot
+    scale = knobs.get("data_far_scale", 1.0)
+    below, far = 0, []
+    for b in sorted((b for b in blocks if b.region_bytes), key=lambda x: x.region_bytes):
+        below += b.region_bytes
+        if below > d1 // 2:
+            far.append(b)
+    for b in far or [b for b in blocks if b.region_bytes]:
+        b.main_per_insn = min(1.0, b.main_per_insn * scale)
 
 
 def harness_c(name: str, arena: int, calls: int, max_blocks: int = 64) -> str:
@@ -616,7 +773,7 @@ def write_standalone(spec: BodySpec, out_dir, seed: int, calls: int, knobs: dict
     lines, blocks, arena = generate_body(spec, np.random.default_rng(seed), knobs or {})
     asm = ["    .intel_syntax noprefix", "    .text", *lines, '    .section .note.GNU-stack,"",@progbits']
     (out_dir / "body.S").write_text("\n".join(asm) + "\n")
-    (out_dir / "harness.c").write_text(harness_c(spec.name, arena, calls, max(64, len(blocks))))
+    (out_dir / "harness.c").write_text(harness_c(spec.name, arena, calls, max(64, len(blocks) + 2)))
     subprocess.run(
         ["gcc", "-O1", "-o", str(out_dir / "harness"), str(out_dir / "harness.c"), str(out_dir / "body.S")],
         check=True,

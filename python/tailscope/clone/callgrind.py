@@ -36,6 +36,15 @@ class ThreadCosts:
     # (object path, address) -> [taken, executed]
     jcnd: dict[tuple[str, int], list[int]] = field(default_factory=dict)
     cache: dict[str, str] = field(default_factory=dict)
+    # function name -> self event counts (same order as `events`), always collected
+    fn_self: dict[str, list[int]] = field(default_factory=dict)
+
+    def fn_total(self, event: str, prefix: str) -> int:
+        """Self cost of `event` summed over the functions whose name starts with `prefix`."""
+        if event not in self.events:
+            return 0
+        i = self.events.index(event)
+        return sum(c[i] for f, c in self.fn_self.items() if f.startswith(prefix) and len(c) > i)
 
     def total(self, event: str) -> int:
         if event in self.summary:
@@ -67,6 +76,7 @@ def parse(path: str | Path, with_instr: bool = True) -> ThreadCosts:
     tc = ThreadCosts(path=str(path), events=[])
     names: dict[str, dict[str, str]] = {"ob": {}, "fn": {}, "fl": {}}
     obj = "???"
+    fn = "???"
     positions = 1
     last = [0, 0]
     skip_next = False  # the line after calls= (inclusive cost)
@@ -97,10 +107,16 @@ def parse(path: str | Path, with_instr: bool = True) -> ThreadCosts:
                 if skip_next:
                     skip_next = False
                     continue
-                if not with_instr:
-                    continue
                 costs = [int(x) for x in parts[positions:]]
                 if not costs:
+                    continue
+                fc = tc.fn_self.get(fn)
+                if fc is None:
+                    tc.fn_self[fn] = costs + [0] * (nev - len(costs))
+                else:
+                    for i, v in enumerate(costs):
+                        fc[i] += v
+                if not with_instr:
                     continue
                 key = (obj, pos[0])
                 cur = tc.instr.get(key)
@@ -123,6 +139,8 @@ def parse(path: str | Path, with_instr: bool = True) -> ThreadCosts:
                     name = val
                 if key == "ob":
                     obj = name
+                elif key == "fn":
+                    fn = name
                 continue
             if key == "calls":
                 skip_next = True

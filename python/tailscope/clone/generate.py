@@ -26,11 +26,13 @@ from .errors import CloneError
 from .profile import PROTOCOLS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
+# the starting point of the tuning loop: code_scale and data_far_scale start where the loop
+# ended for memcached and redis (the generated footprint and far-data density overshoot at 1.0)
 DEFAULT_KNOBS = {
     "instr_scale": 1.0,
-    "code_scale": 1.0,
+    "code_scale": 0.3,
     "icode_far_scale": 1.0,
-    "data_far_scale": 1.0,
+    "data_far_scale": 0.12,
     "data_ll_scale": 1.0,
     "branch_r_scale": 1.0,
     "i1_bytes": 32768,
@@ -54,7 +56,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         mix = {k: max(0.0, b["mix"].get(k, 0) * ir - skel["mix"].get(k, 0) * skel_ir) for k in b["mix"]}
         tot = sum(mix.values()) or 1.0
         mix = {k: v / tot for k, v in mix.items()}
-    ibins, dbins, main_frac, chunk = [(256, 1.0)], [(0, 1.0)], 0.0, 0
+    ibins, dbins, main_frac, chunk, far_entries = [(256, 1.0)], [(0, 1.0)], 0.0, 0, 0.0
     dref = b.get("data_refs_per_event", 0.0)
     if b.get("I_bins"):
         i_bins = [list(x) for x in b["I_bins"]]
@@ -67,6 +69,8 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         # every `chunk` instructions, and each working-set bin gets its share of line entries
         # fetches that miss even at the largest swept size (cold code, run once per window)
         # join the largest swept bin: a block larger than the swept range would be huge and rare
+        # line entries that miss the profiled I1 (a 32 KiB one): the far-code block's share
+        far_entries = sum(n for s, n in i_bins if s > 32768)
         if len(i_bins) >= 3:
             i_bins[-2][1] += i_bins[-1][1]
             i_bins = i_bins[:-1]
@@ -93,6 +97,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         mem_per_insn=mem_per_insn,
         main_fraction=main_frac,
         chunk_insns=chunk,
+        far_entries=far_entries,
     )
 
 
@@ -144,9 +149,10 @@ def generate(
         asm += lines
         body_names[ci] = name
         arenas[ci] = arena
-        max_blocks = max(max_blocks, len(blocks))
+        max_blocks = max(max_blocks, len(blocks) + 2)
         targets[name] = {
             "instructions_per_event": spec.instructions,
+            "expected_per_event": round(spec.expected, 1),
             "blocks": [
                 {
                     "weight": round(x.weight, 5),
@@ -196,6 +202,8 @@ def generate(
         "CLONE_N_REQ_REPLAY": len(net["extra_per_request"]),
         "CLONE_N_TICK_REPLAY": len(net["tick_per_second"]),
         "CLONE_MAX_BG_REPLAY": 8,
+        # the far-data region at the end of each arena that uses one (asmgen: 8x the LL + 4 KiB)
+        "CLONE_FAR_BYTES": asmgen.LL_REGION_FACTOR * int(knobs["ll_bytes"]) + 4096,
     }
     _ = v
     hdr = [
@@ -301,8 +309,9 @@ def generate(
         loadgen = shlex.quote(find_loadgen())
     except CloneError:
         loadgen = "tailscope-loadgen"
-    (out / "run.sh").write_text(_RUN_SH.format(port=listen["port"], load=load_args, rate=load["medium_rate"],
-                                                loadgen=loadgen))
+    (out / "run.sh").write_text(
+        _RUN_SH.format(port=listen["port"], load=load_args, rate=load["medium_rate"], loadgen=loadgen)
+    )
     (out / "run.sh").chmod(0o755)
     meta = {
         "seed": seed,

@@ -132,6 +132,91 @@ def _events(prof: dict, win: vg.Window) -> dict[str, float]:
     return ev
 
 
+def _split(win: vg.Window, meta: dict) -> dict:
+    """Per request: each body name's thread total and the part its clone_body_/clone_far_ functions
+    ran (callgrind's per-function self costs), and the far functions' misses."""
+    names = {t["vg_thread"]: t["name"] for t in meta["thread_map"]}
+    n = max(1, win.requests)
+    out: dict = {"threads": {}, "far": {}}
+    for t in win.threads:
+        name = names.get(t.thread, "?")
+        e = out["threads"].setdefault(name, {"Ir": 0.0, "body_Ir": 0.0})
+        e["Ir"] += t.summary.get("Ir", 0) / n
+        e["body_Ir"] += (t.fn_total("Ir", f"clone_body_{name}") + t.fn_total("Ir", f"clone_far_{name}")) / n
+        for ev in ("I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bcm"):
+            out["far"][ev] = out["far"].get(ev, 0.0) + t.fn_total(ev, "clone_far_") / n
+    return out
+
+
+def _targets_by_body(prof: dict) -> dict[str, float]:
+    """The original's instructions per request of each body's threads (its valgrind window)."""
+    req = max(1, prof["valgrind"].get("requests") or 1)
+    out: dict[str, float] = {}
+    for ci, b in prof["body"].items():
+        role = b["role"]
+        name = {"worker": "worker", "acceptor+worker": "worker", "acceptor": "acceptor"}.get(role, f"bg{ci}")
+        out[name] = out.get(name, 0.0) + b["instructions_per_event"] * b.get("events", req) / req
+    return out
+
+
+def _clamp(x: float, lo: float, hi: float) -> float:
+    return min(hi, max(lo, x))
+
+
+def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: dict) -> dict:
+    """One tuning step; each metric moves its own knob (see the module docstring)."""
+    k = dict(knobs)
+    # instructions: per body, a Newton step on the measured body share (the response is linear)
+    for name, tgt in body_targets.items():
+        th = split["threads"].get(name)
+        if not th or th["body_Ir"] <= 0:
+            continue
+        rest = th["Ir"] - th["body_Ir"]
+        key = f"instr_scale:{name}"
+        k[key] = _clamp(k.get(key, k.get("instr_scale", 1.0)) * max(0.05, tgt - rest) / th["body_Ir"], 0.02, 20.0)
+    ir = m.get("instructions_per_request", 0.0)
+    refs = ir + m.get("data_refs_per_request", 0.0)
+    far = split["far"]
+    # I1: misses beyond the far-code block come from the body's footprint; when they alone exceed
+    # the target, shrink the footprint (damped: the response is a step), else set the far block's
+    # rate by a Newton step (its misses are linear in it)
+    t_i1 = target.get("I1_miss_rate", 0.0) * ir
+    c_i1 = m.get("I1_miss_rate", 0.0) * ir
+    rest_i1 = c_i1 - far.get("I1mr", 0.0)
+    if rest_i1 > 1.05 * t_i1:
+        k["code_scale"] = _clamp(k["code_scale"] * _clamp((t_i1 / rest_i1) ** 0.5, 0.5, 0.9), 0.05, 4.0)
+        k["icode_far_scale"] = _clamp(k["icode_far_scale"] * 0.5, 0.001, 50.0)
+    elif far.get("I1mr", 0.0) > 0:
+        k["icode_far_scale"] = _clamp(
+            k["icode_far_scale"] * _clamp((t_i1 - rest_i1) / far["I1mr"], 0.1, 4.0), 0.001, 50.0
+        )
+    elif t_i1 > rest_i1:
+        k["icode_far_scale"] = _clamp(k["icode_far_scale"] * 2, 0.001, 50.0)
+    # LL: the far-data loop's misses are linear in its rate
+    t_ll = target.get("LL_miss_rate", 0.0) * refs
+    c_ll = m.get("LL_miss_rate", 0.0) * refs
+    far_ll = far.get("ILmr", 0.0) + far.get("DLmr", 0.0) + far.get("DLmw", 0.0)
+    rest_ll = c_ll - far_ll
+    if far_ll > 0:
+        step = _clamp((t_ll - rest_ll) / far_ll, 0.05, 4.0)
+        k["data_ll_scale"] = _clamp(k["data_ll_scale"] * step, 1e-4, 50.0)
+    # D1 and branches: damped multiplicative steps (monotone, sub-linear responses)
+    for key, knob, power in (
+        ("D1_miss_rate", "data_far_scale", 0.7),
+        ("branch_mispredict_rate", "branch_r_scale", 0.7),
+    ):
+        c, t = m.get(key, 0.0), target.get(key, 0.0)
+        if c > 0 and t > 0:
+            k[knob] = _clamp(k[knob] * _clamp((t / c) ** power, 0.33, 3.0), 0.01, 20.0)
+    return k
+
+
+def score(errs: dict) -> float:
+    """Which iteration is best: the sum of errors in units of their tolerance, each capped at 10
+    (one metric stuck far off must not decide alone)."""
+    return sum(min(10.0, errs[k] / TOLERANCE[k]) for k in TOLERANCE)
+
+
 def tune(
     prof: dict, clone_dir: Path, progress, seed: int = 1, max_iter: int = MAX_ITERATIONS, skeleton: dict | None = None
 ) -> dict:
@@ -141,10 +226,11 @@ def tune(
     load = prof["load"]["args"]
     vgp = prof["valgrind"]
     knobs = dict(gen.DEFAULT_KNOBS)
+    body_targets = _targets_by_body(prof)
     history = []
     best = None
     for it in range(1, max_iter + 1):
-        gen.generate(prof, clone_dir, seed=seed, knobs=knobs, skeleton=skeleton)
+        meta = gen.generate(prof, clone_dir, seed=seed, knobs=knobs, skeleton=skeleton)
         build_s = gen.build(clone_dir)
         win = vg.window(
             clone_launch(clone_dir, port),
@@ -159,29 +245,20 @@ def tune(
         )
         m = vg.metrics(win)
         errs = {k: rel_err(m.get(k, 0.0), target.get(k, 0.0)) for k in TOLERANCE}
-        # best = smallest sum of errors (each capped at 2): one metric stuck far off (e.g. an LL
-        # miss rate of a few misses per thousand requests) must not decide the choice alone
-        worst = sum(min(2.0, v) for v in errs.values())
-        history.append({"iteration": it, "knobs": dict(knobs), "metrics": m, "errors": errs, "build_s": build_s})
-        progress(f"tuning iteration {it}: " + ", ".join(f"{k.split('_')[0]} {100 * v:.1f}%" for k, v in errs.items()))
-        if best is None or worst < best[0]:
-            best = (worst, dict(knobs), it)
+        sc = score(errs)
+        split = _split(win, meta)
+        history.append(
+            {"iteration": it, "knobs": dict(knobs), "metrics": m, "errors": errs, "score": sc, "build_s": build_s}
+        )
+        progress(
+            f"tuning iteration {it}/{max_iter}: "
+            + ", ".join(f"{k.split('_')[0]} {100 * v:.1f}%" for k, v in errs.items())
+        )
+        if best is None or sc < best[0]:
+            best = (sc, dict(knobs), it)
         if all(errs[k] <= tol for k, tol in TOLERANCE.items()):
             break
-        for k, knob in KNOB_OF.items():
-            c, t = m.get(k, 0.0), target.get(k, 0.0)
-            if c <= 0 or t <= 0:
-                continue
-            if k == "instructions_per_request":
-                skel_ir = sum((skeleton or {}).get(n, {}).get("instructions_per_event", 0) for n in ("worker",))
-                body_c = max(1.0, c - skel_ir)
-                factor = max(0.0, t - skel_ir) / body_c
-            else:
-                factor = t / c
-            # damped (square root) steps: the responses are monotone but not linear (the I1 miss
-            # rate jumps when the code touched per event crosses the cache size)
-            step = factor if knob == "instr_scale" else factor**0.5
-            knobs[knob] = min(50.0, max(0.02, knobs[knob] * min(4.0, max(0.25, step))))
+        knobs = update_knobs(knobs, m, target, split, body_targets)
     # regenerate the best
     _, bk, bit = best
     if bit != history[-1]["iteration"]:
