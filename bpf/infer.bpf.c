@@ -60,6 +60,9 @@ const volatile struct {
 #define AF_INET6 10
 #define IPPROTO_TCP 6
 #define MSG_PEEK 2
+#define TCP_FIN_WAIT1 4
+#define TCP_CLOSE 7
+#define TCP_LAST_ACK 9
 #define TCP_LISTEN 10
 
 /* stats[] indexes (per-CPU; the loader sums) */
@@ -67,7 +70,8 @@ const volatile struct {
 #define STAT_SAMPLED 1
 #define STAT_DROPS 2
 #define STAT_TORN 3
-#define STAT_MAX 4
+#define STAT_ABANDONED 4 /* sampled requests whose connection closed before a reply */
+#define STAT_MAX 5
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -483,16 +487,33 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 	return 0;
 }
 
-/* A socket starts listening (any process): its port is a server port. */
+/* A socket starts listening (any process): its port is a server port.
+ * A watched connection that closes with a request open (the client hung up
+ * before the reply, or no reply comes) drops the request, so that its
+ * thread's sampled_refs does not stay up and keep interrupt accounting on.
+ * Runs on connection state changes only: rare. */
 SEC("tp_btf/inet_sock_set_state")
 int BPF_PROG(inet_sock_set_state, struct sock *sk, int oldstate, int newstate)
 {
+	struct sk_req *s;
 	__u32 port;
 	__u8 one = 1;
 
-	if (newstate != TCP_LISTEN)
+	if (newstate == TCP_LISTEN) {
+		port = sk->__sk_common.skc_num;
+		bpf_map_update_elem(&server_ports, &port, &one, BPF_ANY);
 		return 0;
-	port = sk->__sk_common.skc_num;
-	bpf_map_update_elem(&server_ports, &port, &one, BPF_ANY);
+	}
+	if (newstate != TCP_FIN_WAIT1 && newstate != TCP_LAST_ACK && newstate != TCP_CLOSE)
+		return 0;
+	s = bpf_sk_storage_get(&sk_reqs, sk, 0, 0);
+	if (!s || !s->active)
+		return 0;
+	s->active = 0;
+	if (s->sampled) {
+		s->sampled = 0;
+		ref_put(s->ref_tid, s->tgid);
+		stat_inc(STAT_ABANDONED);
+	}
 	return 0;
 }

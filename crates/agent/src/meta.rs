@@ -38,6 +38,9 @@ pub struct Drops {
     pub ring_resyncs: u64,
     /// Threads that found no free slot in the region (their requests are not recorded).
     pub slots_exhausted: u64,
+    /// Sampled inferred requests not recorded because their connection
+    /// closed before the server replied (no end to measure).
+    pub abandoned: u64,
 }
 
 impl Drops {

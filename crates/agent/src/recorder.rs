@@ -180,6 +180,7 @@ impl State {
             bpf_ringbuf: b.ringbuf_drops,
             kc_collisions: b.kc_collisions,
             corrupt_records: self.corrupt_inferred,
+            abandoned: b.inferred_abandoned,
             ..Default::default()
         };
         if let Source::Marker(m) = &self.source {

@@ -63,6 +63,7 @@ const OPTIONAL_TP_PREFIXES: &[&str] = &[
 const STAT_SEEN: u32 = 0;
 const STAT_SAMPLED: u32 = 1;
 const STAT_DROPS: u32 = 2;
+const STAT_ABANDONED: u32 = 4;
 
 #[derive(Debug, Clone)]
 pub struct TracerOptions {
@@ -93,6 +94,8 @@ pub struct BpfStats {
     pub kc_collisions: u64,
     pub inferred_requests_seen: u64,
     pub inferred_requests_sampled: u64,
+    /// Sampled inferred requests whose connection closed before a reply.
+    pub inferred_abandoned: u64,
 }
 
 #[derive(Debug)]
@@ -447,7 +450,10 @@ fn attach_all(
         if !p.autoload() {
             continue;
         }
-        if skip.split(',').any(|s| !s.is_empty() && name.starts_with(s)) {
+        if skip
+            .split(',')
+            .any(|s| !s.is_empty() && name.starts_with(s))
+        {
             skipped.push(format!("{name} (TAILSCOPE_DEBUG_SKIP)"));
             continue;
         }
@@ -731,6 +737,7 @@ impl Tracer {
             s.inferred_requests_seen = percpu_sum(fd, STAT_SEEN);
             s.inferred_requests_sampled = percpu_sum(fd, STAT_SAMPLED);
             s.ringbuf_drops = percpu_sum(fd, STAT_DROPS);
+            s.inferred_abandoned = percpu_sum(fd, STAT_ABANDONED);
         }
         s
     }

@@ -910,3 +910,64 @@ while True:
         assert!(r.flags & TS_REC_COUNTERS != 0);
     }
 }
+
+/// A sampled request whose connection closes before any reply is dropped
+/// and counted, and gives back its thread's sampled_refs (else interrupt
+/// accounting would stay on for that thread for good).
+#[test]
+fn infer_drops_a_request_whose_connection_closes_unanswered() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = Tracer::load(&TracerOptions {
+        infer: true,
+        infer_sample_ppm: 1_000_000,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Reads one request, never answers, closes on EOF, then lingers so
+    // that its kcounters entry can be read.
+    let (mut child, port) = python_server(
+        r#"
+import socket, sys, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+while c.recv(4096):
+    pass
+c.close()
+time.sleep(3)
+"#,
+    );
+    t.add_target(child.id()).unwrap();
+    let tid = child.id();
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.write_all(b"GET / no reply please\r\n").unwrap();
+    let open_refs = {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        loop {
+            let r = t.kcounters(tid).map(|k| k.sampled_refs).unwrap_or(0);
+            if r > 0 || Instant::now() > deadline {
+                break r;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    assert_eq!(open_refs, 1, "the open sampled request holds one ref");
+    drop(c); // the client hangs up; the server closes its side
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while t.stats().inferred_abandoned == 0 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let st = t.stats();
+    let refs = t.kcounters(tid).map(|k| k.sampled_refs);
+    let mut recs = Vec::new();
+    t.poll_records(Duration::from_millis(20), &mut recs)
+        .unwrap();
+    child.kill().ok();
+    child.wait().ok();
+    assert_eq!(st.inferred_requests_sampled, 1, "{st:?}");
+    assert_eq!(st.inferred_abandoned, 1, "{st:?}");
+    assert_eq!(refs, Some(0), "the ref is given back");
+    assert!(recs.is_empty(), "no reply, no record: {recs:?}");
+}
