@@ -214,6 +214,9 @@ summary: 17 5 1
     assert tc.jcnd[("/bin/x", 0x12)] == [3, 5]
     assert tc.instr[("/bin/x", 0x14)] == [5, 0, 0]  # the call's inclusive 100 is not a self cost
     assert tc.instr[("/bin/x", 0x19)] == [2, 0, 0]
+    # per-function self costs (what the tuning loop splits body from skeleton with)
+    assert tc.fn_self["f"] == [17, 5, 1]
+    assert tc.fn_total("Ir", "f") == 17 and tc.fn_total("Bcm", "g") == 0
     bad = tmp_path / "bad.out"
     bad.write_text("events: Ir\nfn=(1) f\n0x10 zz\n")
     with pytest.raises(CloneError, match="corrupt"):
@@ -245,6 +248,117 @@ def test_classify_instructions():
     for code, want in cases.items():
         ins = next(md.disasm(code, 0x1000))
         assert isa.classify(ins) == want, (ins.mnemonic, ins.op_str)
+
+
+def _cg_run(tmp_path, exe, calls, tag, extra=()):
+    out = tmp_path / f"{tag}.out"
+    subprocess.run(
+        ["valgrind", "--tool=callgrind", *extra, f"--callgrind-out-file={out}", str(exe), str(calls)],
+        check=True,
+        capture_output=True,
+    )
+    return callgrind.parse(out, with_instr=False)
+
+
+@needs_valgrind
+@needs_gcc
+@pytest.mark.parametrize("instructions,chunk", [(20000, 0), (8000, 5), (12000, 7)])
+def test_generated_instructions_per_event_are_exact(tmp_path, instructions, chunk):
+    """The generator counts every instruction it emits (setup, loop control, rep, call+ret, taken
+    branches' skips, the far function): callgrind's count per event is the spec's within 1%
+    (when the spec asks for at least one pass over every block)."""
+    spec = _spec(
+        instructions=instructions,
+        mix={
+            "arith/reg": 0.4,
+            "mov/load": 0.2,
+            "mov/store": 0.1,
+            "rep/rmw": 0.01,
+            "branch/load": 0.05,
+            "div/reg": 0.01,
+            "mov/reg": 0.23,
+        },
+        chunk_insns=chunk,
+        icode_bins=[(256, 0.3), (4096, 0.4), (16384, 0.3)],
+        data_bins=[(0, 0.5), (8192, 0.3), (65536, 0.2)],
+        mem_per_insn=0.4,
+        main_fraction=0.5,
+        far_entries=2.0 if chunk else 0.0,
+    )
+    calls = 400
+    asmgen.write_standalone(spec, tmp_path, seed=3, calls=calls)
+    tc = _cg_run(tmp_path, tmp_path / "harness", calls, "ir")
+    got = (tc.fn_total("Ir", "clone_body_t") + tc.fn_total("Ir", "clone_far_t")) / calls
+    assert abs(got - spec.expected) <= 0.01 * spec.expected, (got, spec.expected)
+    if chunk:  # cache-line chunks (what clones use): whole passes plus the filler hit the target
+        assert abs(got - instructions) <= 0.01 * instructions, (got, spec.expected, instructions)
+    else:  # straight-line blocks of fixed size: within half a block's pass of the target
+        assert abs(got - instructions) <= 0.1 * instructions, (got, spec.expected, instructions)
+
+
+@needs_valgrind
+@needs_gcc
+def test_far_code_misses_are_linear_in_their_knob(tmp_path):
+    """The far-code block (larger than the I1) misses on every line it fetches, at a fractional
+    number of passes per event: doubling icode_far_scale doubles its I1 misses."""
+    spec = _spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 1.0)], far_entries=20.0)
+    misses = []
+    for scale in (1.0, 2.0):
+        d = tmp_path / f"s{scale}"
+        asmgen.write_standalone(spec, d, seed=4, calls=600, knobs={"icode_far_scale": scale})
+        tc = _cg_run(d, d / "harness", 600, "i1", ("--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64"))
+        misses.append(tc.fn_total("I1mr", "clone_far_t") / 600)
+    assert abs(misses[0] - 20.0) <= 0.15 * 20.0, misses  # far_entries line misses per event
+    assert abs(misses[1] / misses[0] - 2.0) <= 0.15, misses
+
+
+def test_tuning_step_per_metric():
+    """One tuning step: the per-body instruction knob is a Newton step on the measured body share
+    (exact for a linear response), the far-data and far-code rates too, the others damped."""
+    from tailscope.clone import tune
+
+    knobs = dict(generate.DEFAULT_KNOBS)
+    target = {
+        "instructions_per_request": 6000,
+        "I1_miss_rate": 0.001,
+        "LL_miss_rate": 1e-5,
+        "D1_miss_rate": 0.02,
+        "branch_mispredict_rate": 0.02,
+    }
+    m = {
+        "instructions_per_request": 7000,
+        "data_refs_per_request": 3000,
+        "I1_miss_rate": 0.0005,
+        "LL_miss_rate": 4e-5,
+        "D1_miss_rate": 0.04,
+        "branch_mispredict_rate": 0.01,
+    }
+    split = {
+        "threads": {"worker": {"Ir": 7000, "body_Ir": 4000}},
+        "far": {"I1mr": 2.0, "ILmr": 0.0, "DLmr": 0.3, "DLmw": 0.0},
+    }
+    k = tune.update_knobs(knobs, m, target, split, {"worker": 6000})
+    # the skeleton's 3000 stay: the body must do 3000 instead of 4000
+    assert abs(k["instr_scale:worker"] - 0.75) < 1e-9
+    # I1: the target rate at the clone's instructions (0.001 x 7000 = 7 misses/request); 3.5
+    # measured, 2 of them far -> the far block must give 5.5
+    assert abs(k["icode_far_scale"] - 2.75) < 1e-9
+    # LL: 0.4 measured, 0.3 far, 0.1 wanted -> the far loop's rate goes to its floor step (0.05)
+    assert abs(k["data_ll_scale"] - 0.05) < 1e-9
+    # damped, in the right direction
+    assert k["data_far_scale"] < knobs["data_far_scale"] and k["branch_r_scale"] > knobs["branch_r_scale"]
+    assert (
+        tune.score(
+            {
+                "instructions_per_request": 0.02,
+                "I1_miss_rate": 0.05,
+                "D1_miss_rate": 0.0,
+                "LL_miss_rate": 100.0,
+                "branch_mispredict_rate": 0.0,
+            }
+        )
+        == 12.0
+    )
 
 
 @needs_gcc

@@ -378,7 +378,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     for b in blocks:
         if b.region_bytes:
             b.region_off = off
-            off += b.region_bytes + 64 * 64 + 4096
+            off += 2 * b.region_bytes + 64 * 64 + 4096  # the walk reaches one step past the region
             off = (off + 4095) // 4096 * 4096
     far_off, far_bytes = off, (LL_REGION_FACTOR * ll if ll_lines > 0 else 0)
     arena = off + far_bytes + (4096 if far_bytes else 0)
@@ -420,7 +420,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         f"    mov r14, [rdi + {STATE_ITER}]",
     ]
     out += [f"    pxor {x}, {x}" for x in XMM[:4]]
-    expected = 12.0 + 4 + 9  # prologue above; epilogue: store r14, 6 pops, ret
+    expected = 12.0 + 4 + 8  # prologue above; epilogue: store r14, 6 pops, ret
     regs = _Regs(rng, spec.dep_hist)
     leaf = f".Lleaf_{spec.name}"
     carry = 0.0
@@ -493,7 +493,8 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         ]
         # enter the loop head by a jump, so each pass starts a superblock there (the generator
         # test rebuilds branch outcome sequences per pass from lackey's superblock trace)
-        out.append(f"    jmp {lab}\n    .p2align 4\n{lab}:")
+        # (aligned like its first chunk: padding between the head and the chunk would execute)
+        out.append(f"    jmp {lab}\n    .p2align {6 if spec.chunk_insns > 0 else 4}\n{lab}:")
         out += body
         out += ["    ror r11, 1", "    ror r10, 1"]
         if b.region_bytes:
@@ -514,12 +515,12 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         if b.region_bytes:
             out.append(f"    mov [rdi + {cur_off}], r13")
         out.append(f"{lab}_done:")
-        b.insns = k_iter
+        b.insns = round(k_iter)
     far_lines, far_expected = _far_function(
         spec, rng, regs, knobs, i1, ll_lines, len(blocks), far_off, far_bytes, keys, mixp, cond, leaf
     )
     out.append(f"    call clone_far_{spec.name}")
-    expected += 2 + far_expected
+    expected += 1 + far_expected
     # the filler: straight-line register arithmetic for what whole passes left over
     fill = round(instructions - expected)
     if fill > 0:
@@ -582,6 +583,7 @@ def _far_function(spec, rng, regs, knobs, i1, ll_lines, bi, far_off, far_bytes, 
             f"    mov [rdi + {frac_off}], rax",
             "    shr r12, 16",
             f"    jz {lab}_done",
+            "    .p2align 6",
             f"{lab}:",
         ]
         fb = Block(weight=0.0, code_bytes=code, region_bytes=0, main_per_insn=0.0)
@@ -641,7 +643,7 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
     """One iteration's instructions of block b and their dynamic count (rep iterations and the
     leaf's ret included)."""
     body: list[str] = []
-    state = {"count": 0}
+    state = {"count": 0, "skipped": 0.0}
     k_target = 0
 
     def emit_mix():
@@ -677,6 +679,8 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
         body.extend(f"    {ln}" for ln in _emit("arith", "reg", regs, mema, rng, spec.rep_len))
         state["count"] += 1
         regs.tick()
+        # a taken branch (probability p) skips that instruction, and at a chunk's end the jump too
+        state["skipped"] += p * (2 if target else 1)
         if target is None:
             body.append(f"{skip}:")
 
@@ -685,7 +689,7 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
     else:
         k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
     main_n = round(b.main_per_insn * k_target) if b.region_bytes else 0
-    main_n = min(main_n, max(0, b.region_bytes // 64 - 1)) if b.region_bytes else 0
+    main_n = min(main_n, max(1, b.region_bytes // 128)) if b.region_bytes else 0
     mema.main_left, mema.main_j, mema.region_off = main_n, 0, b.region_off
     if spec.chunk_insns > 0:
         n_chunks = max(1, b.code_bytes // 64)
@@ -726,7 +730,7 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
         body.append(f"    mov {d}, {mema.addr()}")
         regs.wrote(d)
         count += 1
-    return body, count
+    return body, count - state["skipped"]
 
 
 def _apply_knobs(blocks: list[Block], knobs: dict) -> None:
