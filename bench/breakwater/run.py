@@ -348,6 +348,8 @@ def main() -> int:
             "credits": ["--no-overcommit", "--no-aqm"],
             "credits+speculation": ["--no-aqm"],
             "credits+speculation+aqm": [],
+            # The AQM before session 3: the oldest request's age against SLO/2.
+            "credits+speculation+aqm(age, SLO/2)": ["--aqm-age", "--reserve-us", str(SLO_US // 2)],
         }
         for name, flags in variants.items():
             abl[name] = []
