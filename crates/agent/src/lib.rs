@@ -21,6 +21,7 @@ pub mod progress;
 pub mod recorder;
 pub mod region;
 pub mod schema;
+pub mod shmguard;
 pub mod sys;
 pub mod table;
 pub mod tracer;

@@ -597,6 +597,14 @@ pub fn run(args: RecordArgs) -> Result<()> {
         notes.insert("torn_records".into(), json!(s.torn));
         notes.insert("bad_slot_states".into(), json!(s.bad_slot_states));
     }
+    let region_faults = crate::shmguard::faults();
+    if region_faults > 0 {
+        eprintln!(
+            "tailscope-agent: warning: the target shrank its shared-memory region while it was \
+             mapped ({region_faults} faults); records after that were not read"
+        );
+    }
+    notes.insert("region_faults".into(), json!(region_faults));
     if inferred_discarded > 0 {
         notes.insert(
             "inferred_discarded_in_marker_mode".into(),

@@ -7,9 +7,10 @@
 //! each slot's `ring_tail` (store-release, after the records are copied) and
 //! the header's `agent_pid` / `sample_ppm_agent`.
 //!
-//! Known limit: a target that truncates its region file while mapped makes
-//! the next read fault (SIGBUS); the agent trusts the target not to shrink a
-//! file it created for the agent.
+//! A target that truncates its region file while mapped would make the next
+//! read fault (SIGBUS): [`crate::shmguard`] replaces the mapping with zeros
+//! instead, the region then reads as empty, and the fault is counted
+//! (meta.json `notes.region_faults`).
 
 use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
@@ -80,6 +81,7 @@ impl RegionMemory for std::cell::RefCell<Vec<u8>> {
 pub struct MappedRegion {
     ptr: *mut u8,
     len: usize,
+    guard: Option<crate::shmguard::Guard>,
 }
 
 impl MappedRegion {
@@ -114,6 +116,7 @@ impl MappedRegion {
         Ok(MappedRegion {
             ptr: ptr.cast(),
             len,
+            guard: crate::shmguard::register(ptr.cast(), len),
         })
     }
 
@@ -128,6 +131,8 @@ unsafe impl Send for MappedRegion {}
 
 impl Drop for MappedRegion {
     fn drop(&mut self) {
+        // Unguard first: the range is about to go.
+        drop(self.guard.take());
         // SAFETY: exactly the mapping made in open().
         unsafe { libc::munmap(self.ptr.cast(), self.len) };
     }
