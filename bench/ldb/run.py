@@ -37,6 +37,9 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+import pyarrow.parquet as pq
+
 ROOT = Path(__file__).resolve().parents[2]
 AGENT = ROOT / "target" / "release" / "tailscope-agent"
 LOADGEN = ROOT / "target" / "release" / "tailscope-loadgen"
@@ -206,7 +209,37 @@ def next_port() -> int:
     return _port[0]
 
 
-def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str) -> dict:
+def observer_tid(agent_pid: int) -> int | None:
+    """The agent's LDB observer thread (named ts-observer)."""
+    for _ in range(50):
+        for task in Path(f"/proc/{agent_pid}/task").glob("*"):
+            try:
+                if (task / "comm").read_text().strip() == "ts-observer":
+                    return int(task.name)
+            except OSError:
+                continue
+        time.sleep(0.05)
+    return None
+
+
+def tweak_observer(agent_pid: int, tweak: str) -> None:
+    """Applies a scheduling setting to a running observer thread from outside (bench only):
+    `other` (SCHED_OTHER, nice 0), `idle` (SCHED_IDLE) or `cpuN` (pinned to CPU N)."""
+    tid = observer_tid(agent_pid)
+    if tid is None:
+        raise RuntimeError("no ts-observer thread in the agent")
+    if tweak == "other":
+        subprocess.run(["chrt", "--other", "-p", "0", str(tid)], check=True, stdout=subprocess.DEVNULL)
+    elif tweak == "idle":
+        subprocess.run(["chrt", "--idle", "-p", "0", str(tid)], check=True, stdout=subprocess.DEVNULL)
+    elif tweak.startswith("cpu"):
+        subprocess.run(["taskset", "-p", "-c", tweak[3:], str(tid)], check=True, stdout=subprocess.DEVNULL)
+    else:
+        raise ValueError(f"unknown observer tweak {tweak!r}")
+
+
+def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agent_extra: tuple = (),
+              tweaks: tuple = (), analyse: bool = True) -> dict:
     port = next_port()
     binary = {"instrumented, not recording": "ldb", "recording (--functions)": "ldb",
               "uftrace (-pg build)": "pg"}.get(setup, "marked")
@@ -224,7 +257,9 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str) -> d
             pid = None
         if setup.startswith("recording"):
             tracer = agent_cmd_retry(["record", "-o", str(trace), "--functions", "--sample", "100%", "--quiet",
-                                      "-p", str(pid)])
+                                      *agent_extra, "-p", str(pid)])
+            for tw in tweaks:
+                tweak_observer(tracer.pid, tw)
         elif setup.startswith("perf"):
             tracer = subprocess.Popen(["perf", "record", "-F", "4000", "-g", "-q", "-p", str(pid), "-o",
                                        str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -251,13 +286,24 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str) -> d
         meta = json.loads((trace / "meta.json").read_text())
         out["trace_seconds"] = meta["duration_s"]
         out["rows"] = meta["ldb"]["rows"]
+        ob = meta["ldb"].get("observer", {})
+        out["observer"] = {k: ob.get(k) for k in ("passes", "period_p50_ns", "period_p99_ns", "period_max_ns",
+                                                  "full_walks", "fast_path", "skipped")}
+        out["observer"]["passes_per_s"] = (ob.get("passes") or 0) / max(meta["duration_s"], 1e-9)
+        fn = trace / "functions"
+        if fn.exists():
+            b = pq.read_table(fn, columns=["error_bound_ns"]).column("error_bound_ns").to_numpy()
+            if len(b):
+                out["observer"]["error_bound_p50_ns"] = float(np.percentile(b, 50))
+                out["observer"]["error_bound_p99_ns"] = float(np.percentile(b, 99))
+    if setup.startswith("recording") and analyse:
         t = time.time()
         r = subprocess.run([sys.executable, "-m", "tailscope", "report", str(trace), "--no-html"],
                            cwd=ROOT / "python", capture_output=True, text=True)
         out["analysis_s"] = time.time() - t  # the whole `tailscope report`, VarMRI included
         out["analysis_ok"] = r.returncode == 0
         out["trace_dir"] = str(trace)
-    else:
+    elif not setup.startswith("recording"):
         out["trace_seconds"] = elapsed + (1.0 if setup.startswith("perf") else 0.0)
     return out
 
@@ -321,6 +367,87 @@ def memcached(runs: int, seconds: float, minute_s: float) -> dict:
                 "minute_80": minute}
 
 
+# ---- 4. the observer's own cost at 20% load, by setting -------------------------------------
+
+# (label, agent options, scheduling tweaks applied to the observer thread from outside)
+OBSERVER_SETTINGS = [
+    ("20 µs, SCHED_OTHER", ("--fn-period-us", "20"), ("other",)),
+    ("20 µs, SCHED_IDLE", ("--fn-period-us", "20"), ("idle",)),
+    ("100 µs, SCHED_OTHER", ("--fn-period-us", "100"), ("other",)),
+    ("100 µs, SCHED_IDLE", ("--fn-period-us", "100"), ("idle",)),
+    ("1 ms, SCHED_OTHER", ("--fn-period-us", "1000"), ("other",)),
+    ("20 µs, SCHED_OTHER, on the load generator's CPU", ("--fn-period-us", "20"), ("other", "cpu1")),
+    ("busy-poll, SCHED_OTHER", ("--fn-period-us", "0"), ("other",)),
+    ("busy-poll, SCHED_IDLE", ("--fn-period-us", "0"), ("idle",)),
+    ("agent default (busy-poll, SCHED_IDLE)", (), ()),
+]
+
+
+# --observer-settings key: the old default, the same at idle priority, and the new default
+OBSERVER_KEY = ("20 µs, SCHED_OTHER", "20 µs, SCHED_IDLE", "agent default (busy-poll, SCHED_IDLE)")
+
+
+def observer_settings(runs: int, seconds: float, load: float = 0.2, only: tuple = ()) -> dict:
+    """Median and p99 latency of memcached SET at `load` while the observer runs with each
+    setting, against the uninstrumented and the instrumented-but-not-recording builds; runs
+    interleaved (setting order rotated each round), medians over rounds."""
+    subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
+    base_setups = [("uninstrumented", "uninstrumented", (), ()),
+                   ("instrumented, not recording", "instrumented, not recording", (), ())]
+    rec = [(label, "recording (--functions)", extra, tw) for label, extra, tw in OBSERVER_SETTINGS
+           if not only or label in only]
+    allset = base_setups + rec
+    with tempfile.TemporaryDirectory(prefix="ldb-obs-") as td:
+        tmp = Path(td)
+        cap = med([capacity(seconds, tmp) for _ in range(2)])
+        log(f"memcached-marked SET capacity {cap:.0f} req/s; observer settings at {int(load * 100)}%")
+        res: dict = {label: [] for label, *_ in allset}
+        for rnd in range(runs):
+            order = allset[rnd % len(allset):] + allset[:rnd % len(allset)]
+            for i, (label, setup, extra, tw) in enumerate(order):
+                log(f"  round {rnd + 1}: {label}")
+                try:
+                    r = run_setup(setup, cap * load, seconds, tmp, f"obs-{rnd}-{i}", extra, tw, analyse=False)
+                    shutil.rmtree(tmp / f"trace-obs-{rnd}-{i}", ignore_errors=True)
+                except Exception as exc:
+                    r = {"error": str(exc)[:200]}
+                res[label].append(r)
+    bp50 = med([x.get("p50_us") for x in res["uninstrumented"]])
+    bp99 = med([x.get("p99_us") for x in res["uninstrumented"]])
+    rows = []
+    for label, _setup, extra, tw in allset:
+        ok = [x for x in res[label] if "error" not in x]
+        p50, p99 = med([x["p50_us"] for x in ok]), med([x["p99_us"] for x in ok])
+        obs = [x["observer"] for x in ok if "observer" in x]
+        row = {"setting": label, "agent_options": list(extra), "tweaks": list(tw), "p50_us": p50, "p99_us": p99,
+               "p50_ratio": p50 / bp50 if p50 and bp50 else None, "p99_ratio": p99 / bp99 if p99 and bp99 else None,
+               "p50_ratios_per_round": [x["p50_us"] / bp50 for x in ok] if bp50 else [],
+               "errors": [x["error"] for x in res[label] if "error" in x]}
+        if obs:
+            for k in ("passes_per_s", "period_p50_ns", "period_p99_ns", "error_bound_p50_ns", "error_bound_p99_ns"):
+                row[k] = med([o.get(k) for o in obs])
+        rows.append(row)
+    return {"load": load, "capacity_rps": cap, "runs": runs, "seconds": seconds, "rows": rows}
+
+
+def render_observer(o: dict) -> list[str]:
+    out = ["", f"## The observer's cost at {int(o['load'] * 100)}% load, by setting (memcached SET; "
+           f"{o['runs']} interleaved rounds × {o['seconds']} s, medians)", "",
+           "| setting | p50 µs | p99 µs | p50 × | p99 × | passes/s | achieved period p50 / p99 µs | "
+           "error bound p50 / p99 µs |", "|---|---|---|---|---|---|---|---|"]
+    for r in o["rows"]:
+        per = (f"{fmt((r.get('period_p50_ns') or 0) / 1e3)} / {fmt((r.get('period_p99_ns') or 0) / 1e3)}"
+               if "period_p50_ns" in r else "—")
+        eb = (f"{fmt((r.get('error_bound_p50_ns') or 0) / 1e3)} / {fmt((r.get('error_bound_p99_ns') or 0) / 1e3)}"
+              if r.get("error_bound_p50_ns") is not None else "—")
+        out.append(f"| {r['setting']} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | {fmt(r['p50_ratio'], '.2f')} | "
+                   f"{fmt(r['p99_ratio'], '.2f')} | {fmt(r.get('passes_per_s'), '.0f')} | {per} | {eb} |"
+                   + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
+    out += ["", "Achieved period: histogram bucket upper edges (powers of two). Error bound: per call, the "
+            "scan intervals in which the frame appeared and vanished (functions.error_bound_ns)."]
+    return out
+
+
 def fmt(x, spec=".1f"):
     return "—" if x is None else format(x, spec)
 
@@ -328,7 +455,9 @@ def fmt(x, spec=".1f"):
 def render(res: dict, command: str) -> str:
     out = ["# ldb: cost of function-level latency recording (medians)", "",
            f"Reproduce: `{command}` (part of `make bench`). 2-vCPU VM shared with other work: "
-           "numbers are noisy.", "", "## Per instrumented call (enter + exit)", "",
+           "numbers are noisy."
+           + "".join(f" Part `{p}` last run alone: `{c}`." for p, c in (res.get("part_commands") or {}).items()),
+           "", "## Per instrumented call (enter + exit)", "",
            f"Each run: the best of {res['micro'].get('batches', 1)} batches of {res['micro']['calls']} calls "
            "(uftrace: one batch of {0} calls), pinned to CPU 1; the table: medians over the interleaved runs."
            .format(res["micro"].get("uftrace_calls")), "",
@@ -366,26 +495,48 @@ def render(res: dict, command: str) -> str:
                 f"p50 {mi['p50_us']:.0f} µs, p99 {mi['p99_us']:.0f} µs at {mi['rps']:.0f} req/s."]
     elif mi:
         out += ["", f"One-minute recording failed: {mi['error']}"]
+    if res.get("observer_settings"):
+        out += render_observer(res["observer_settings"])
     out += ["", "Targets (issue 3): ≤ 5 ns per call; at 20% load median and p99 each ≤ +10%; "
             "≤ 50 MB/s of trace at 80% load; ≤ 30 s to analyse one minute of trace.", ""]
     return "\n".join(out)
+
+
+ALL_PARTS = "micro,toy,memcached,observer"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--parts", default="micro,toy,memcached")
+    ap.add_argument("--parts", default=ALL_PARTS,
+                    help="comma-separated subset of %(default)s, or `minute`; a subset keeps the other parts' "
+                         "earlier results")
+    ap.add_argument("--observer-settings", choices=["all", "key"], default="all",
+                    help="part `observer`: every setting, or only the old default, it at idle priority and the "
+                         "new default (more rounds in the same time)")
     ap.add_argument("--minute", type=float, default=60.0,
                     help="length of the 80%%-load recording whose volume and analysis time are reported")
     args = ap.parse_args()
+    parts = args.parts.split(",")
+    unknown = set(parts) - set(ALL_PARTS.split(",")) - {"minute"}
+    if unknown:
+        print(f"bench ldb: unknown part(s) {', '.join(sorted(unknown))}; expected some of {ALL_PARTS},minute",
+              file=sys.stderr)
+        return 2
     if os.geteuid() != 0:
         print("bench ldb: needs root (eBPF, perf); skipped", file=sys.stderr)
         return 0
-    parts = args.parts.split(",")
-    res: dict = {"command": f"python bench/ldb/run.py --runs {args.runs} --seconds {args.seconds} "
-                            f"--minute {args.minute}"
-                            + (f" --parts {args.parts}" if args.parts != "micro,toy,memcached" else "")}
+    command = f"python bench/ldb/run.py --runs {args.runs} --seconds {args.seconds} --minute {args.minute}"
+    full = set(parts) == set(ALL_PARTS.split(","))
+    res: dict = {}
+    if not full and (RESULTS / "ldb.json").exists():  # a subset: keep the other parts' results
+        res = json.loads((RESULTS / "ldb.json").read_text())
+    if full:
+        res["command"] = command
+    else:
+        res.setdefault("command", command)
+        res.setdefault("part_commands", {}).update({p: f"{command} --parts {p}" for p in parts})
     if "micro" in parts:
         log("ldb: microbenchmark")
         res["micro"] = micro(max(args.runs, 5))
@@ -395,9 +546,7 @@ def main() -> int:
     if "memcached" in parts:
         log("ldb: memcached")
         res["memcached"] = memcached(args.runs, args.seconds, args.minute)
-    elif "minute" in parts:  # only the one-minute recording (keeps the other parts' results)
-        old = json.loads((RESULTS / "ldb.json").read_text()) if (RESULTS / "ldb.json").exists() else {}
-        res = {**old, **{k: v for k, v in res.items() if k != "command"}}
+    elif "minute" in parts:  # only the one-minute recording
         res["memcached"] = res.get("memcached") or {"rows": [], "runs": 0, "seconds": 0}
         subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
         with tempfile.TemporaryDirectory(prefix="ldb-mc-") as td:
@@ -406,7 +555,13 @@ def main() -> int:
             m = run_setup("recording (--functions)", cap * 0.8, args.minute, Path(td), "minute")
             m.pop("trace_dir", None)
             res["memcached"]["minute_80"] = m
-            res["minute_command"] = f"python bench/ldb/run.py --parts minute --minute {args.minute}"
+    if "observer" in parts:
+        log("ldb: the observer's cost by setting")
+        only = OBSERVER_KEY if args.observer_settings == "key" else ()
+        res["observer_settings"] = observer_settings(args.runs, args.seconds, only=only)
+        if only:
+            res.setdefault("part_commands", {})["observer"] = (f"{command} --parts observer "
+                                                               "--observer-settings key")
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "ldb.json").write_text(json.dumps(res, indent=2))
     md = render(res, res["command"])

@@ -15,8 +15,9 @@
  * never see half of an increment). A hook that finds `gen` already odd has
  * interrupted another hook (it runs in a signal handler): it does not push,
  * and counts the call in `skipped`. `depth` is raised after the frame is
- * written; a nested hook that reads the old depth pushes above it and pops
- * back before the interrupted hook resumes. A frame's id is the gen at its
+ * written. A handler that lands before a push's first add sees an even gen
+ * and the depth the push read: it pushes there and pops back to that depth
+ * before the interrupted hook resumes. A frame's id is the gen at its
  * entry (odd), unique per call on the thread, which tells apart two calls
  * of a function from one call site in a loop.
  *
