@@ -39,7 +39,7 @@ pub fn keep_record(
         Err(e) => Err(e),
     }
 }
-use tailscope_abi::{ts_request_record, TS_DEFAULT_SAMPLE_PPM};
+use tailscope_abi::{ts_request_record, TS_DEFAULT_SAMPLE_PPM, TS_RING_CAPACITY};
 
 use crate::cli::{Mode, RecordArgs, Target};
 use crate::error::{exit, AgentError, Result};
@@ -171,6 +171,37 @@ struct State {
     observer: Option<ObserverThread>,
     output: PathBuf,
     start_mono: u64,
+    /// The current drain period (adaptive; see [`next_wait`]).
+    wait: Duration,
+}
+
+/// The longest the agent sleeps between drains.
+const MAX_WAIT: Duration = Duration::from_millis(16);
+
+/// A thread producing this many requests per second fills a quarter of its
+/// ring in the longest wait the sampling rate allows (see [`max_wait`]).
+const PLANNED_MAX_RATE_PER_THREAD: f64 = 250_000.0;
+
+/// The longest safe drain period for a sampling rate: a thread serving
+/// PLANNED_MAX_RATE_PER_THREAD requests/s must not fill more than a quarter
+/// of its ring (TS_RING_CAPACITY records) meanwhile. 1%: 16 ms; 100%: the
+/// configured period.
+fn max_wait(rate_ppm: u32, min: Duration) -> Duration {
+    let per_s = PLANNED_MAX_RATE_PER_THREAD * f64::from(rate_ppm.max(1)) / 1e6;
+    let secs = (TS_RING_CAPACITY as f64 / 4.0) / per_s;
+    Duration::from_secs_f64(secs).clamp(min, MAX_WAIT.max(min))
+}
+
+/// Adaptive drain period: back off (doubling) while drains find little,
+/// return to the configured period as soon as one finds a busy ring. Each
+/// wakeup costs a context switch on a CPU the target or its clients need;
+/// at 1% sampling most of them found nothing.
+fn next_wait(cur: Duration, min: Duration, max: Duration, busiest: usize) -> Duration {
+    if busiest >= TS_RING_CAPACITY as usize / 8 {
+        min
+    } else {
+        (cur * 2).clamp(min, max.max(min))
+    }
 }
 
 impl State {
@@ -205,8 +236,11 @@ impl State {
         Ok(())
     }
 
-    /// One poll step. `wait` is how long it may block for new records.
-    fn poll(&mut self, tracer: &mut Tracer, wait: Duration, infer_loaded: bool) -> Result<()> {
+    /// One poll step. It may block for new records up to the adaptive
+    /// period, which stays within [`min_wait`, max_wait(sampling rate)].
+    fn poll(&mut self, tracer: &mut Tracer, min_wait: Duration, infer_loaded: bool) -> Result<()> {
+        let wait = self.wait.max(min_wait);
+        let mut busiest = 0usize;
         let infer_active = matches!(
             self.source,
             Source::Infer
@@ -219,6 +253,8 @@ impl State {
             self.buf.clear();
             let w = if infer_active { wait } else { Duration::ZERO };
             tracer.poll_records(w, &mut self.buf).map_err(agent_error)?;
+            // The ringbuf holds far more than a thread's ring: scale down.
+            busiest = self.buf.len() / 8;
             let records = std::mem::take(&mut self.buf);
             match &mut self.source {
                 Source::Infer => self.push_inferred(&records)?,
@@ -235,7 +271,10 @@ impl State {
         if let Source::Marker(m) = &mut self.source {
             let (writer, pid) = (&mut self.writer, self.target_pid);
             m.drain(|r: &ts_request_record, kind: &str| writer.push(pid, kind, r))?;
+            busiest = busiest.max(m.last_busiest());
         }
+        let max = max_wait(self.sampling.rate_ppm, min_wait);
+        self.wait = next_wait(wait, min_wait, max, busiest);
         Ok(())
     }
 
@@ -478,6 +517,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
         observer: None,
         output: args.output.clone(),
         start_mono,
+        wait: args.poll,
     };
     st.start_observer()?;
     let mut meta = Meta {

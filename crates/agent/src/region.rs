@@ -218,6 +218,8 @@ pub struct MarkerSource<M: RegionMemory> {
     exhausted_baseline: u64,
     stats: MarkerStats,
     slot_buf: Vec<u8>,
+    /// Most records the last drain took from one slot.
+    busiest: usize,
 }
 
 impl<M: RegionMemory> MarkerSource<M> {
@@ -245,6 +247,7 @@ impl<M: RegionMemory> MarkerSource<M> {
             start_mono_ns,
             stats: MarkerStats::default(),
             slot_buf: vec![0u8; SLOT_PRODUCER_BYTES],
+            busiest: 0,
         };
         // Drops before attach are not this recording's.
         for i in 0..src.header.max_slots {
@@ -273,6 +276,12 @@ impl<M: RegionMemory> MarkerSource<M> {
         self.stats
     }
 
+    /// Most records the last [`drain`](Self::drain) took from one slot: how
+    /// close the busiest ring came to full.
+    pub fn last_busiest(&self) -> usize {
+        self.busiest
+    }
+
     fn refresh_header(&mut self) {
         let kinds_count = self.mem.load_u32(header_offsets::KINDS_COUNT);
         if kinds_count != self.header.kinds_count {
@@ -294,7 +303,15 @@ impl<M: RegionMemory> MarkerSource<M> {
         self.refresh_header();
         let mut n = 0;
         let mut rec_buf = [0u8; RECORD_SIZE];
-        for i in 0..self.header.max_slots {
+        self.busiest = 0;
+        // Slots are claimed in order up to the slots_used high-water mark
+        // (recycling reuses them): none above it has ever held a thread.
+        // The target may lie about it, but only to hide its own records.
+        let used = self
+            .mem
+            .load_u32(header_offsets::SLOTS_USED)
+            .min(self.header.max_slots);
+        for i in 0..used {
             let base = slot_offset(i);
             self.mem.read(base, &mut self.slot_buf);
             let slot = match parse_slot(&self.slot_buf) {
@@ -313,6 +330,7 @@ impl<M: RegionMemory> MarkerSource<M> {
             if plan.resync {
                 self.stats.ring_resyncs += 1;
             }
+            self.busiest = self.busiest.max(plan.count as usize);
             for k in 0..plan.count {
                 let off = base + record_offset_in_slot(plan.ring_index(k, TS_RING_CAPACITY));
                 self.mem.read(off, &mut rec_buf);

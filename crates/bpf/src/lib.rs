@@ -713,8 +713,13 @@ impl Tracer {
         if self.rb.is_null() {
             return Ok(0);
         }
+        // BPF submits without a wakeup until a quarter of the ring waits
+        // (infer.bpf.c), so a poll that times out must still consume.
         let ms = timeout.as_millis().min(i32::MAX as u128) as c_int;
-        let rc = unsafe { libbpf_sys::ring_buffer__poll(self.rb, ms) };
+        let mut rc = unsafe { libbpf_sys::ring_buffer__poll(self.rb, ms) };
+        if rc == 0 || rc == -libc::EINTR {
+            rc = unsafe { libbpf_sys::ring_buffer__consume(self.rb) };
+        }
         if rc < 0 && rc != -libc::EINTR {
             return Err(TracerError::Io(format!(
                 "ring_buffer__poll: {}",
