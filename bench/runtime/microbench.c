@@ -10,6 +10,9 @@
  *                        every 128 pairs: the runtime's own cost.
  *   sampled_100pct_fake_kc every request sampled + a real BPF array map that
  *                        we pin and fill ourselves (no eBPF writing it).
+ *   sampled_100pct_fake_kc_selfdrain  the same without the spinning consumer:
+ *                        the runtime's own cost with kernel counters (the real
+ *                        agent drains every 1-16 ms, not continuously).
  *   sampled_100pct_kcounters  the agent's real map, if it is running.
  *
  * The fake agent is a thread that spins draining every live slot's ring
@@ -191,6 +194,9 @@ int main(int argc, char **argv)
 	if (fake) {
 		usleep(150000); /* let the runtime's 100 ms open back-off pass */
 		run_case("sampled_100pct_fake_kc", TS_PPM, 1);
+		self_drain = 1;
+		run_case("sampled_100pct_fake_kc_selfdrain", TS_PPM, 1);
+		self_drain = 0;
 		fake_kc_destroy(fake);
 		ts_kc_pin_path = TS_KC_PIN_PATH;
 	} else {
