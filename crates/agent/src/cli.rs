@@ -46,8 +46,13 @@ OPTIONS:
                         flags` or tailscope-cc) into DIR/functions/, and its
                         lock and request hand-off events into DIR/locks/ and
                         DIR/request_events/; needs libtailscope in the target
-    --fn-period-us N    observer scan period in microseconds; 0 busy-polls a
-                        core (default 20)
+    --fn-period-us N    observer scan period in microseconds (default 0:
+                        busy-poll, at idle priority (SCHED_IDLE) so that it
+                        only takes CPU time nothing else wants; see
+                        --fn-normal-priority)
+    --fn-normal-priority
+                        run the observer at normal priority: finer scans
+                        under load, at the cost of CPU the target could use
     --fn-threshold-us N record only calls at least N us long (default 0: every
                         call the observer sees end)
     --mutex-threshold-us N  log a lock when its wait or hold exceeds N us
@@ -248,6 +253,10 @@ where
                     })?;
             }
             "--functions" => functions = true,
+            "--fn-normal-priority" => {
+                obs.idle_priority = false;
+                fn_options.get_or_insert(name.clone());
+            }
             "--fn-period-us" | "--fn-threshold-us" | "--mutex-threshold-us" => {
                 let v = value("microseconds")?;
                 let n: u64 = v.parse().ok().filter(|&n| n <= 10_000_000).ok_or_else(|| {
@@ -405,6 +414,20 @@ mod tests {
         let f = r.functions.unwrap();
         assert!(f.period.is_zero());
         assert_eq!(f.threshold_ns, 5000);
+        assert!(
+            f.idle_priority,
+            "the observer runs at idle priority by default"
+        );
+        let r = rec(&[
+            "record",
+            "-o",
+            "x",
+            "--functions",
+            "--fn-normal-priority",
+            "--",
+            "srv",
+        ]);
+        assert!(!r.functions.unwrap().idle_priority);
         // Options after -- belong to the command.
         let r = rec(&["record", "-o", "x", "--", "sh", "-p", "--force"]);
         assert!(!r.force);

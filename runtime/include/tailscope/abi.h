@@ -79,19 +79,19 @@ struct ts_kc_header {
 /* Per-thread cumulative counters, written only by BPF (but claimed by CAS
  * from either side). Lengths in ns of CLOCK_MONOTONIC (bpf_ktime_get_ns). */
 struct ts_kcounters {
-	__u32 tid;           /* owner; 0 = free */
-	__u32 seq;           /* seqlock; odd while BPF updates the entry */
-	__u64 oncpu_ns;      /* closed on-CPU intervals (includes irq time) */
-	__u64 switch_in_ns;  /* start of the open on-CPU interval; 0 if off CPU */
-	__u64 wait_since_ns; /* start of the open wait, when wait_state != NONE */
-	__u32 wait_state;    /* TS_WAIT_* */
+	__u32 tid;             /* owner; 0 = free */
+	__u32 seq;             /* seqlock; odd while BPF updates the entry */
+	__u64 oncpu_ns;        /* closed on-CPU intervals (includes irq time) */
+	__u64 switch_in_ns;    /* start of the open on-CPU interval; 0 if off CPU */
+	__u64 wait_since_ns;   /* start of the open wait, when wait_state != NONE */
+	__u32 wait_state;      /* TS_WAIT_* */
 	__u32 last_blocked_ns; /* blocked part of the last wait, ending at wait_since_ns when it
 	                        * was a wakeup (0: the last wait was a preemption); saturates.
 	                        * Lets inference rewind a request's start to its arrival */
-	__u64 runnable_ns; /* preempted or woken, waiting for a CPU */
-	__u64 blocked_ns;  /* switched out voluntarily until woken */
-	__u64 irq_ns;      /* hard irq + irq_vectors time while this thread was current */
-	__u64 softirq_ns;  /* softirq time while this thread was current */
+	__u64 runnable_ns;     /* preempted or woken, waiting for a CPU */
+	__u64 blocked_ns;      /* switched out voluntarily until woken */
+	__u64 irq_ns;          /* hard irq + irq_vectors time while this thread was current */
+	__u64 softirq_ns;      /* softirq time while this thread was current */
 	__u32 runnable_count;
 	__u32 blocked_count;
 	__u32 irq_count;
