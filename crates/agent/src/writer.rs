@@ -297,6 +297,14 @@ impl RequestWriter {
         let worker = std::thread::Builder::new()
             .name("ts-writer".into())
             .spawn(move || {
+                // Encoding is bulk work (tens of ms per row group) that can
+                // wait: at nice 19 it takes only CPU time the target and its
+                // clients leave, instead of holding a server's CPU for a
+                // whole time slice (that put ms into the target's p99).
+                // SAFETY: plain syscalls on this thread.
+                unsafe {
+                    libc::setpriority(libc::PRIO_PROCESS, libc::gettid() as libc::id_t, 19);
+                }
                 for cmd in rx {
                     match cmd {
                         Cmd::Rows(b) => sink.write_rows(*b)?,
