@@ -51,7 +51,7 @@ char LICENSE[] SEC("license") = "GPL";
  * writes it at offset 0). */
 const volatile struct {
 	__u32 sample_ppm;
-	__u32 _pad;
+	__u32 salt; /* random per load: TCP sampling draws differ between recordings */
 } infer_cfg = {.sample_ppm = TS_PPM};
 
 #define barrier() asm volatile("" ::: "memory")
@@ -94,6 +94,33 @@ struct {
 	__type(value, __u8);
 } server_ports SEC(".maps");
 
+/* Sampled requests open right now (all targets). While it is zero, which
+ * at low sampling rates is most of the time, a TCP send needs no socket
+ * lookup at all. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __s64);
+} open_sampled SEC(".maps");
+
+static __always_inline void open_sampled_add(__s64 d)
+{
+	__u32 zero = 0;
+	__s64 *v = bpf_map_lookup_elem(&open_sampled, &zero);
+
+	if (v)
+		__sync_fetch_and_add(v, d);
+}
+
+static __always_inline bool any_open_sampled(void)
+{
+	__u32 zero = 0;
+	__s64 *v = bpf_map_lookup_elem(&open_sampled, &zero);
+
+	return v && *(volatile __s64 *)v > 0;
+}
+
 /* A counter snapshot: the cumulative fields of ts_kcounters, and where the
  * thread's last on-CPU interval and wait began (for rewind()). */
 struct kc_snap {
@@ -117,6 +144,8 @@ struct sk_req {
 	__u8 sampled;     /* the open request is sampled (holds a ref on ref_tid) */
 	__u8 no_stamp;    /* a Unix socket: no arrival stamps; starts use wakeups */
 	__u32 ref_tid;    /* whose sampled_refs the open sampled request holds */
+	__u32 open_wseq;  /* TCP: the socket's write_seq when the open request opened */
+	__u32 _pad2;
 	struct kc_snap begin;
 };
 
@@ -153,6 +182,32 @@ static __always_inline void stat_inc(__u32 i)
 static __always_inline bool sampled_draw(void)
 {
 	return bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
+}
+
+/* splitmix64's finaliser. */
+static __always_inline __u64 mix64(__u64 x)
+{
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+/* The sampling decision for the TCP request whose bytes are being read,
+ * drawn without any per-socket state: a hash of the connection and of its
+ * write_seq (bytes the server has queued to send so far). Every receive of
+ * one request sees the same write_seq, since nothing was sent in between,
+ * so they all draw alike; the reply moves it, so the next request draws
+ * anew. An unsampled request thus costs no socket-storage lookup, here or
+ * at its send. */
+static __always_inline bool tcp_request_sampled(struct sock *sk, __u32 wseq)
+{
+	__u64 conn = sk->__sk_common.skc_addrpair ^ ((__u64)sk->__sk_common.skc_portpair << 17);
+	__u64 h = mix64(conn ^ ((__u64)wseq << 32) ^ infer_cfg.salt);
+
+	return h % TS_PPM < infer_cfg.sample_ppm;
 }
 
 /* Seqlock-consistent copy of the thread's counters, with the open on-CPU
@@ -326,7 +381,7 @@ static __always_inline void ref_put(__u32 tid, __u32 tgid)
 /* Bytes received by the current thread on `sk`: open the socket's request
  * unless one is open. `a` is when the bytes arrived (0: unknown). An
  * unsampled request costs a few loads and stores here: no clock read. */
-static __always_inline void open_request(struct sock *sk, __u64 a)
+static __always_inline void open_request(struct sock *sk, __u64 a, bool tcp, __u32 wseq)
 {
 	struct ts_kcounters *e;
 	struct thr_state *t;
@@ -344,13 +399,30 @@ static __always_inline void open_request(struct sock *sk, __u64 a)
 		s->tid = tid;
 		s->tgid = tgid;
 	}
-	if (s->active) /* more of the open request, or pipelined ones: they join it */
-		return;
-	s->active = 1;
-	stat_inc(STAT_SEEN);
-	s->sampled = sampled_draw();
-	if (!s->sampled)
-		return;
+	if (tcp) {
+		/* Only sampled TCP requests come here (tcp_request_sampled). */
+		if (s->active && s->open_wseq == wseq)
+			return; /* more of the open request: it joins */
+		if (s->active && s->sampled) {
+			/* Its end was never seen (a reply we missed): drop it. */
+			s->sampled = 0;
+			ref_put(s->ref_tid, tgid);
+			open_sampled_add(-1);
+			stat_inc(STAT_ABANDONED);
+		}
+		s->active = 1;
+		s->open_wseq = wseq;
+		s->sampled = 1;
+	} else {
+		if (s->active) /* more of the open request, or pipelined ones: they join it */
+			return;
+		s->active = 1;
+		stat_inc(STAT_SEEN);
+		s->sampled = sampled_draw();
+		if (!s->sampled)
+			return;
+	}
+	open_sampled_add(1);
 	now = bpf_ktime_get_ns();
 	t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(), 0,
 	                         BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -389,11 +461,22 @@ SEC("tp_btf/tcp_rcv_space_adjust")
 int BPF_PROG(tcp_rcv_space_adjust, struct sock *sk)
 {
 	struct tcp_sock *tp;
+	__u32 port, wseq;
+	__u8 *srv;
 
 	if (!maybe_target_tgid(bpf_get_current_pid_tgid() >> 32))
 		return 0;
+	port = sk->__sk_common.skc_num;
+	srv = bpf_map_lookup_elem(&server_ports, &port);
+	if (!srv || !*srv)
+		return 0; /* not the server side of a connection */
 	tp = bpf_skc_to_tcp_sock(sk);
-	open_request(sk, tp ? tp->tcp_clock_cache : 0);
+	if (!tp)
+		return 0;
+	wseq = tp->write_seq;
+	if (!tcp_request_sampled(sk, wseq))
+		return 0; /* the common case: no clock, no socket storage */
+	open_request(sk, tp->tcp_clock_cache, true, wseq);
 	return 0;
 }
 
@@ -404,7 +487,7 @@ int BPF_PROG(sock_recv_length, struct sock *sk, int ret, int flags)
 {
 	if (ret <= 0 || (flags & MSG_PEEK) || sk->__sk_common.skc_family != AF_UNIX)
 		return 0;
-	open_request(sk, 0);
+	open_request(sk, 0, false, 0);
 	return 0;
 }
 
@@ -424,9 +507,28 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 		return 0;
 	id = bpf_get_current_pid_tgid();
 	tgid = id >> 32;
-	s = sk_state(sk, tgid);
-	if (!s || !s->active)
+	if (!maybe_target_tgid(tgid))
 		return 0;
+	if (sk->__sk_common.skc_family == AF_UNIX) {
+		s = sk_state(sk, tgid);
+		if (!s || !s->active)
+			return 0;
+	} else {
+		/* TCP: a reply on a server socket. Unsampled requests keep no
+		 * state, so unless some sampled request is open, there is
+		 * nothing to end. */
+		__u32 port = sk->__sk_common.skc_num;
+		__u8 *srv = bpf_map_lookup_elem(&server_ports, &port);
+
+		if (sk->sk_protocol != IPPROTO_TCP || !srv || !*srv)
+			return 0;
+		stat_inc(STAT_SEEN);
+		if (!any_open_sampled())
+			return 0;
+		s = bpf_sk_storage_get(&sk_reqs, sk, 0, 0);
+		if (!s || s->ignore || !s->active || !s->sampled || s->tgid != tgid)
+			return 0;
+	}
 	s->active = 0;
 	if (!s->sampled && !s->no_stamp)
 		return 0;
@@ -446,6 +548,7 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 	if (!s->sampled)
 		return 0;
 	s->sampled = 0;
+	open_sampled_add(-1);
 	tid = s->ref_tid; /* the reader's counters; normally the sender too */
 	snapshot(tid, tgid, now, &end);
 	ref_put(tid, tgid);
@@ -522,6 +625,7 @@ int BPF_PROG(inet_sock_set_state, struct sock *sk, int oldstate, int newstate)
 	if (s->sampled) {
 		s->sampled = 0;
 		ref_put(s->ref_tid, s->tgid);
+		open_sampled_add(-1);
 		stat_inc(STAT_ABANDONED);
 	}
 	return 0;

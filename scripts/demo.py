@@ -6,7 +6,8 @@
    restart, no code change; requests are inferred from socket syscalls).
 3. Drive open-loop Poisson load from CPU 1 with tailscope-loadgen, which times
    each request from its intended send time.
-4. For part of the run, inject a known interference: a CPU hog on redis's core.
+4. For part of the run, inject a known interference: a CPU hog on redis's core
+   (real-time priority, 2 ms bursts every 10 ms).
 5. Rank the causes and write the HTML report; check that the injected cause
    (runnable wait) ranks first, and print where the report is.
 
@@ -62,9 +63,19 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
 
 
 def start_hog(cpu: int) -> subprocess.Popen:
-    """A pure CPU burner pinned to `cpu`: the interference we inject."""
-    code = "while True: pass"
-    return subprocess.Popen(["taskset", "-c", str(cpu), sys.executable, "-c", code])
+    """The interference we inject: a CPU burner pinned to `cpu` that runs at
+    real-time priority in 2 ms bursts every 10 ms (a noisy neighbour such as
+    a batch job or a kernel thread). redis cannot preempt it, so every request
+    that arrives during a burst waits, runnable, for up to 2 ms. A plain
+    SCHED_OTHER burner is a weaker, less reproducible injection: the
+    scheduler lets a mostly-sleeping redis preempt it, and how often it does
+    depends on how much CPU everything else (tracing included) takes."""
+    code = ("import time\n"
+            "while True:\n"
+            "    end = time.perf_counter() + 0.002\n"
+            "    while time.perf_counter() < end: pass\n"
+            "    time.sleep(0.008)\n")
+    return subprocess.Popen(["chrt", "-f", "10", "taskset", "-c", str(cpu), sys.executable, "-c", code])
 
 
 def main() -> None:

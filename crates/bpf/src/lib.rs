@@ -393,6 +393,7 @@ fn set_config(
     obj: &str,
     var: &str,
     value: u32,
+    salt: u32,
 ) -> Result<(), TracerError> {
     let v = m
         .initial_value_mut()
@@ -404,7 +405,24 @@ fn set_config(
         )));
     }
     v[..4].copy_from_slice(&value.to_ne_bytes());
+    v[4..8].copy_from_slice(&salt.to_ne_bytes());
     Ok(())
+}
+
+/// A per-load salt for the stateless TCP sampling draw (infer.bpf.c), so
+/// that two recordings of the same connections sample different requests.
+fn random_salt() -> u32 {
+    let mut b = [0u8; 4];
+    // SAFETY: getrandom into a local buffer of its length.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n == 4 {
+        u32::from_ne_bytes(b)
+    } else {
+        std::process::id()
+            ^ (std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.subsec_nanos()))
+    }
 }
 
 /// `map[key] = value` on a map with u32 keys.
@@ -626,7 +644,9 @@ impl Tracer {
                 "targets" => m.reuse_fd(self.targets_fd.as_fd()).map_err(io)?,
                 "target_buckets" => m.reuse_fd(self.buckets_fd.as_fd()).map_err(io)?,
                 "records" => m.set_max_entries(rb_bytes as u32).map_err(io)?,
-                n if n.ends_with(".rodata") => set_config(&mut m, "infer", "infer_cfg", ppm)?,
+                n if n.ends_with(".rodata") => {
+                    set_config(&mut m, "infer", "infer_cfg", ppm, random_salt())?
+                }
                 _ => {}
             }
         }
