@@ -38,16 +38,27 @@ static struct ts_thread_slot *slot_claim(void)
 			break;
 		}
 	}
-	for (uint32_t i = 0; i < TS_MAX_SLOTS; i++) {
-		struct ts_thread_slot *s = &ts_proc.slots[i];
-		uint32_t st = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
-		if (st == TS_SLOT_FREE && slot_take(s, TS_SLOT_FREE))
-			return s;
-		if (st == TS_SLOT_EXITED &&
-		    __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) == s->ring_head &&
-		    __atomic_load_n(&s->ev_tail, __ATOMIC_ACQUIRE) == s->ev_head &&
-		    slot_take(s, TS_SLOT_EXITED))
-			return s;
+	/* An observer recording --functions hands EXITED slots back itself,
+	 * after it has read their final shadow stack (TS_LDB_SLOTS): taking one
+	 * before would hide the exited thread's last calls from it. So with an
+	 * observer, a first scan takes only FREE slots; only if there is none
+	 * (the observer is behind) does a second take a drained EXITED one, as
+	 * without an observer: better a lost tail of an exited thread than a
+	 * new thread that records nothing. */
+	int observer = (__atomic_load_n(&h->ldb_flags, __ATOMIC_ACQUIRE) & TS_LDB_SLOTS) &&
+	               __atomic_load_n(&h->agent_pid, __ATOMIC_RELAXED);
+	for (int scan = observer ? 0 : 1; scan < 2; scan++) {
+		for (uint32_t i = 0; i < TS_MAX_SLOTS; i++) {
+			struct ts_thread_slot *s = &ts_proc.slots[i];
+			uint32_t st = __atomic_load_n(&s->state, __ATOMIC_ACQUIRE);
+			if (st == TS_SLOT_FREE && slot_take(s, TS_SLOT_FREE))
+				return s;
+			if (scan == 1 && st == TS_SLOT_EXITED &&
+			    __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) == s->ring_head &&
+			    __atomic_load_n(&s->ev_tail, __ATOMIC_ACQUIRE) == s->ev_head &&
+			    slot_take(s, TS_SLOT_EXITED))
+				return s;
+		}
 	}
 	__atomic_fetch_add(&h->slots_exhausted, 1, __ATOMIC_RELAXED);
 	return NULL;

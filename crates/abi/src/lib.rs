@@ -49,6 +49,7 @@ pub const TS_FEAT_FN_CLOCK: u32 = 0x4;
 
 pub const TS_LDB_LOCKS: u32 = 0x1;
 pub const TS_LDB_REQUESTS: u32 = 0x2;
+pub const TS_LDB_SLOTS: u32 = 0x4;
 
 pub const TS_EV_FUNCTION: u32 = 1;
 pub const TS_EV_MUTEX_WAIT: u32 = 2;

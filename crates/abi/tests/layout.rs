@@ -113,6 +113,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("TS_FEAT_FN_CLOCK", TS_FEAT_FN_CLOCK as u64),
         ("TS_LDB_LOCKS", TS_LDB_LOCKS as u64),
         ("TS_LDB_REQUESTS", TS_LDB_REQUESTS as u64),
+        ("TS_LDB_SLOTS", TS_LDB_SLOTS as u64),
         ("TS_EV_FUNCTION", TS_EV_FUNCTION as u64),
         ("TS_EV_MUTEX_WAIT", TS_EV_MUTEX_WAIT as u64),
         ("TS_EV_MUTEX_LOCK", TS_EV_MUTEX_LOCK as u64),

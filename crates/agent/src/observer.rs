@@ -41,7 +41,7 @@ use tailscope_abi::shadow::{
 };
 use tailscope_abi::{
     ts_frame, EVENT_SIZE, FRAME_SIZE, TS_EVENT_RING_CAPACITY, TS_LDB_LOCKS, TS_LDB_REQUESTS,
-    TS_SHADOW_DEPTH, TS_SLOT_EXITED, TS_SLOT_LIVE,
+    TS_LDB_SLOTS, TS_SHADOW_DEPTH, TS_SLOT_EXITED, TS_SLOT_FREE, TS_SLOT_LIVE,
 };
 
 use crate::error::Result;
@@ -291,7 +291,10 @@ impl<M: RegionMemory> Observer<M> {
     /// recording to the runtime (ldb_flags, the mutex threshold).
     pub fn new(mem: M, max_slots: u32, cfg: ObserverConfig, start_mono_ns: u64) -> Self {
         mem.store_u64_release(header_offsets::MUTEX_THRESH_NS, cfg.mutex_thresh_ns);
-        mem.store_u32(header_offsets::LDB_FLAGS, TS_LDB_LOCKS | TS_LDB_REQUESTS);
+        mem.store_u32(
+            header_offsets::LDB_FLAGS,
+            TS_LDB_LOCKS | TS_LDB_REQUESTS | TS_LDB_SLOTS,
+        );
         let mut tracks = Vec::new();
         tracks.resize_with(max_slots as usize, Track::default);
         Observer {
@@ -372,6 +375,7 @@ impl<M: RegionMemory> Observer<M> {
         }
         self.drain_events(i, tid);
         if self.tracks[i as usize].retired {
+            self.hand_back(i, base);
             return;
         }
         let walk = self.walk(i, base, clock);
@@ -384,6 +388,25 @@ impl<M: RegionMemory> Observer<M> {
             t.skipped.1 = skip.max(t.skipped.0);
             self.fold(i);
             self.tracks[i as usize].retired = true;
+            self.hand_back(i, base);
+        }
+    }
+
+    /// An exited thread's slot, read to the end (stack final, events
+    /// drained), goes back to the runtime (EXITED -> FREE, TS_LDB_SLOTS)
+    /// once the request ring is drained too, so no record is lost.
+    fn hand_back(&mut self, i: u32, base: usize) {
+        let head = self.mem.load_u64_acquire(base + slot_offsets::RING_HEAD);
+        let tail = self.mem.load_u64_acquire(base + slot_offsets::RING_TAIL);
+        let ev_head = self.mem.load_u64_acquire(base + ldb_offsets::EV_HEAD);
+        let ev_tail = self.mem.load_u64_acquire(base + ldb_offsets::EV_TAIL);
+        if head == tail
+            && ev_head == ev_tail
+            && self
+                .mem
+                .cas_u32(base + slot_offsets::STATE, TS_SLOT_EXITED, TS_SLOT_FREE)
+        {
+            self.end_thread(i);
         }
     }
 
@@ -849,12 +872,38 @@ mod tests {
         synth::set_shadow(&mut o.mem.borrow_mut(), 0, gen, frames.len() as u32, frames);
     }
 
+    /// An exited thread's slot goes back to the runtime once the observer
+    /// has read it and its rings are drained, and not before.
+    #[test]
+    fn exited_slots_are_handed_back_once_read_and_drained() {
+        let mut o = setup();
+        let mut clock = ticking(1_000, 10);
+        o.pass(&mut clock);
+        let state =
+            |o: &Observer<RefCell<Vec<u8>>>| o.mem.load_u32(slot_offset(0) + slot_offsets::STATE);
+        // The thread exits with a record still in its ring.
+        o.mem
+            .store_u32(slot_offset(0) + slot_offsets::STATE, TS_SLOT_EXITED);
+        o.mem
+            .store_u64_release(slot_offset(0) + slot_offsets::RING_HEAD, 1);
+        o.pass(&mut clock);
+        assert_eq!(
+            state(&o),
+            TS_SLOT_EXITED,
+            "an undrained ring keeps the slot"
+        );
+        o.mem
+            .store_u64_release(slot_offset(0) + slot_offsets::RING_TAIL, 1);
+        o.pass(&mut clock);
+        assert_eq!(state(&o), TS_SLOT_FREE, "read and drained: handed back");
+    }
+
     #[test]
     fn calls_are_timed_from_first_sight_to_gone() {
         let mut o = setup();
         assert_eq!(
             o.mem.load_u32(header_offsets::LDB_FLAGS),
-            TS_LDB_LOCKS | TS_LDB_REQUESTS
+            TS_LDB_LOCKS | TS_LDB_REQUESTS | TS_LDB_SLOTS
         );
         let mut clock = ticking(1_000, 10);
         set(&o, 2, &[frame(1, 0x100)]);

@@ -38,6 +38,8 @@ pub trait RegionMemory {
     fn load_u64_acquire(&self, off: usize) -> u64;
     fn store_u64_release(&self, off: usize, v: u64);
     fn store_u32(&self, off: usize, v: u32);
+    /// Compare-and-swap of an aligned u32 (false when out of bounds).
+    fn cas_u32(&self, off: usize, old: u32, new: u32) -> bool;
     fn load_u32(&self, off: usize) -> u32 {
         let mut b = [0u8; 4];
         self.read(off, &mut b);
@@ -74,6 +76,13 @@ impl RegionMemory for std::cell::RefCell<Vec<u8>> {
         if let Some(d) = self.borrow_mut().get_mut(off..off + 4) {
             d.copy_from_slice(&v.to_le_bytes());
         }
+    }
+    fn cas_u32(&self, off: usize, old: u32, new: u32) -> bool {
+        if self.load_u32(off) != old || off.checked_add(4).is_none_or(|e| e > self.len()) {
+            return false;
+        }
+        self.store_u32(off, new);
+        true
     }
 }
 
@@ -181,6 +190,17 @@ impl RegionMemory for MappedRegion {
         if self.in_bounds(off, 4) && off.is_multiple_of(4) {
             // SAFETY: as above.
             unsafe { (*self.ptr.add(off).cast::<AtomicU32>()).store(v, Ordering::Release) }
+        }
+    }
+    fn cas_u32(&self, off: usize, old: u32, new: u32) -> bool {
+        if !(self.in_bounds(off, 4) && off.is_multiple_of(4)) {
+            return false;
+        }
+        // SAFETY: as above.
+        unsafe {
+            (*self.ptr.add(off).cast::<AtomicU32>())
+                .compare_exchange(old, new, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
         }
     }
 }

@@ -164,6 +164,10 @@ struct ts_request_record {
 /* ts_region_header.ldb_flags: set by the agent while it records --functions */
 #define TS_LDB_LOCKS 0x1    /* the lock shim emits MUTEX_* events */
 #define TS_LDB_REQUESTS 0x2 /* tailscope_req_* emit REQ_* events */
+#define TS_LDB_SLOTS                                                                               \
+	0x4 /* the observer hands EXITED slots back (EXITED -> FREE) once it                       \
+	     * has read their final shadow stack; until then the runtime                           \
+	     * reuses only FREE slots */
 
 /* Record kinds (struct ts_event.type). FUNCTION is produced by the agent's
  * observer from shadow stacks, never written into a ring. */
