@@ -775,6 +775,7 @@ fn record_loop(
         if now.duration_since(last_gc) >= Duration::from_secs(1) {
             last_gc = now;
             tracer.gc_dead_threads();
+            tracer.rescan_targets().map_err(agent_error)?;
         }
     };
     progress.finish();

@@ -149,8 +149,54 @@ pub struct Tracer {
     skipped: Vec<String>,
     // Dropped after the Drop impl ran, links before objects.
     links: Vec<Link>,
+    /// Whether the Unix-socket receive hook is attached (see
+    /// [`Tracer::watch_unix`]).
+    unix_hook: bool,
+    /// Processes added with [`Tracer::add_target`], for the periodic rescan.
+    added: Vec<u32>,
     _infer_obj: Option<Object>,
     _kc_obj: Object,
+}
+
+/// Programs that [`attach_all`] leaves for later: `sock_recv_length` runs for
+/// every receive on every socket of the machine (the loader's client too),
+/// yet only Unix-socket requests need it (TCP requests open in
+/// `tcp_rcv_space_adjust`). It is attached once a target holds a Unix
+/// socket: about a quarter of all program runs under a TCP load.
+const DEFERRED_PROGS: &[&str] = &["sock_recv_length"];
+
+/// Whether process `tgid` holds a Unix-domain socket now: one of its fds is
+/// a socket whose inode is in its network namespace's /proc/net/unix.
+pub fn holds_unix_socket(tgid: u32) -> bool {
+    let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/fd")) else {
+        return false;
+    };
+    let mut inodes = std::collections::HashSet::new();
+    for e in dir.flatten() {
+        if let Ok(l) = std::fs::read_link(e.path()) {
+            let l = l.to_string_lossy();
+            if let Some(n) = l.strip_prefix("socket:[").and_then(|r| r.strip_suffix(']')) {
+                if let Ok(n) = n.parse::<u64>() {
+                    inodes.insert(n);
+                }
+            }
+        }
+    }
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{tgid}/net/unix")) else {
+        return false;
+    };
+    let found = unix_inodes(&text).any(|i| inodes.contains(&i));
+    found
+}
+
+/// The inode column of /proc/net/unix (the 7th field; the header skipped).
+fn unix_inodes(text: &str) -> impl Iterator<Item = u64> + '_ {
+    text.lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(6)?.parse().ok())
 }
 
 // SAFETY: the raw pointers are an mmap owned by this Tracer and a libbpf
@@ -457,6 +503,7 @@ fn attach_all(
     obj: &Object,
     links: &mut Vec<Link>,
     skipped: &mut Vec<String>,
+    defer: &[&str],
 ) -> Result<(), TracerError> {
     let mut progs: Vec<_> = obj.progs_mut().collect();
     progs.sort_by_key(|p| !p.name().to_string_lossy().ends_with("_exit"));
@@ -465,7 +512,7 @@ fn attach_all(
     let skip = std::env::var("TAILSCOPE_DEBUG_SKIP").unwrap_or_default();
     for p in progs {
         let name = p.name().to_string_lossy().into_owned();
-        if !p.autoload() {
+        if !p.autoload() || defer.contains(&name.as_str()) {
             continue;
         }
         if skip
@@ -587,6 +634,8 @@ impl Tracer {
             rb_pending: Box::new(Vec::new()),
             skipped,
             links: Vec::new(),
+            unix_hook: false,
+            added: Vec::new(),
             _infer_obj: None,
             _kc_obj: kc_obj,
         };
@@ -623,7 +672,7 @@ impl Tracer {
             .map_err(|e| TracerError::Io(format!("chmod {TS_KC_PIN_PATH}: {e}")))?;
 
         let mut links = Vec::new();
-        attach_all(&t._kc_obj, &mut links, &mut t.skipped)?;
+        attach_all(&t._kc_obj, &mut links, &mut t.skipped, &[])?;
         t.links = links;
 
         if opts.infer {
@@ -666,7 +715,7 @@ impl Tracer {
             )));
         }
         self.rb = rb;
-        attach_all(&obj, &mut self.links, &mut self.skipped)?;
+        attach_all(&obj, &mut self.links, &mut self.skipped, DEFERRED_PROGS)?;
         self._infer_obj = Some(obj);
         Ok(())
     }
@@ -681,8 +730,66 @@ impl Tracer {
             .map_err(|e| TracerError::Io(format!("add target {tgid}: {e}")))?;
         if self.server_ports_fd.is_some() {
             self.mark_listening_ports(tgid)?;
+            self.watch_unix(tgid)?;
+        }
+        if !self.added.contains(&tgid) {
+            self.added.push(tgid);
         }
         Ok(())
+    }
+
+    /// Attaches the Unix-socket receive hook (see [`DEFERRED_PROGS`]) if
+    /// `tgid` holds a Unix socket and the hook is not attached yet. Returns
+    /// whether it is attached. Without inference there is nothing to do.
+    pub fn watch_unix(&mut self, tgid: u32) -> Result<bool, TracerError> {
+        if self.unix_hook {
+            return Ok(true);
+        }
+        if self._infer_obj.is_none() || !holds_unix_socket(tgid) {
+            return Ok(false);
+        }
+        let Some(obj) = self._infer_obj.as_mut() else {
+            return Ok(false);
+        };
+        let skip = std::env::var("TAILSCOPE_DEBUG_SKIP").unwrap_or_default();
+        for name in DEFERRED_PROGS {
+            if skip
+                .split(',')
+                .any(|s| !s.is_empty() && name.starts_with(s))
+            {
+                continue;
+            }
+            if let Some(p) = obj.progs_mut().find(|p| p.name() == *name) {
+                let l = p
+                    .attach()
+                    .map_err(|e| TracerError::Attach(format!("{name}: {e}")))?;
+                self.links.push(l);
+            }
+        }
+        self.unix_hook = true;
+        Ok(true)
+    }
+
+    /// Periodic work for added targets (the recorder calls it about once a
+    /// second): attaches the Unix-socket hook once one of them opens a Unix
+    /// socket. Processes that exited are forgotten.
+    pub fn rescan_targets(&mut self) -> Result<(), TracerError> {
+        self.added
+            .retain(|p| Path::new(&format!("/proc/{p}")).exists());
+        if self.unix_hook || self._infer_obj.is_none() {
+            return Ok(());
+        }
+        for p in self.added.clone() {
+            if self.watch_unix(p)? {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the Unix-socket receive hook is attached.
+    pub fn unix_hook_attached(&self) -> bool {
+        self.unix_hook
     }
 
     /// Marks the TCP ports that something listens on in `tgid`'s network
@@ -939,5 +1046,14 @@ mod tests {
             tp_of_section("tracepoint/syscalls/sys_enter_read"),
             "sys_enter_read"
         );
+    }
+
+    #[test]
+    fn parses_proc_net_unix_inodes() {
+        let text = "Num       RefCount Protocol Flags    Type St Inode Path\n\
+            ffff8a: 00000002 00000000 00010000 0001 01 23456 /run/x.sock\n\
+            ffff8b: 00000003 00000000 00000000 0001 03 789\n\
+            garbage\n";
+        assert_eq!(unix_inodes(text).collect::<Vec<_>>(), vec![23456, 789]);
     }
 }

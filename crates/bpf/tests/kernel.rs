@@ -971,3 +971,70 @@ time.sleep(3)
     assert_eq!(refs, Some(0), "the ref is given back");
     assert!(recs.is_empty(), "no reply, no record: {recs:?}");
 }
+
+/// The Unix-socket receive hook runs for every receive on the machine, so
+/// it is attached only once a target holds a Unix socket: not for a
+/// TCP-only server, yes for a Unix-socket server, whose requests are then
+/// inferred one record per request.
+#[test]
+fn unix_socket_hook_is_attached_only_for_unix_servers() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = Tracer::load(&TracerOptions {
+        infer: true,
+        infer_sample_ppm: 1_000_000,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    let (mut tcp, _port) = echo_server();
+    t.add_target(tcp.id()).unwrap();
+    t.rescan_targets().unwrap();
+    assert!(
+        !t.unix_hook_attached(),
+        "a TCP-only target must not pay for the Unix receive hook"
+    );
+    tcp.kill().ok();
+    tcp.wait().ok();
+
+    let path = format!("/tmp/ts-unix-{}.sock", std::process::id());
+    let _ = std::fs::remove_file(&path);
+    let code = format!(
+        r#"
+import socket
+s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+s.bind("{path}"); s.listen(1)
+print(0, flush=True)
+c, _ = s.accept()
+while True:
+    d = c.recv(4096)
+    if not d: break
+    c.sendall(d)
+"#
+    );
+    let (mut child, _) = python_server(&code);
+    t.add_target(child.id()).unwrap();
+    assert!(t.unix_hook_attached(), "a Unix-socket server gets the hook");
+    const N: usize = 100;
+    let mut c = std::os::unix::net::UnixStream::connect(&path).unwrap();
+    let msg = [5u8; 32];
+    let mut buf = [0u8; 32];
+    for _ in 0..N {
+        c.write_all(&msg).unwrap();
+        c.read_exact(&mut buf).unwrap();
+    }
+    drop(c);
+    child.wait().unwrap();
+    let _ = std::fs::remove_file(&path);
+    let mut recs = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && recs.len() < N {
+        t.poll_records(Duration::from_millis(50), &mut recs)
+            .unwrap();
+    }
+    let mine: Vec<_> = recs.iter().filter(|r| r.tid != 0).collect();
+    eprintln!("unix: {} records", mine.len());
+    assert_eq!(mine.len(), N, "one record per Unix-socket request");
+    assert!(mine
+        .iter()
+        .all(|r| r.latency_ns > 0 && r.latency_ns < 1_000_000_000));
+}
