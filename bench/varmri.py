@@ -129,10 +129,13 @@ class Tracer:
         if setup == "none" or setup == "none-marked":
             return
         if setup.startswith("tailscope"):
-            rate = "1%" if setup.endswith("1%") else "100%"
+            rate = "1%" if "-1%" in setup else "100%"
             mode = "marker" if "marker" in setup else "infer"
             cmd = [str(AGENT), "record", "-o", str(self.out), "--force", "-p", str(pid),
                    "--sample", rate, "--mode", mode, "--quiet"]
+            if setup.endswith("-continuous"):
+                # every request drawn independently, programs always attached
+                cmd += ["--burst", "off"]
         elif setup == "bpftrace":
             prog = (f'tracepoint:raw_syscalls:sys_enter /pid == {pid}/ '
                     '{ printf("%d %d %ld\\n", tid, args->id, nsecs); }')
@@ -171,8 +174,10 @@ class Tracer:
 
 
 SETUPS = {
-    "redis": ["none", "tailscope-infer-1%", "tailscope-infer-100%", "bpftrace", "perf", "ftrace"],
-    "memcached": ["none", "none-marked", "tailscope-infer-1%", "tailscope-infer-100%",
+    "redis": ["none", "tailscope-infer-1%", "tailscope-infer-1%-continuous", "tailscope-infer-100%",
+              "bpftrace", "perf", "ftrace"],
+    "memcached": ["none", "none-marked", "tailscope-infer-1%", "tailscope-infer-1%-continuous",
+                  "tailscope-infer-100%",
                   "tailscope-marker-1%", "tailscope-marker-100%", "bpftrace", "perf", "ftrace"],
 }
 
@@ -308,6 +313,9 @@ def fmt(x, spec):
 def render(rows: list[dict], command: str) -> str:
     lines = ["# varmri: cost of recording (medians; ratios to no tracing)", "",
              f"Reproduce: `{command}` (part of `make bench`)", "",
+             "`tailscope-infer-1%` is the default: burst sampling (20 ms windows sampled at 10%, about "
+             "every 200 ms; between windows the per-request and interrupt programs are detached). "
+             "`-continuous` is `--burst off`: every request drawn at 1%, programs always attached.", "",
              "| workload | setup | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio "
              "| server CPU ns/req at max | CPU ratio | trace MB/s | B/recorded req |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -145,7 +145,7 @@ struct sk_req {
 	__u8 no_stamp;    /* a Unix socket: no arrival stamps; starts use wakeups */
 	__u32 ref_tid;    /* whose sampled_refs the open sampled request holds */
 	__u32 open_wseq;  /* TCP: the socket's write_seq when the open request opened */
-	__u32 _pad2;
+	__u32 window;     /* burst window (gate epoch) the sampled request opened in */
 	struct kc_snap begin;
 };
 
@@ -179,9 +179,37 @@ static __always_inline void stat_inc(__u32 i)
 		*v += 1;
 }
 
+/* Burst sampling (the agent's --burst): outside a sampling window the
+ * agent sets bit 0 of burst_gate[0] and no request is sampled; it then
+ * waits for the open sampled requests to end (open_sampled) before it
+ * detaches the per-request and per-interrupt programs, and re-attaches them
+ * before it opens the gate again. The other bits count windows: a sampled
+ * request still open when its window's programs were detached cannot be
+ * ended right (its reply went unseen), so a send in a later window drops
+ * it. Zero (the initial value) means open, window 0. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u32);
+} burst_gate SEC(".maps");
+
+static __always_inline __u32 gate_value(void)
+{
+	__u32 zero = 0;
+	__u32 *v = bpf_map_lookup_elem(&burst_gate, &zero);
+
+	return v ? *(volatile __u32 *)v : 1;
+}
+
+static __always_inline bool gate_open(void)
+{
+	return !(gate_value() & 1);
+}
+
 static __always_inline bool sampled_draw(void)
 {
-	return bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
+	return gate_open() && bpf_get_prandom_u32() % TS_PPM < infer_cfg.sample_ppm;
 }
 
 /* splitmix64's finaliser. */
@@ -207,7 +235,7 @@ static __always_inline bool tcp_request_sampled(struct sock *sk, __u32 wseq)
 	__u64 conn = sk->__sk_common.skc_addrpair ^ ((__u64)sk->__sk_common.skc_portpair << 17);
 	__u64 h = mix64(conn ^ ((__u64)wseq << 32) ^ infer_cfg.salt);
 
-	return h % TS_PPM < infer_cfg.sample_ppm;
+	return h % TS_PPM < infer_cfg.sample_ppm && gate_open();
 }
 
 /* Seqlock-consistent copy of the thread's counters, with the open on-CPU
@@ -440,6 +468,7 @@ static __always_inline void open_request(struct sock *sk, __u64 a, bool tcp, __u
 		}
 	}
 	s->start_ns = a;
+	s->window = gate_value() >> 1;
 	snapshot(tid, tgid, now, &s->begin);
 	rewind(&s->begin, a, now);
 	ref_get(tid, tgid);
@@ -550,6 +579,12 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 	s->sampled = 0;
 	open_sampled_add(-1);
 	tid = s->ref_tid; /* the reader's counters; normally the sender too */
+	if (s->window != gate_value() >> 1) {
+		/* Opened in an earlier burst window: its reply was not seen. */
+		ref_put(tid, tgid);
+		stat_inc(STAT_ABANDONED);
+		return 0;
+	}
 	snapshot(tid, tgid, now, &end);
 	ref_put(tid, tgid);
 	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);

@@ -28,6 +28,13 @@ OPTIONS:
                         CMD gets SIGTERM (SIGKILL after 3 s)
     --sample RATE       sampling rate: 0.01, 1% or 100% (default: the
                         runtime's own rate in marker mode, else 1%)
+    --burst B           zero-instrumentation sampling in windows: auto
+                        (default: below a 10% rate, 20 ms windows sampled at
+                        10%, e.g. every 200 ms on average at 1%; between
+                        windows the per-request and interrupt programs are
+                        detached and cost nothing), off (sample every
+                        request independently, programs always attached), or
+                        WINDOW_MS/PERIOD_MS
     --mode MODE         auto (default): marker if the target has a
                         libtailscope region (a launched CMD gets 1 s to
                         create it), else infer;
@@ -92,6 +99,8 @@ pub struct RecordArgs {
     pub target: Target,
     /// `None`: not given on the command line.
     pub sample_ppm: Option<u32>,
+    /// `--burst` (zero-instrumentation mode only).
+    pub burst: crate::burst::BurstArg,
     pub mode: Mode,
     pub duration: Option<Duration>,
     pub force: bool,
@@ -109,6 +118,37 @@ pub enum Command {
 }
 
 pub const DEFAULT_POLL_US: u64 = 1000;
+
+/// Parses `--burst`: `auto`, `off`, or `WINDOW_MS/PERIOD_MS` with
+/// 0 < window < period <= 60 s.
+pub fn parse_burst(s: &str) -> Result<crate::burst::BurstArg> {
+    use crate::burst::BurstArg;
+    match s.trim() {
+        "auto" => return Ok(BurstArg::Auto),
+        "off" => return Ok(BurstArg::Off),
+        _ => {}
+    }
+    let bad = || {
+        AgentError::usage(format!(
+            "bad --burst {s:?}: expected auto, off or WINDOW_MS/PERIOD_MS with 0 < window < period <= 60000"
+        ))
+    };
+    let (w, p) = s.split_once('/').ok_or_else(bad)?;
+    let ms = |x: &str| -> Option<f64> {
+        x.trim()
+            .parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v > 0.0 && *v <= 60_000.0)
+    };
+    let (w, p) = (ms(w).ok_or_else(bad)?, ms(p).ok_or_else(bad)?);
+    if w >= p {
+        return Err(bad());
+    }
+    Ok(BurstArg::Window {
+        window: Duration::from_secs_f64(w / 1e3),
+        period: Duration::from_secs_f64(p / 1e3),
+    })
+}
 
 /// Parses a sampling rate into parts per million: a fraction (`0.01`), a
 /// percentage (`1%`, `100%`). Must be in (0, 100%] and not round to 0 ppm.
@@ -190,6 +230,7 @@ where
     let mut pid = None;
     let mut cmd: Option<Vec<String>> = None;
     let mut sample_ppm = None;
+    let mut burst = crate::burst::BurstArg::Auto;
     let mut mode = Mode::Auto;
     let mut duration = None;
     let mut force = false;
@@ -229,6 +270,7 @@ where
                 pid = Some(p);
             }
             "--sample" => sample_ppm = Some(parse_rate(&value("a rate")?)?),
+            "--burst" => burst = parse_burst(&value("auto, off or WINDOW_MS/PERIOD_MS")?)?,
             "--mode" => {
                 mode = match value("auto, marker or infer")?.as_str() {
                     "auto" => Mode::Auto,
@@ -320,6 +362,7 @@ where
         output,
         target,
         sample_ppm,
+        burst,
         mode,
         duration,
         force,
@@ -361,6 +404,29 @@ mod tests {
         match parse(args.iter().copied()).unwrap() {
             Command::Record(r) => r,
             c => panic!("{c:?}"),
+        }
+    }
+
+    #[test]
+    fn burst_args() {
+        use crate::burst::BurstArg;
+        assert_eq!(rec(&["record", "-o", "r", "-p", "1"]).burst, BurstArg::Auto);
+        assert_eq!(
+            rec(&["record", "-o", "r", "-p", "1", "--burst", "off"]).burst,
+            BurstArg::Off
+        );
+        assert_eq!(
+            rec(&["record", "-o", "r", "-p", "1", "--burst=10/100"]).burst,
+            BurstArg::Window {
+                window: Duration::from_millis(10),
+                period: Duration::from_millis(100)
+            }
+        );
+        for bad in ["100/10", "0/10", "x/10", "10", "5/70000", "sometimes"] {
+            let e = parse(["record", "-o", "r", "-p", "1", "--burst", bad].into_iter())
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains("bad --burst"), "{bad}: {e}");
         }
     }
 

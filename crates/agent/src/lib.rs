@@ -12,6 +12,7 @@
 //!   `schema/recording.json`; [`meta`]: `meta.json`;
 //! - [`recorder`]: the poll loop that ties them together and finalises.
 
+pub mod burst;
 pub mod cli;
 pub mod error;
 pub mod launch;

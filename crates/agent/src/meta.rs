@@ -58,6 +58,9 @@ pub struct Sampling {
     pub rate_ppm: u32,
     /// "runtime" | "agent" | "bpf"
     pub decided_by: &'static str,
+    /// Zero-instrumentation burst sampling: the windows and what they did.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub burst: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Default)]
@@ -164,6 +167,7 @@ pub(crate) mod tests {
             sampling: Sampling {
                 rate_ppm: 10_000,
                 decided_by: "runtime",
+                burst: None,
             },
             drops: Drops {
                 ring_full: 3,

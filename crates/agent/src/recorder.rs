@@ -41,6 +41,7 @@ pub fn keep_record(
 }
 use tailscope_abi::{ts_request_record, TS_DEFAULT_SAMPLE_PPM, TS_RING_CAPACITY};
 
+use crate::burst::{self, Burst};
 use crate::cli::{Mode, RecordArgs, Target};
 use crate::error::{exit, AgentError, Result};
 use crate::launch::{spawn_gated, Launched};
@@ -173,6 +174,11 @@ struct State {
     start_mono: u64,
     /// The current drain period (adaptive; see [`next_wait`]).
     wait: Duration,
+    /// Zero-instrumentation burst sampling (`--burst`), stepped while the
+    /// source is inference.
+    burst: Option<Burst>,
+    /// The next poll waits no longer than this (the burst schedule's next step).
+    wait_cap: Option<Duration>,
 }
 
 /// The longest the agent sleeps between drains.
@@ -239,7 +245,10 @@ impl State {
     /// One poll step. It may block for new records up to the adaptive
     /// period, which stays within [`min_wait`, max_wait(sampling rate)].
     fn poll(&mut self, tracer: &mut Tracer, min_wait: Duration, infer_loaded: bool) -> Result<()> {
-        let wait = self.wait.max(min_wait);
+        let mut wait = self.wait.max(min_wait);
+        if let Some(cap) = self.wait_cap.take() {
+            wait = wait.min(cap.max(Duration::from_micros(100)));
+        }
         let mut busiest = 0usize;
         let infer_active = matches!(
             self.source,
@@ -361,10 +370,12 @@ fn marker_sampling(m: &MarkerSource<MappedRegion>, sample: Option<u32>) -> Sampl
         Some(ppm) => Sampling {
             rate_ppm: ppm,
             decided_by: "agent",
+            burst: None,
         },
         None => Sampling {
             rate_ppm: m.header().sample_ppm_runtime,
             decided_by: "runtime",
+            burst: None,
         },
     }
 }
@@ -432,9 +443,13 @@ pub fn run(args: RecordArgs) -> Result<()> {
         }
     }
     let infer_ppm = args.sample_ppm.unwrap_or(TS_DEFAULT_SAMPLE_PPM);
+    // Burst windows sample at a higher rate for the same overall rate.
+    let burst_plan = infer_loaded
+        .then(|| burst::plan(args.burst, infer_ppm))
+        .flatten();
     let mut tracer = Tracer::load(&TracerOptions {
         infer: infer_loaded,
-        infer_sample_ppm: infer_ppm,
+        infer_sample_ppm: burst_plan.map_or(infer_ppm, |p| p.in_window_ppm),
         ringbuf_bytes: RINGBUF_BYTES,
         agent_pid,
     })
@@ -468,6 +483,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let infer_sampling = Sampling {
         rate_ppm: infer_ppm,
         decided_by: "bpf",
+        burst: None,
     };
     let source = match (&args.target, mode, region_now) {
         (Target::Pid(_), Mode::Infer, _) | (Target::Pid(_), Mode::Auto, false) => Source::Infer,
@@ -518,6 +534,8 @@ pub fn run(args: RecordArgs) -> Result<()> {
         output: args.output.clone(),
         start_mono,
         wait: args.poll,
+        burst: burst_plan.map(|p| Burst::new(p, Instant::now(), start_mono ^ agent_pid as u64)),
+        wait_cap: None,
     };
     st.start_observer()?;
     let mut meta = Meta {
@@ -601,10 +619,25 @@ pub fn run(args: RecordArgs) -> Result<()> {
     };
     let State {
         writer,
-        sampling,
+        mut sampling,
         inferred_discarded,
+        burst,
+        source,
         ..
     } = st;
+    if let (Source::Infer, Some(mut b)) = (source, burst) {
+        b.finish(Instant::now());
+        let duty = b.plan.window.as_secs_f64() / b.plan.period.as_secs_f64();
+        sampling.burst = Some(json!({
+            "window_ms": b.plan.window.as_secs_f64() * 1e3,
+            "mean_period_ms": b.plan.period.as_secs_f64() * 1e3,
+            "duty": duty,
+            "in_window_rate_ppm": b.plan.in_window_ppm,
+            "windows": b.stats.windows,
+            "open_s": b.stats.open_s,
+            "cut_at_window_end": b.stats.cut,
+        }));
+    }
     let written = writer.finish();
     let duration = started.elapsed();
     let cpu = sys::self_cpu_seconds() - cpu_at_start;
@@ -747,6 +780,9 @@ fn record_loop(
             meta.mode = st.mode_name();
             meta.sampling = st.sampling.clone();
             meta.write(&args.output)?;
+        }
+        if let (Source::Infer, Some(b)) = (&st.source, st.burst.as_mut()) {
+            st.wait_cap = Some(b.step(now, tracer).map_err(agent_error)?);
         }
         st.writer.tick(now)?;
         // Cheap but not free: every 50 ms.

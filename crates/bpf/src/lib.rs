@@ -147,8 +147,16 @@ pub struct Tracer {
     #[allow(clippy::box_collection)]
     rb_pending: Box<Vec<ts_request_record>>,
     skipped: Vec<String>,
-    // Dropped after the Drop impl ran, links before objects.
-    links: Vec<Link>,
+    // Dropped after the Drop impl ran, links before objects. Each link
+    // with its program's name, in attach order (exits before entries).
+    links: Vec<(String, Link)>,
+    /// Burst sampling: the per-request and per-interrupt programs are
+    /// detached (see [`Tracer::set_window`]).
+    burst_detached: bool,
+    /// Burst windows opened so far (the gate's upper bits).
+    window: u32,
+    gate_fd: Option<OwnedFd>,
+    open_sampled_fd: Option<OwnedFd>,
     /// Whether the Unix-socket receive hook is attached (see
     /// [`Tracer::watch_unix`]).
     unix_hook: bool,
@@ -164,6 +172,17 @@ pub struct Tracer {
 /// `tcp_rcv_space_adjust`). It is attached once a target holds a Unix
 /// socket: about a quarter of all program runs under a TCP load.
 const DEFERRED_PROGS: &[&str] = &["sock_recv_length"];
+
+/// Programs that stay attached between burst-sampling windows: the
+/// scheduler's (they keep each thread's switch and wait state, which a
+/// window's first requests need, and run rarely), process fork/exit, and
+/// listen/close tracking. Every other program runs per request or per
+/// interrupt and is attached only during windows.
+const ALWAYS_ON_PREFIXES: &[&str] = &["sched_", "inet_sock_set_state"];
+
+fn burstable(name: &str) -> bool {
+    !ALWAYS_ON_PREFIXES.iter().any(|p| name.starts_with(p))
+}
 
 /// Whether process `tgid` holds a Unix-domain socket now: one of its fds is
 /// a socket whose inode is in its network namespace's /proc/net/unix.
@@ -501,9 +520,9 @@ fn map_fd(obj: &Object, name: &str) -> Result<OwnedFd, TracerError> {
 /// never opens an interrupt frame whose exit we cannot see.
 fn attach_all(
     obj: &Object,
-    links: &mut Vec<Link>,
+    links: &mut Vec<(String, Link)>,
     skipped: &mut Vec<String>,
-    defer: &[&str],
+    want: &dyn Fn(&str) -> bool,
 ) -> Result<(), TracerError> {
     let mut progs: Vec<_> = obj.progs_mut().collect();
     progs.sort_by_key(|p| !p.name().to_string_lossy().ends_with("_exit"));
@@ -512,7 +531,7 @@ fn attach_all(
     let skip = std::env::var("TAILSCOPE_DEBUG_SKIP").unwrap_or_default();
     for p in progs {
         let name = p.name().to_string_lossy().into_owned();
-        if !p.autoload() || defer.contains(&name.as_str()) {
+        if !p.autoload() || !want(&name) {
             continue;
         }
         if skip
@@ -523,7 +542,7 @@ fn attach_all(
             continue;
         }
         match p.attach() {
-            Ok(l) => links.push(l),
+            Ok(l) => links.push((name, l)),
             Err(e) if OPTIONAL_TP_PREFIXES.iter().any(|pre| name.starts_with(pre)) => {
                 skipped.push(format!("{name} ({e})"));
             }
@@ -634,6 +653,10 @@ impl Tracer {
             rb_pending: Box::new(Vec::new()),
             skipped,
             links: Vec::new(),
+            burst_detached: false,
+            window: 0,
+            gate_fd: None,
+            open_sampled_fd: None,
             unix_hook: false,
             added: Vec::new(),
             _infer_obj: None,
@@ -672,7 +695,7 @@ impl Tracer {
             .map_err(|e| TracerError::Io(format!("chmod {TS_KC_PIN_PATH}: {e}")))?;
 
         let mut links = Vec::new();
-        attach_all(&t._kc_obj, &mut links, &mut t.skipped, &[])?;
+        attach_all(&t._kc_obj, &mut links, &mut t.skipped, &|_| true)?;
         t.links = links;
 
         if opts.infer {
@@ -715,7 +738,11 @@ impl Tracer {
             )));
         }
         self.rb = rb;
-        attach_all(&obj, &mut self.links, &mut self.skipped, DEFERRED_PROGS)?;
+        self.gate_fd = Some(map_fd(&obj, "burst_gate")?);
+        self.open_sampled_fd = Some(map_fd(&obj, "open_sampled")?);
+        attach_all(&obj, &mut self.links, &mut self.skipped, &|n| {
+            !DEFERRED_PROGS.contains(&n)
+        })?;
         self._infer_obj = Some(obj);
         Ok(())
     }
@@ -748,6 +775,11 @@ impl Tracer {
         if self._infer_obj.is_none() || !holds_unix_socket(tgid) {
             return Ok(false);
         }
+        if self.burst_detached {
+            // Between burst windows: attached with the next window.
+            self.unix_hook = true;
+            return Ok(true);
+        }
         let Some(obj) = self._infer_obj.as_mut() else {
             return Ok(false);
         };
@@ -763,7 +795,7 @@ impl Tracer {
                 let l = p
                     .attach()
                     .map_err(|e| TracerError::Attach(format!("{name}: {e}")))?;
-                self.links.push(l);
+                self.links.push((name.to_string(), l));
             }
         }
         self.unix_hook = true;
@@ -790,6 +822,82 @@ impl Tracer {
     /// Whether the Unix-socket receive hook is attached.
     pub fn unix_hook_attached(&self) -> bool {
         self.unix_hook
+    }
+
+    /// Burst sampling, step 1 and 4: opens or closes the sampling gate of
+    /// inference (no request is sampled while it is closed).
+    pub fn set_gate(&mut self, open: bool) -> Result<(), TracerError> {
+        let Some(fd) = self.gate_fd.as_ref() else {
+            return Ok(());
+        };
+        // bit 0: closed; above it the window count (see infer.bpf.c)
+        if open {
+            self.window = self.window.wrapping_add(1) & (u32::MAX >> 1);
+        }
+        map_set(fd, 0, (self.window << 1) | u32::from(!open))
+            .map_err(|e| TracerError::Io(format!("burst gate: {e}")))
+    }
+
+    /// Sampled inferred requests open now (all targets; 0 without inference).
+    pub fn open_sampled(&self) -> i64 {
+        let Some(fd) = self.open_sampled_fd.as_ref() else {
+            return 0;
+        };
+        let mut v = 0i64;
+        let key = 0u32;
+        let rc = unsafe {
+            libbpf_sys::bpf_map_lookup_elem(
+                fd.as_raw_fd(),
+                &key as *const u32 as *const c_void,
+                &mut v as *mut i64 as *mut c_void,
+            )
+        };
+        if rc == 0 {
+            v
+        } else {
+            0
+        }
+    }
+
+    /// Burst sampling, steps 2 and 3: detaches (`attached = false`) or
+    /// re-attaches every program that runs per request or per interrupt
+    /// (all but [`ALWAYS_ON_PREFIXES`]). Detaching goes in reverse attach
+    /// order, entries before exits, so that no interrupt frame opens
+    /// without its exit; attaching puts exits first again. Close the gate
+    /// and let open sampled requests end before detaching.
+    pub fn set_window(&mut self, attached: bool) -> Result<(), TracerError> {
+        if attached != self.burst_detached {
+            return Ok(());
+        }
+        if !attached {
+            let mut keep = Vec::with_capacity(self.links.len());
+            while let Some((n, l)) = self.links.pop() {
+                if burstable(&n) {
+                    drop(l);
+                } else {
+                    keep.push((n, l));
+                }
+            }
+            keep.reverse();
+            self.links = keep;
+            self.burst_detached = true;
+            return Ok(());
+        }
+        let unix = self.unix_hook;
+        let mut scratch = Vec::new();
+        attach_all(&self._kc_obj, &mut self.links, &mut scratch, &|n| burstable(n))?;
+        if let Some(obj) = self._infer_obj.as_ref() {
+            attach_all(obj, &mut self.links, &mut scratch, &|n| {
+                burstable(n) && (unix || !DEFERRED_PROGS.contains(&n))
+            })?;
+        }
+        self.burst_detached = false;
+        Ok(())
+    }
+
+    /// How many programs are attached now.
+    pub fn attached_programs(&self) -> usize {
+        self.links.len()
     }
 
     /// Marks the TCP ports that something listens on in `tgid`'s network

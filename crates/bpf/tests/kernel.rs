@@ -1038,3 +1038,99 @@ while True:
         .iter()
         .all(|r| r.latency_ns > 0 && r.latency_ns < 1_000_000_000));
 }
+
+/// Burst sampling: with the gate closed nothing is sampled; with the
+/// per-request programs detached nothing runs (no request is even seen);
+/// re-attached and opened, every request is recorded again. A sampled
+/// request whose reply went out while its window's programs were detached
+/// is dropped (abandoned) when its socket sends in a later window, not
+/// recorded with a latency that spans the gap.
+#[test]
+fn burst_windows_gate_detach_and_drop_requests_cut_by_a_window() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = Tracer::load(&TracerOptions {
+        infer: true,
+        infer_sample_ppm: 1_000_000,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Replies "x" at once; "slow" gets two parts, 300 ms apart.
+    let code = r#"
+import socket, time
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", 0)); s.listen(1)
+print(s.getsockname()[1], flush=True)
+c, _ = s.accept()
+c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+while True:
+    d = c.recv(4096)
+    if not d: break
+    if d.startswith(b"slow"):
+        time.sleep(0.3); c.sendall(b"1")
+        time.sleep(0.3); c.sendall(b"2")
+    else:
+        c.sendall(b"y")
+"#;
+    let (mut child, port) = python_server(code);
+    t.add_target(child.id()).unwrap();
+    let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    c.set_nodelay(true).unwrap();
+    let mut one = [0u8; 1];
+    let mut rounds = |c: &mut std::net::TcpStream, n: usize| {
+        for _ in 0..n {
+            c.write_all(b"x").unwrap();
+            c.read_exact(&mut one).unwrap();
+        }
+    };
+    let drain = |t: &mut Tracer| {
+        let mut recs = Vec::new();
+        for _ in 0..4 {
+            t.poll_records(Duration::from_millis(30), &mut recs).unwrap();
+        }
+        recs
+    };
+    let all = t.attached_programs();
+
+    rounds(&mut c, 20);
+    assert_eq!(drain(&mut t).len(), 20, "window open: every request");
+
+    t.set_gate(false).unwrap();
+    rounds(&mut c, 20);
+    assert_eq!(drain(&mut t).len(), 0, "gate closed: nothing sampled");
+
+    t.set_window(false).unwrap();
+    let detached = t.attached_programs();
+    assert!(detached < all / 2, "{detached} of {all} programs still attached");
+    let seen = t.stats().inferred_requests_seen;
+    rounds(&mut c, 20);
+    assert_eq!(drain(&mut t).len(), 0);
+    assert_eq!(t.stats().inferred_requests_seen, seen, "detached: nothing runs");
+
+    t.set_window(true).unwrap();
+    t.set_gate(true).unwrap();
+    assert_eq!(t.attached_programs(), all);
+    rounds(&mut c, 20);
+    assert_eq!(drain(&mut t).len(), 20, "re-opened: every request again");
+
+    // Cut by a window: received in this window, first part sent while
+    // detached, second part sent in the next window.
+    let abandoned = t.stats().inferred_abandoned;
+    c.write_all(b"slow").unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    t.set_gate(false).unwrap();
+    t.set_window(false).unwrap();
+    c.read_exact(&mut one).unwrap(); // part 1, unseen
+    t.set_window(true).unwrap();
+    t.set_gate(true).unwrap();
+    c.read_exact(&mut one).unwrap(); // part 2, in the next window
+    let recs = drain(&mut t);
+    assert!(
+        recs.iter().all(|r| r.latency_ns < 250_000_000),
+        "a request spanning windows was recorded: {:?}",
+        recs.iter().map(|r| r.latency_ns).collect::<Vec<_>>()
+    );
+    assert!(t.stats().inferred_abandoned > abandoned, "the cut request is counted");
+    drop(c);
+    child.wait().unwrap();
+}

@@ -22,6 +22,7 @@ from tailscope.report.text import (
     fmt_value,
     headline,
     health_line,
+    sampling_text,
 )
 
 MAX_EVENT_CDFS = 5
@@ -206,7 +207,7 @@ def _segments_html(r: dict) -> str:
 
 def _health_html(h: dict, r: dict) -> str:
     rows = [
-        ("sampling", compact(h.get("sampling"))),
+        ("sampling", sampling_text(h.get("sampling"))),
         ("drops", f"{h['drops_total']}" + (f" ({compact(h['drops_by_kind'])})" if h["drops_by_kind"] else "")),
         ("requests", f"{h['requests_read']} read; meta.json says {h.get('requests_recorded_meta')}"),
         ("with kernel counters", f"{h['counters_pct']:.1f}%"),

@@ -86,7 +86,7 @@ def health_line(h: dict) -> str:
     parts = []
     s = h.get("sampling")
     if s is not None:
-        parts.append(f"sampling {compact(s)}")
+        parts.append(f"sampling {sampling_text(s)}")
     parts.append(f"{h['requests_read']} requests")
     if isinstance(h.get("duration_s"), (int, float)):
         parts.append(f"{h['duration_s']:g} s")
@@ -97,6 +97,21 @@ def health_line(h: dict) -> str:
     if h.get("mode"):
         parts.append(f"mode {h['mode']}")
     return "health: " + ", ".join(parts)
+
+
+def sampling_text(s) -> str:
+    """meta.json's sampling in words: the rate, who set it, and burst windows if any."""
+    if not isinstance(s, dict) or not isinstance(s.get("rate_ppm"), (int, float)):
+        return compact(s)
+    out = f"{s['rate_ppm'] / 1e4:g}%" + (f" (set by {s['decided_by']})" if s.get("decided_by") else "")
+    b = s.get("burst")
+    if isinstance(b, dict):
+        try:
+            out += (f", in bursts: {int(b['windows'])} windows of {b['window_ms']:g} ms sampled at "
+                    f"{b['in_window_rate_ppm'] / 1e4:g}% (open {100 * b['duty']:.0f}% of the time)")
+        except (KeyError, TypeError, ValueError):
+            out += f", bursts: {compact(b)}"
+    return out
 
 
 def compact(v) -> str:

@@ -1,0 +1,232 @@
+//! Burst sampling for zero-instrumentation mode (`--burst`).
+//!
+//! At a low sampling rate almost all of tailscope's cost is the fixed cost of
+//! running a BPF program for every socket call and every interrupt on the
+//! machine (about 7 ns each on this kind of VM), sampled or not. Burst
+//! sampling samples in short windows instead: during a window every
+//! per-request and per-interrupt program is attached and requests are
+//! sampled at `in_window_ppm`; between windows those programs are detached
+//! and cost nothing. The scheduler's programs stay attached throughout, so a
+//! window's first requests have correct switch and wait state.
+//!
+//! The overall rate is unchanged: `rate = duty × in_window_ppm`, with
+//! `duty = window / period`. Window starts are jittered (period × U(0.5,
+//! 1.5)), so a periodic interference cannot hide between windows. What burst
+//! sampling gives up: an event shorter than the gap between windows can be
+//! missed entirely (at the default 1%, windows of 20 ms every 200 ms on
+//! average).
+//!
+//! A window closes in two steps: the sampling gate closes (no new sampled
+//! request), then, once the sampled requests still open have ended (or
+//! [`GRACE`] passed; those are counted as cut), the programs are detached.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::tracer::{Tracer, TracerError};
+
+/// `--burst`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BurstArg {
+    /// Windows when the rate is below [`AUTO_MAX_PPM`].
+    Auto,
+    Off,
+    /// Explicit window and mean period.
+    Window { window: Duration, period: Duration },
+}
+
+/// `auto` turns bursts on below this rate (10%).
+pub const AUTO_MAX_PPM: u32 = 100_000;
+/// `auto`: the window length.
+pub const AUTO_WINDOW: Duration = Duration::from_millis(20);
+/// How long a closing window waits for open sampled requests to end.
+pub const GRACE: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct BurstPlan {
+    #[serde(serialize_with = "ser_ms")]
+    pub window: Duration,
+    #[serde(serialize_with = "ser_ms")]
+    pub period: Duration,
+    /// The BPF sampling rate inside a window.
+    pub in_window_ppm: u32,
+}
+
+fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64() * 1e3)
+}
+
+/// The windows for an overall rate, or `None` for continuous sampling.
+pub fn plan(arg: BurstArg, rate_ppm: u32) -> Option<BurstPlan> {
+    let (window, period) = match arg {
+        BurstArg::Off => return None,
+        BurstArg::Auto => {
+            if rate_ppm == 0 || rate_ppm >= AUTO_MAX_PPM {
+                return None;
+            }
+            // duty = rate / 10%, so that windows sample at 10%.
+            let period = AUTO_WINDOW.mul_f64(AUTO_MAX_PPM as f64 / rate_ppm as f64);
+            (AUTO_WINDOW, period)
+        }
+        BurstArg::Window { window, period } => (window, period),
+    };
+    if window.is_zero() || window >= period {
+        return None;
+    }
+    let duty = window.as_secs_f64() / period.as_secs_f64();
+    let in_window = (rate_ppm as f64 / duty).round().min(1e6) as u32;
+    Some(BurstPlan {
+        window,
+        period,
+        in_window_ppm: in_window.max(1),
+    })
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Open,
+    Closing { since: Instant },
+    Closed,
+}
+
+/// What the recording's meta.json says about its windows.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct BurstStats {
+    pub windows: u64,
+    /// Time with the sampling gate open, in seconds.
+    pub open_s: f64,
+    /// Sampled requests still open when a window's programs were detached
+    /// (they are dropped, counted in drops.abandoned when seen again).
+    pub cut: u64,
+}
+
+/// The window schedule; [`Burst::step`] is called from the poll loop.
+pub struct Burst {
+    pub plan: BurstPlan,
+    phase: Phase,
+    /// When the current phase ends (Open) or the next window starts (Closed).
+    next: Instant,
+    opened_at: Instant,
+    rng: u64,
+    pub stats: BurstStats,
+}
+
+impl Burst {
+    /// Starts with a window open (the loader attached everything).
+    pub fn new(plan: BurstPlan, now: Instant, seed: u64) -> Burst {
+        let mut b = Burst {
+            plan,
+            phase: Phase::Open,
+            next: now + plan.window,
+            opened_at: now,
+            rng: seed | 1,
+            stats: BurstStats::default(),
+        };
+        b.stats.windows = 1;
+        b
+    }
+
+    fn uniform(&mut self) -> f64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        (self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Advances the schedule; returns how long until it next needs a call.
+    pub fn step(&mut self, now: Instant, t: &mut Tracer) -> Result<Duration, TracerError> {
+        match self.phase {
+            Phase::Open if now >= self.next => {
+                t.set_gate(false)?;
+                self.stats.open_s += now.duration_since(self.opened_at).as_secs_f64();
+                self.phase = Phase::Closing { since: now };
+                Ok(Duration::from_micros(500))
+            }
+            Phase::Closing { since } => {
+                let open = t.open_sampled();
+                if open > 0 && now.duration_since(since) < GRACE {
+                    return Ok(Duration::from_micros(500));
+                }
+                self.stats.cut += open.max(0) as u64;
+                t.set_window(false)?;
+                // Next start: a jittered period after this window's start.
+                let gap = self.plan.period.mul_f64(0.5 + self.uniform());
+                self.next = (self.opened_at + gap).max(now + Duration::from_millis(1));
+                self.phase = Phase::Closed;
+                Ok(self.next.saturating_duration_since(now))
+            }
+            Phase::Closed if now >= self.next => {
+                t.set_window(true)?;
+                t.set_gate(true)?;
+                self.stats.windows += 1;
+                self.opened_at = now;
+                self.next = now + self.plan.window;
+                self.phase = Phase::Open;
+                Ok(self.plan.window)
+            }
+            _ => Ok(self.next.saturating_duration_since(now)),
+        }
+    }
+
+    /// At the end of the recording: count the open window's time.
+    pub fn finish(&mut self, now: Instant) {
+        if self.phase == Phase::Open {
+            self.stats.open_s += now.duration_since(self.opened_at).as_secs_f64();
+            self.phase = Phase::Closed;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_plan_keeps_the_rate() {
+        let p = plan(BurstArg::Auto, 10_000).unwrap();
+        assert_eq!(p.window, Duration::from_millis(20));
+        assert_eq!(p.period, Duration::from_millis(200));
+        assert_eq!(p.in_window_ppm, 100_000);
+        let duty = p.window.as_secs_f64() / p.period.as_secs_f64();
+        assert!((duty * p.in_window_ppm as f64 - 10_000.0).abs() < 1.0);
+        // 0.1%: windows every 2 s
+        assert_eq!(
+            plan(BurstArg::Auto, 1_000).unwrap().period,
+            Duration::from_secs(2)
+        );
+    }
+
+    #[test]
+    fn no_bursts_at_high_rates_or_when_off() {
+        assert_eq!(plan(BurstArg::Auto, 100_000), None);
+        assert_eq!(plan(BurstArg::Auto, 1_000_000), None);
+        assert_eq!(plan(BurstArg::Off, 10_000), None);
+        let w = BurstArg::Window {
+            window: Duration::from_millis(50),
+            period: Duration::from_millis(50),
+        };
+        assert_eq!(plan(w, 10_000), None, "a window as long as the period");
+    }
+
+    #[test]
+    fn explicit_window_caps_the_in_window_rate() {
+        let w = BurstArg::Window {
+            window: Duration::from_millis(10),
+            period: Duration::from_millis(100),
+        };
+        assert_eq!(plan(w, 10_000).unwrap().in_window_ppm, 100_000);
+        assert_eq!(plan(w, 500_000).unwrap().in_window_ppm, 1_000_000);
+    }
+
+    #[test]
+    fn jitter_is_uniform_in_half_to_three_halves() {
+        let p = plan(BurstArg::Auto, 10_000).unwrap();
+        let mut b = Burst::new(p, Instant::now(), 42);
+        let xs: Vec<f64> = (0..10_000).map(|_| b.uniform()).collect();
+        assert!(xs.iter().all(|&x| (0.0..1.0).contains(&x)));
+        let mean = xs.iter().sum::<f64>() / xs.len() as f64;
+        assert!((mean - 0.5).abs() < 0.02, "mean {mean}");
+    }
+}
