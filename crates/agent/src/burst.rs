@@ -33,7 +33,10 @@ pub enum BurstArg {
     Auto,
     Off,
     /// Explicit window and mean period.
-    Window { window: Duration, period: Duration },
+    Window {
+        window: Duration,
+        period: Duration,
+    },
 }
 
 /// `auto` turns bursts on below this rate (10%).

@@ -423,7 +423,7 @@ mod tests {
             }
         );
         for bad in ["100/10", "0/10", "x/10", "10", "5/70000", "sometimes"] {
-            let e = parse(["record", "-o", "r", "-p", "1", "--burst", bad].into_iter())
+            let e = parse(["record", "-o", "r", "-p", "1", "--burst", bad])
                 .unwrap_err()
                 .to_string();
             assert!(e.contains("bad --burst"), "{bad}: {e}");

@@ -658,7 +658,10 @@ pub(crate) mod tests {
                     .clone()
             };
             let kind = col("kind");
-            let kind = kind.as_any().downcast_ref::<arrow_array::StringArray>().unwrap();
+            let kind = kind
+                .as_any()
+                .downcast_ref::<arrow_array::StringArray>()
+                .unwrap();
             for j in 0..b.num_rows() {
                 let (k, r) = &rows[i];
                 assert_eq!(kind.value(j), *k);

@@ -885,7 +885,9 @@ impl Tracer {
         }
         let unix = self.unix_hook;
         let mut scratch = Vec::new();
-        attach_all(&self._kc_obj, &mut self.links, &mut scratch, &|n| burstable(n))?;
+        attach_all(&self._kc_obj, &mut self.links, &mut scratch, &|n| {
+            burstable(n)
+        })?;
         if let Some(obj) = self._infer_obj.as_ref() {
             attach_all(obj, &mut self.links, &mut scratch, &|n| {
                 burstable(n) && (unix || !DEFERRED_PROGS.contains(&n))

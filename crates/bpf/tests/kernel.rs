@@ -1086,7 +1086,8 @@ while True:
     let drain = |t: &mut Tracer| {
         let mut recs = Vec::new();
         for _ in 0..4 {
-            t.poll_records(Duration::from_millis(30), &mut recs).unwrap();
+            t.poll_records(Duration::from_millis(30), &mut recs)
+                .unwrap();
         }
         recs
     };
@@ -1101,11 +1102,18 @@ while True:
 
     t.set_window(false).unwrap();
     let detached = t.attached_programs();
-    assert!(detached < all / 2, "{detached} of {all} programs still attached");
+    assert!(
+        detached < all / 2,
+        "{detached} of {all} programs still attached"
+    );
     let seen = t.stats().inferred_requests_seen;
     rounds(&mut c, 20);
     assert_eq!(drain(&mut t).len(), 0);
-    assert_eq!(t.stats().inferred_requests_seen, seen, "detached: nothing runs");
+    assert_eq!(
+        t.stats().inferred_requests_seen,
+        seen,
+        "detached: nothing runs"
+    );
 
     t.set_window(true).unwrap();
     t.set_gate(true).unwrap();
@@ -1130,7 +1138,10 @@ while True:
         "a request spanning windows was recorded: {:?}",
         recs.iter().map(|r| r.latency_ns).collect::<Vec<_>>()
     );
-    assert!(t.stats().inferred_abandoned > abandoned, "the cut request is counted");
+    assert!(
+        t.stats().inferred_abandoned > abandoned,
+        "the cut request is counted"
+    );
     drop(c);
     child.wait().unwrap();
 }
