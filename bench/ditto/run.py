@@ -182,7 +182,8 @@ def main() -> int:
         "",
         f"Reproduce: `{command}` (part `ditto` of `make bench`). Report: bench/results/ditto.html.",
         "",
-        "Machine: 2 vCPUs shared with other engineers' builds; native latencies are noisy.",
+        "Machine: 2 vCPUs shared with other engineers; native latencies are only meaningful when the run "
+        "holds `flock -x /tmp/ts-quiet.lock` (no other heavy work meanwhile).",
         "",
     ]
     for n, r in results.items():

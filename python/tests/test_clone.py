@@ -333,11 +333,15 @@ def test_tuning_step_per_metric():
         "D1_miss_rate": 0.04,
         "branch_mispredict_rate": 0.01,
     }
+    target["cond_branches_per_request"] = 1000
+    m["cond_branches_per_request"] = 700
     split = {
-        "threads": {"worker": {"Ir": 7000, "body_Ir": 4000}},
+        "threads": {"worker": {"Ir": 7000, "body_Ir": 4000, "Bc": 700, "body_Bc": 400}},
         "far": {"I1mr": 2.0, "ILmr": 0.0, "DLmr": 0.3, "DLmw": 0.0},
     }
     k = tune.update_knobs(knobs, m, target, split, {"worker": 6000})
+    # conditional branches: the skeleton's 300 stay, the bodies must give 700 instead of 400
+    assert abs(k["cond_scale"] - 1.75) < 1e-9
     # the skeleton's 3000 stay: the body must do 3000 instead of 4000
     assert abs(k["instr_scale:worker"] - 0.75) < 1e-9
     # I1: the target rate at the clone's instructions (0.001 x 7000 = 7 misses/request); 3.5
@@ -359,6 +363,52 @@ def test_tuning_step_per_metric():
         )
         == 12.0
     )
+
+
+@needs_gcc
+def test_chunks_spread_branches_over_predictor_slots(tmp_path):
+    """spread_chunks pads middle chunks inside their line: the body's conditional branches use
+    many more of the 128 address slots callgrind's predictor indexes (7 low address bits), no
+    chunk crosses a cache line (its I-cache line entries are unchanged), and it is deterministic."""
+    spec = _spec(instructions=20000, chunk_insns=5, icode_bins=[(4096, 0.5), (16384, 0.5)])
+    lines, _blocks, _arena = asmgen.generate_body(spec, np.random.default_rng(5), {})
+    text = "\n".join(["    .intel_syntax noprefix", "    .text", *lines]) + "\n"
+    spread = asmgen.spread_chunks(text, 5, tmp_path / "w")
+    assert spread == asmgen.spread_chunks(text, 5, tmp_path / "w2")
+    assert ".skip" in spread and asmgen.PAD_MARK not in spread
+
+    def assemble(t: str, name: str) -> dict[str, int]:
+        (tmp_path / f"{name}.S").write_text(t)
+        subprocess.run(
+            ["gcc", "-c", "-Wa,-L", "-o", str(tmp_path / f"{name}.o"), str(tmp_path / f"{name}.S")], check=True
+        )
+        dis = subprocess.run(
+            ["objdump", "-d", "--no-show-raw-insn", str(tmp_path / f"{name}.o")], capture_output=True, text=True
+        ).stdout
+        slots = {int(m.group(1), 16) & 0x7F for m in re.finditer(r"^\s*([0-9a-f]+):\s+j(?!mp)\w+\s", dis, re.M)}
+        syms = subprocess.run(["nm", str(tmp_path / f"{name}.o")], capture_output=True, text=True).stdout
+        addr = {x.split()[2]: int(x.split()[0], 16) for x in syms.splitlines() if len(x.split()) == 3}
+        crossing = [k for k in addr if k.endswith("_end") and addr[k[:-4]] // 64 != (addr[k] - 1) // 64]
+        return {"slots": len(slots), "crossing": len(crossing), "chunks": sum(k.endswith("_end") for k in addr)}
+
+    before = assemble(text.replace(asmgen.PAD_MARK, "    # "), "plain")
+    after = assemble(spread, "spread")
+    assert after["chunks"] > 50 and after["crossing"] == 0 and before["crossing"] == 0
+    assert after["slots"] >= 2 * before["slots"], (before, after)
+
+
+def test_trace_window_is_bpftrace_own():
+    """The syscall trace's window length comes from bpftrace's interval ticks (@ns), not the
+    caller's clock (which misses attach and detach); the gate counts only while a connection
+    accepted in the window is open."""
+    from tailscope.clone import trace
+
+    maps = trace.parse_maps("@ns: 2500000000\n@calls[7, 230, 0]: 100\n", 2.0)
+    assert maps["duration_s"] == 2.5 and maps["calls"][(7, 230, 0)] == 100 and "ns" not in maps
+    assert trace.parse_maps("@calls[7, 230, 0]: 100\n", 2.0)["duration_s"] == 2.0
+    gated = trace.bpftrace_script(1, [3], [], gate_conns=True)
+    assert "if (1 == 0 || @open > 0)" in gated and "interval:ms:5" in gated
+    assert "if (0 == 0 || @open > 0)" in trace.bpftrace_script(1, [3], [])
 
 
 @needs_gcc

@@ -35,6 +35,7 @@ DEFAULT_KNOBS = {
     "data_far_scale": 0.12,
     "data_ll_scale": 1.0,
     "branch_r_scale": 1.0,
+    "cond_scale": 1.0,
     "i1_bytes": 32768,
     "d1_bytes": 32768,
     "ll_bytes": 2 << 20,
@@ -44,6 +45,14 @@ BODY_ROLES = ("worker", "acceptor+worker", "acceptor", "timer", "waiter")
 
 def _c_ident_ok(v) -> int:
     return int(v)
+
+
+def _body_cond(b: dict, skel: dict | None, body_ir: float) -> float:
+    """Conditional branches per body instruction: the original's per event less the skeleton's."""
+    cond = b.get("cond_per_insn", 0.0)
+    if not skel or "cond_per_event" not in skel or body_ir <= 0:
+        return cond
+    return max(0.0, cond * b["instructions_per_event"] - skel["cond_per_event"]) / body_ir
 
 
 def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
@@ -89,7 +98,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         name=name,
         instructions=body_ir,
         mix=mix,
-        cond_per_insn=b.get("cond_per_insn", 0.0),
+        cond_per_insn=_body_cond(b, skel, body_ir),
         branches=b.get("branches") or [],
         dep_hist=b.get("dep_hist") or [1] * len(asmgen.DEP_BINS),
         icode_bins=ibins,
@@ -169,7 +178,7 @@ def generate(
         if need_name not in body_names.values():
             asm += [f"    .globl clone_body_{need_name}", f"clone_body_{need_name}:", "    ret"]
     asm.append('    .section .note.GNU-stack,"",@progbits')
-    (out / "body.S").write_text("\n".join(asm) + "\n")
+    (out / "body.S").write_text(asmgen.spread_chunks("\n".join(asm) + "\n", seed, out / "private" / "spread"))
     worker_arena = max([arenas[ci] for ci, n in body_names.items() if n in ("worker", "acceptor")] or [8192])
     # ---- clone_params.h
     v = knobs
@@ -267,8 +276,8 @@ def generate(
     tb.append(f"#define CLONE_N_CONN_OPTS {len(copts)}")
     req = [f"{{{nr}, {arg}, {round(per * 1000)}}}" for nr, arg, per, _n in net["extra_per_request"]]
     tb += _table("clone_req_replay", "struct replay_entry", req)
-    # tick entries are per second; the loop replays them per elapsed millisecond
-    tick = [f"{{{nr}, {arg}, {max(1, round(rate))}}}" for nr, arg, rate, _n in net["tick_per_second"]]
+    # tick entries are per second (units_k = elapsed milliseconds: per_k is calls per second x 1000)
+    tick = [f"{{{nr}, {arg}, {max(1, round(rate * 1000))}}}" for nr, arg, rate, _n in net["tick_per_second"]]
     tb += _table("clone_tick_replay", "struct replay_entry", tick)
     tb += [
         "void clone_body_worker(struct body_state *);",

@@ -223,7 +223,13 @@ def network_and_threads(info: dict, w: dict) -> dict:
             nm = name_by.get((s["level"], s["name"]))
             val = conn_opt_values.get(nm, 1) if nm else 1
             conn_opts.append([int(s["level"]), int(s["name"]), int(val if not isinstance(val, list) else val[0])])
-    write_per_request = writes[write_call] >= 0.9 * requests
+    # one reply write per request, or one per read (replies of the requests one read carried are
+    # buffered and written together, as redis does): whichever count the writes are closer to
+    reads_data = sum(n for (nr, c, size), n in maps.get("ret", {}).items() if c == 2 and nr in trace.READS and size > 0)
+    if reads_data and reads_data < requests:
+        write_per_request = writes[write_call] >= 0.5 * (reads_data + requests)
+    else:
+        write_per_request = writes[write_call] >= 0.9 * requests
     # per-request "other" syscalls in worker threads beyond the idle (time-driven) rate
     idle_s = max(0.1, idle.get("duration_s", 1.5))
     idle_rate = defaultdict(float)

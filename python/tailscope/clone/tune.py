@@ -73,6 +73,8 @@ def per_name(win: vg.Window, meta: dict, sweep: dict | None, events: dict[str, f
         ir = sum(t.summary.get("Ir", 0) for t in ts)
         dref = sum(t.summary.get("Dr", 0) + t.summary.get("Dw", 0) for t in ts)
         entry = {"instructions_per_event": ir / max(1, ev), "data_refs_per_event": dref / max(1, ev)}
+        if any("Bc" in t.summary for t in ts):
+            entry["cond_per_event"] = sum(t.summary.get("Bc", 0) for t in ts) / max(1, ev)
         if ts[0].instr:
             a = analyse(ts)
             entry["mix"] = a["mix_fraction"]
@@ -140,9 +142,11 @@ def _split(win: vg.Window, meta: dict) -> dict:
     out: dict = {"threads": {}, "far": {}}
     for t in win.threads:
         name = names.get(t.thread, "?")
-        e = out["threads"].setdefault(name, {"Ir": 0.0, "body_Ir": 0.0})
+        e = out["threads"].setdefault(name, {"Ir": 0.0, "body_Ir": 0.0, "Bc": 0.0, "body_Bc": 0.0})
         e["Ir"] += t.summary.get("Ir", 0) / n
         e["body_Ir"] += (t.fn_total("Ir", f"clone_body_{name}") + t.fn_total("Ir", f"clone_far_{name}")) / n
+        e["Bc"] += t.summary.get("Bc", 0) / n
+        e["body_Bc"] += (t.fn_total("Bc", f"clone_body_{name}") + t.fn_total("Bc", f"clone_far_{name}")) / n
         for ev in ("I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bcm"):
             out["far"][ev] = out["far"].get(ev, 0.0) + t.fn_total(ev, "clone_far_") / n
     return out
@@ -174,6 +178,14 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
         rest = th["Ir"] - th["body_Ir"]
         key = f"instr_scale:{name}"
         k[key] = _clamp(k.get(key, k.get("instr_scale", 1.0)) * max(0.05, tgt - rest) / th["body_Ir"], 0.02, 20.0)
+    # conditional branches per request: a Newton step on the bodies' share (their density is
+    # diluted by loop control; the misprediction RATE is per conditional branch, so their count
+    # matters as much as the mispredictions)
+    t_bc, c_bc = target.get("cond_branches_per_request", 0.0), m.get("cond_branches_per_request", 0.0)
+    body_bc = sum(th.get("body_Bc", 0.0) for th in split["threads"].values())
+    if t_bc > 0 and body_bc > 0:
+        step = _clamp((t_bc - (c_bc - body_bc)) / body_bc, 0.5, 2.0)
+        k["cond_scale"] = _clamp(k.get("cond_scale", 1.0) * step, 0.2, 3.0)
     ir = m.get("instructions_per_request", 0.0)
     refs = ir + m.get("data_refs_per_request", 0.0)
     far = split["far"]

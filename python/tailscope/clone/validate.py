@@ -77,7 +77,9 @@ def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, ta
         info = target.inspect(srv.pid)
         notify = [int(fd) for fd, k in info["fds"].items() if k in ("eventfd", "pipe")]
         (workdir / tag).mkdir(exist_ok=True)
-        st = trace.SyscallTrace(tools["bpftrace"], srv.pid, [x["fd"] for x in info["listeners"]], notify, workdir / tag)
+        st = trace.SyscallTrace(
+            tools["bpftrace"], srv.pid, [x["fd"] for x in info["listeners"]], notify, workdir / tag, gate_conns=True
+        )
         lg = runner.loadgen(ns, port, load_args, rate, min(duration, 2.0), cpu=1)
         maps = st.stop()
         n = max(1, lg["completed"])

@@ -102,6 +102,8 @@ static uint32_t sample_cum(const uint32_t *vals, const uint32_t *cum, int n, uin
 /* ---------- syscall replay ---------- */
 
 static int replay_file_fd = -1;
+static int replay_zero_fd = -1; /* read/write: the same syscall numbers, any size, no state */
+static int replay_open_fd = -1; /* an openat's fd, closed by the next replayed close */
 static int replay_notify_fd = -1;
 static int replay_epfd = -1;
 static int replay_futex_word;
@@ -112,23 +114,33 @@ static void replay(int nr, long arg)
 {
 	switch (nr) {
 	case SYS_read:
+		if (read(replay_zero_fd, replay_buf, arg > 0 && arg < BUF_BYTES ? arg : 64) < 0) {
+		}
+		break;
+	case SYS_write:
+		if (write(replay_zero_fd, replay_buf, arg > 0 && arg < BUF_BYTES ? arg : 64) < 0) {
+		}
+		break;
 	case SYS_pread64:
 		if (pread(replay_file_fd, replay_buf, arg > 0 && arg < BUF_BYTES ? arg : 64, 0) < 0) {
 		}
 		break;
-	case SYS_write:
 	case SYS_pwrite64:
 		if (pwrite(replay_file_fd, replay_buf, arg > 0 && arg < BUF_BYTES ? arg : 64, 4096) < 0) {
 		}
 		break;
-	case SYS_openat: {
-		int fd = open(CLONE_REPLAY_FILE, O_RDONLY | O_CLOEXEC);
-		if (fd >= 0)
-			close(fd), fd = -1;
+	case SYS_openat:
+		/* one openat; its fd stays open until the next replayed close (the original's
+		 * open/read/close triples are replayed as three entries, not open+close+close) */
+		if (replay_open_fd >= 0)
+			close(replay_open_fd);
+		replay_open_fd = open(CLONE_REPLAY_FILE, O_RDONLY | O_CLOEXEC);
 		break;
-	}
 	case SYS_close:
-		syscall(SYS_close, -1);
+		if (replay_open_fd >= 0)
+			close(replay_open_fd), replay_open_fd = -1;
+		else
+			syscall(SYS_close, -1);
 		break;
 	case SYS_futex:
 		syscall(SYS_futex, &replay_futex_word, FUTEX_WAKE_PRIVATE, 1, NULL, NULL, 0);
@@ -245,13 +257,43 @@ struct clone_bg {
 
 /* ---------- wire protocol of the load (framing and replies) ---------- */
 
+/* A decimal number at p (digits up to end); *stop after it. */
+static long parse_ulong(const char *p, const char *end, const char **stop)
+{
+	long v = 0;
+	while (p < end && *p >= '0' && *p <= '9')
+		v = v * 10 + (*p++ - '0');
+	if (stop)
+		*stop = p;
+	return v;
+}
+
+/* Decimal digits of v at out; returns their count. */
+static size_t put_ulong(char *out, unsigned long v)
+{
+	char tmp[24];
+	size_t n = 0;
+	do {
+		tmp[n++] = (char)('0' + v % 10);
+		v /= 10;
+	} while (v);
+	for (size_t i = 0; i < n; i++)
+		out[i] = tmp[n - 1 - i];
+	return n;
+}
+
 /* Length of the complete request at buf[0..len) or 0 if incomplete. */
 static size_t frame_request(const char *buf, size_t len)
 {
 #if CLONE_PROTO == 1 /* memcached text: a line, plus a data block for storage commands */
-	const char *eol = memmem(buf, len, "\r\n", 2);
-	if (!eol)
+	/* memchr, not byte loops: the skeleton's own data-dependent branches (a loop exit per
+	 * token, per byte of the reply) add branch mispredictions the original does not have */
+	const char *nl = memchr(buf, '\n', len);
+	if (!nl)
 		return 0;
+	if (nl == buf || nl[-1] != '\r')
+		return (size_t)(nl - buf) + 1;
+	const char *eol = nl - 1;
 	size_t line = (size_t)(eol - buf) + 2;
 	int fields = 0;
 	long bytes = -1;
@@ -262,11 +304,11 @@ static size_t frame_request(const char *buf, size_t len)
 		if (p >= end)
 			break;
 		const char *tok = p;
-		while (p < end && *p != ' ')
-			p++;
+		const char *sp = memchr(p, ' ', (size_t)(end - p));
+		p = sp ? sp : end;
 		fields++;
 		if (fields == 5)
-			bytes = strtol(tok, NULL, 10);
+			bytes = parse_ulong(tok, end, NULL);
 	}
 	if (fields >= 5 && bytes >= 0) {
 		size_t need = line + (size_t)bytes + 2;
@@ -279,8 +321,8 @@ static size_t frame_request(const char *buf, size_t len)
 		return eol ? (size_t)(eol - buf) + 1 : 0;
 	}
 	const char *p = buf + 1, *end = buf + len;
-	char *q;
-	long n = strtol(p, &q, 10);
+	const char *q;
+	long n = parse_ulong(p, end, &q);
 	p = q;
 	if (p + 2 > end)
 		return 0;
@@ -288,7 +330,7 @@ static size_t frame_request(const char *buf, size_t len)
 	for (long i = 0; i < n; i++) {
 		if (p >= end || *p != '$')
 			return 0;
-		long l = strtol(p + 1, &q, 10);
+		long l = parse_ulong(p + 1, end, &q);
 		p = q + 2;
 		if (p + l + 2 > end)
 			return 0;
@@ -305,11 +347,22 @@ static size_t frame_request(const char *buf, size_t len)
 }
 
 static const char FILL[] = "abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyzabcdefghij";
+static char fill_buf[256];
+
+static void fill_init(void)
+{
+	for (size_t i = 0; i < sizeof fill_buf; i++)
+		fill_buf[i] = FILL[i % 62];
+}
 
 static size_t put_fill(char *out, size_t n)
 {
-	for (size_t i = 0; i < n; i++)
-		out[i] = FILL[i % 62];
+	if (n <= sizeof fill_buf) { /* one copy, no loop: replies are usually short */
+		memcpy(out, fill_buf, n);
+		return n;
+	}
+	for (size_t o = 0; o < n; o += sizeof fill_buf)
+		memcpy(out + o, fill_buf, n - o < sizeof fill_buf ? n - o : sizeof fill_buf);
 	return n;
 }
 
@@ -341,7 +394,9 @@ static size_t build_reply(char *out, uint32_t size, const char *req, size_t reql
 	size_t o = 0;
 	memcpy(out + o, "VALUE ", 6), o += 6;
 	o += put_fill(out + o, (size_t)klen);
-	o += (size_t)sprintf(out + o, " 0 %u\r\n", d);
+	memcpy(out + o, " 0 ", 3), o += 3;
+	o += put_ulong(out + o, d);
+	memcpy(out + o, "\r\n", 2), o += 2;
 	o += put_fill(out + o, d);
 	memcpy(out + o, "\r\nEND\r\n", 7), o += 7;
 	return o;
@@ -354,7 +409,9 @@ static size_t build_reply(char *out, uint32_t size, const char *req, size_t reql
 	long d = (long)size - 6;
 	while (d > 0 && 5 + (d >= 10000 ? 5 : d >= 1000 ? 4 : d >= 100 ? 3 : d >= 10 ? 2 : 1) + d > (long)size)
 		d--;
-	size_t o = (size_t)sprintf(out, "$%ld\r\n", d);
+	out[0] = '$';
+	size_t o = 1 + put_ulong(out + 1, (unsigned long)d);
+	memcpy(out + o, "\r\n", 2), o += 2;
 	o += put_fill(out + o, (size_t)d);
 	memcpy(out + o, "\r\n", 2);
 	return o + 2;
@@ -409,8 +466,9 @@ static uint32_t reply_size(struct worker *w, size_t reqlen)
 	long bestd = 1L << 30;
 	for (int k = 0; k < CLONE_N_KINDS; k++) {
 		long d = labs((long)reqlen - (long)clone_kinds[k].req_bytes);
-		if (d < bestd)
-			bestd = d, best = k;
+		int better = d < bestd; /* selects, not a branch (see frame_request) */
+		best = better ? k : best;
+		bestd = better ? d : bestd;
 	}
 	const struct clone_kind *k = &clone_kinds[best];
 	return sample_cum(k->sizes, k->cum, k->n, &w->rs);
@@ -725,10 +783,12 @@ int main(int argc, char **argv)
 			seed = strtoull(argv[i + 1], NULL, 10);
 	}
 	signal(SIGPIPE, SIG_IGN);
+	fill_init();
 	thread_init_fp();
 	replay_file_fd = open(CLONE_REPLAY_FILE, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
 	if (replay_file_fd >= 0 && ftruncate(replay_file_fd, 65536) < 0) {
 	}
+	replay_zero_fd = open("/dev/zero", O_RDWR | O_CLOEXEC);
 	replay_notify_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
 	replay_epfd = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event rev = {.events = EPOLLIN};
