@@ -55,9 +55,9 @@ struct ts_thread {
 	uint16_t kind;
 	uint16_t snap_state; /* TS_SNAP_* of the begin snapshot */
 	uint32_t tid;
-	int sample_at_zero; /* the countdown was drawn at a rate > 0 */
-	uint32_t kc_idx;    /* kcounters entry index, 0 = none */
-	uint32_t _pad;
+	int sample_at_zero;          /* the countdown was drawn at a rate > 0 */
+	uint32_t kc_idx;             /* kcounters entry index, 0 = none */
+	uint32_t gate;               /* header burst_gate when the open sampled request began */
 	struct ts_kcounters *kc_map; /* the mapping kc_idx belongs to */
 	uint64_t rng;                /* xorshift64* state */
 	struct ts_thread_slot *slot;

@@ -70,6 +70,12 @@ static __attribute__((noinline)) void request_begin_slow(uint64_t id, int kind)
 		return;
 	if (!__atomic_load_n(&ts_proc.hdr->agent_pid, __ATOMIC_RELAXED))
 		return;
+	/* Between burst windows the agent has detached the interrupt and fault
+	 * programs: the counters would be incomplete. */
+	uint32_t gate = __atomic_load_n(&ts_proc.hdr->burst_gate, __ATOMIC_ACQUIRE);
+	if (gate & TS_BURST_CLOSED)
+		return;
+	t->gate = gate;
 	request_begin_sampled(t, id, kind);
 }
 
@@ -115,6 +121,15 @@ static __attribute__((noinline)) void request_end_slow(uint64_t id)
 	uint64_t now = ts_now_ns();
 	struct ts_kc_snap end;
 	int end_state = t->snap_state == TS_SNAP_NONE ? TS_SNAP_NONE : ts_kc_snapshot(t, now, &end);
+	if (end_state != TS_SNAP_NONE) {
+		/* The counters are whole only if the programs stayed attached
+		 * until the snapshot: same burst window, not yet DETACHED (the
+		 * agent sets it before it detaches; loads stay in order). */
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		uint32_t gate = __atomic_load_n(&ts_proc.hdr->burst_gate, __ATOMIC_RELAXED);
+		if ((gate & ~(uint32_t)TS_BURST_CLOSED) != t->gate)
+			end_state = TS_SNAP_NONE;
+	}
 	if (t->snap_state != TS_SNAP_NONE && t->kc_map && t->kc_idx &&
 	    __atomic_load_n(&t->kc_map[t->kc_idx].tid, __ATOMIC_RELAXED) == t->tid)
 		__atomic_store_n(&t->kc_map[t->kc_idx].sampled_refs, 0, __ATOMIC_RELAXED);

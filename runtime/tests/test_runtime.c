@@ -473,11 +473,41 @@ static void *fake_kc_thread(void *arg)
 	r = &s->ring[(s->ring_tail + 1) & (TS_RING_CAPACITY - 1)];
 	CHECK(r->request_id == 11 && (r->flags & TS_REC_COUNTERS));
 	CHECK(r->oncpu_ns >= 2000000 && r->oncpu_ns <= r->latency_ns);
+	drain(s);
+	/* burst windows: while the gate is closed nothing is sampled */
+	hdr->burst_gate = (1u << TS_BURST_WINDOW_SHIFT) | TS_BURST_CLOSED;
+	tailscope_request_begin(20);
+	tailscope_request_end(20);
+	CHECK(s->ring_head == s->ring_tail);
+	/* closing (programs still attached): the request keeps its counters */
+	hdr->burst_gate = 2u << TS_BURST_WINDOW_SHIFT;
+	tailscope_request_begin(21);
+	hdr->burst_gate |= TS_BURST_CLOSED;
+	tailscope_request_end(21);
+	r = &s->ring[s->ring_tail & (TS_RING_CAPACITY - 1)];
+	CHECK(s->ring_head == s->ring_tail + 1 && r->request_id == 21);
+	CHECK(r->flags == (TS_REC_SAMPLED | TS_REC_COUNTERS));
+	/* detached before it ended, or ended in a later window: latency only */
+	hdr->burst_gate = 3u << TS_BURST_WINDOW_SHIFT;
+	tailscope_request_begin(22);
+	hdr->burst_gate |= TS_BURST_CLOSED | TS_BURST_DETACHED;
+	tailscope_request_end(22);
+	hdr->burst_gate = 4u << TS_BURST_WINDOW_SHIFT;
+	tailscope_request_begin(23);
+	hdr->burst_gate = 5u << TS_BURST_WINDOW_SHIFT;
+	tailscope_request_end(23);
+	CHECK(s->ring_head == s->ring_tail + 3);
+	r = &s->ring[(s->ring_tail + 1) & (TS_RING_CAPACITY - 1)];
+	CHECK(r->request_id == 22 && r->flags == TS_REC_SAMPLED && r->latency_ns > 0);
+	r = &s->ring[(s->ring_tail + 2) & (TS_RING_CAPACITY - 1)];
+	CHECK(r->request_id == 23 && r->flags == TS_REC_SAMPLED);
+	hdr->burst_gate = 0;
+	drain(s);
 	/* the agent goes away: records lose their counters, nothing breaks */
 	((struct ts_kc_header *)fake)->live = 0;
 	tailscope_request_begin(12);
 	tailscope_request_end(12);
-	r = &s->ring[(s->ring_tail + 2) & (TS_RING_CAPACITY - 1)];
+	r = &s->ring[s->ring_tail & (TS_RING_CAPACITY - 1)];
 	CHECK(r->request_id == 12 && r->flags == TS_REC_SAMPLED);
 	drain(s);
 	return NULL;

@@ -344,4 +344,4 @@ def test_abi_version_mismatch_names_both_versions(tmp_path):
         p.wait()
     assert r.returncode == 7, r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and "ABI version mismatch: region has 1, agent supports 2" in lines[0], lines
+    assert len(lines) == 1 and "ABI version mismatch: region has 1, agent supports 3" in lines[0], lines

@@ -14,7 +14,7 @@ pub mod shadow;
 pub mod synth;
 
 pub const TS_ABI_MAGIC: u64 = 0x3130_504f_4353_5354;
-pub const TS_ABI_VERSION: u32 = 2;
+pub const TS_ABI_VERSION: u32 = 3;
 
 pub const TS_KC_PIN_DIR: &str = "/sys/fs/bpf/tailscope";
 pub const TS_KC_PIN_PATH: &str = "/sys/fs/bpf/tailscope/kcounters";
@@ -50,6 +50,10 @@ pub const TS_FEAT_FN_CLOCK: u32 = 0x4;
 pub const TS_LDB_LOCKS: u32 = 0x1;
 pub const TS_LDB_REQUESTS: u32 = 0x2;
 pub const TS_LDB_SLOTS: u32 = 0x4;
+
+pub const TS_BURST_CLOSED: u32 = 0x1;
+pub const TS_BURST_DETACHED: u32 = 0x2;
+pub const TS_BURST_WINDOW_SHIFT: u32 = 2;
 
 pub const TS_EV_FUNCTION: u32 = 1;
 pub const TS_EV_MUTEX_WAIT: u32 = 2;
@@ -217,7 +221,8 @@ pub struct ts_region_header {
     pub features: u32,
     pub ldb_flags: u32,
     pub mutex_thresh_ns: u64,
-    pub _reserved: [u8; 416],
+    pub burst_gate: u32,
+    pub _reserved: [u8; 412],
 }
 
 /// Byte offsets and sizes the rest of the agent relies on.

@@ -182,6 +182,7 @@ pub mod header_offsets {
     pub const FEATURES: usize = offset_of!(ts_region_header, features);
     pub const LDB_FLAGS: usize = offset_of!(ts_region_header, ldb_flags);
     pub const MUTEX_THRESH_NS: usize = offset_of!(ts_region_header, mutex_thresh_ns);
+    pub const BURST_GATE: usize = offset_of!(ts_region_header, burst_gate);
 }
 
 /// Parses and validates a region header.

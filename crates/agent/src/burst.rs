@@ -19,12 +19,17 @@
 //! A window closes in two steps: the sampling gate closes (no new sampled
 //! request), then, once the sampled requests still open have ended (or
 //! [`GRACE`] passed; those are counted as cut), the programs are detached.
+//! Zero-instrumentation mode's gate is in BPF and its open requests are
+//! counted there; marker mode's gate is the region header's `burst_gate`,
+//! which the runtime reads when it starts a sampled request and again when
+//! it ends one (a request that outlives its window keeps its latency and
+//! loses its counters); there the close waits [`MARKER_GRACE`].
 
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::tracer::{Tracer, TracerError};
+use crate::tracer::TracerError;
 
 /// `--burst`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -45,6 +50,20 @@ pub const AUTO_MAX_PPM: u32 = 100_000;
 pub const AUTO_WINDOW: Duration = Duration::from_millis(20);
 /// How long a closing window waits for open sampled requests to end.
 pub const GRACE: Duration = Duration::from_millis(20);
+/// Marker mode cannot count its open sampled requests: it waits this long.
+pub const MARKER_GRACE: Duration = Duration::from_millis(2);
+
+/// What a burst schedule switches. `window` numbers the windows from 1.
+pub trait Windows {
+    /// Stops new sampled requests.
+    fn close_gate(&mut self, window: u32) -> Result<(), TracerError>;
+    /// Sampled requests still open, if the source can tell.
+    fn still_open(&self) -> Option<i64>;
+    /// Detaches the per-request and per-interrupt programs.
+    fn detach(&mut self, window: u32) -> Result<(), TracerError>;
+    /// Re-attaches them and opens window `window`.
+    fn open(&mut self, window: u32) -> Result<(), TracerError>;
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct BurstPlan {
@@ -112,6 +131,7 @@ pub struct Burst {
     next: Instant,
     opened_at: Instant,
     rng: u64,
+    window: u32,
     pub stats: BurstStats,
 }
 
@@ -124,6 +144,7 @@ impl Burst {
             next: now + plan.window,
             opened_at: now,
             rng: seed | 1,
+            window: 1,
             stats: BurstStats::default(),
         };
         b.stats.windows = 1;
@@ -139,21 +160,26 @@ impl Burst {
     }
 
     /// Advances the schedule; returns how long until it next needs a call.
-    pub fn step(&mut self, now: Instant, t: &mut Tracer) -> Result<Duration, TracerError> {
+    pub fn step(&mut self, now: Instant, t: &mut dyn Windows) -> Result<Duration, TracerError> {
         match self.phase {
             Phase::Open if now >= self.next => {
-                t.set_gate(false)?;
+                t.close_gate(self.window)?;
                 self.stats.open_s += now.duration_since(self.opened_at).as_secs_f64();
                 self.phase = Phase::Closing { since: now };
                 Ok(Duration::from_micros(500))
             }
             Phase::Closing { since } => {
-                let open = t.open_sampled();
-                if open > 0 && now.duration_since(since) < GRACE {
+                let open = t.still_open();
+                let waited = now.duration_since(since);
+                let pending = match open {
+                    Some(n) => n > 0 && waited < GRACE,
+                    None => waited < MARKER_GRACE,
+                };
+                if pending {
                     return Ok(Duration::from_micros(500));
                 }
-                self.stats.cut += open.max(0) as u64;
-                t.set_window(false)?;
+                self.stats.cut += open.unwrap_or(0).max(0) as u64;
+                t.detach(self.window)?;
                 // Next start: a jittered period after this window's start.
                 let gap = self.plan.period.mul_f64(0.5 + self.uniform());
                 self.next = (self.opened_at + gap).max(now + Duration::from_millis(1));
@@ -161,8 +187,8 @@ impl Burst {
                 Ok(self.next.saturating_duration_since(now))
             }
             Phase::Closed if now >= self.next => {
-                t.set_window(true)?;
-                t.set_gate(true)?;
+                self.window = (self.window.wrapping_add(1) & (u32::MAX >> 2)).max(1);
+                t.open(self.window)?;
                 self.stats.windows += 1;
                 self.opened_at = now;
                 self.next = now + self.plan.window;
@@ -221,6 +247,73 @@ mod tests {
         };
         assert_eq!(plan(w, 10_000).unwrap().in_window_ppm, 100_000);
         assert_eq!(plan(w, 500_000).unwrap().in_window_ppm, 1_000_000);
+    }
+
+    #[derive(Default)]
+    struct Fake {
+        log: Vec<String>,
+        open: Option<i64>,
+    }
+
+    impl Windows for Fake {
+        fn close_gate(&mut self, w: u32) -> Result<(), TracerError> {
+            self.log.push(format!("close {w}"));
+            Ok(())
+        }
+        fn still_open(&self) -> Option<i64> {
+            self.open
+        }
+        fn detach(&mut self, w: u32) -> Result<(), TracerError> {
+            self.log.push(format!("detach {w}"));
+            Ok(())
+        }
+        fn open(&mut self, w: u32) -> Result<(), TracerError> {
+            self.log.push(format!("open {w}"));
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn schedule_closes_drains_detaches_and_reopens() {
+        let p = plan(BurstArg::Auto, 10_000).unwrap();
+        let t0 = Instant::now();
+        let mut b = Burst::new(p, t0, 7);
+        let mut f = Fake {
+            open: Some(2),
+            ..Default::default()
+        };
+        let ms = |n: u64| t0 + Duration::from_millis(n);
+        assert_eq!(b.step(ms(5), &mut f).unwrap(), Duration::from_millis(15));
+        assert!(f.log.is_empty(), "still inside the first window");
+        b.step(ms(20), &mut f).unwrap();
+        assert_eq!(f.log, ["close 1"]);
+        b.step(ms(25), &mut f).unwrap();
+        assert_eq!(f.log.len(), 1, "two sampled requests still open: wait");
+        f.open = Some(0);
+        let gap = b.step(ms(26), &mut f).unwrap();
+        assert_eq!(f.log, ["close 1", "detach 1"]);
+        assert_eq!(b.stats.cut, 0);
+        // the next start is 100..300 ms after the first window's start
+        assert!(gap >= Duration::from_millis(74) && gap <= Duration::from_millis(274));
+        b.step(ms(26) + gap, &mut f).unwrap();
+        assert_eq!(f.log.last().unwrap(), "open 2");
+        assert_eq!(b.stats.windows, 2);
+        assert!((b.stats.open_s - 0.020).abs() < 1e-9);
+        // the grace runs out: detach anyway, count the cut requests
+        let t1 = ms(26) + gap;
+        f.open = Some(3);
+        b.step(t1 + Duration::from_millis(20), &mut f).unwrap();
+        b.step(t1 + Duration::from_millis(41), &mut f).unwrap();
+        assert_eq!(f.log.last().unwrap(), "detach 2");
+        assert_eq!(b.stats.cut, 3);
+        // marker mode (count unknown) waits MARKER_GRACE only
+        let mut b = Burst::new(p, t0, 7);
+        let mut f = Fake::default();
+        b.step(ms(20), &mut f).unwrap();
+        b.step(ms(21), &mut f).unwrap();
+        assert_eq!(f.log, ["close 1"]);
+        b.step(ms(23), &mut f).unwrap();
+        assert_eq!(f.log, ["close 1", "detach 1"]);
     }
 
     #[test]

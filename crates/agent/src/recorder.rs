@@ -39,7 +39,10 @@ pub fn keep_record(
         Err(e) => Err(e),
     }
 }
-use tailscope_abi::{ts_request_record, TS_DEFAULT_SAMPLE_PPM, TS_RING_CAPACITY};
+use tailscope_abi::{
+    ts_request_record, TS_BURST_CLOSED, TS_BURST_DETACHED, TS_BURST_WINDOW_SHIFT,
+    TS_DEFAULT_SAMPLE_PPM, TS_RING_CAPACITY,
+};
 
 use crate::burst::{self, Burst};
 use crate::cli::{Mode, RecordArgs, Target};
@@ -50,7 +53,7 @@ use crate::observer::{ObserverConfig, ObserverReport, ObserverThread};
 use crate::progress::{drops_text, Progress, Snapshot};
 use crate::region::{MappedRegion, MarkerSource};
 use crate::sys;
-use crate::tracer::{agent_error, Tracer, TracerOptions};
+use crate::tracer::{agent_error, Tracer, TracerError, TracerOptions};
 use crate::writer::{RequestWriter, WriterPolicy};
 
 /// How long a launched command has to create its region: in auto mode
@@ -174,11 +177,63 @@ struct State {
     start_mono: u64,
     /// The current drain period (adaptive; see [`next_wait`]).
     wait: Duration,
-    /// Zero-instrumentation burst sampling (`--burst`), stepped while the
-    /// source is inference.
+    /// Burst sampling (`--burst`), once the source is known.
     burst: Option<Burst>,
+    burst_arg: burst::BurstArg,
+    /// The plan inference was loaded with (its in-window rate is in BPF).
+    infer_burst: Option<burst::BurstPlan>,
+    burst_checked: bool,
     /// The next poll waits no longer than this (the burst schedule's next step).
     wait_cap: Option<Duration>,
+}
+
+/// Burst windows of inference: the gate and open-request count are in BPF.
+struct InferWindows<'a>(&'a mut Tracer);
+
+impl burst::Windows for InferWindows<'_> {
+    fn close_gate(&mut self, _: u32) -> std::result::Result<(), TracerError> {
+        self.0.set_gate(false)
+    }
+    fn still_open(&self) -> Option<i64> {
+        Some(self.0.open_sampled())
+    }
+    fn detach(&mut self, _: u32) -> std::result::Result<(), TracerError> {
+        self.0.set_window(false)
+    }
+    fn open(&mut self, _: u32) -> std::result::Result<(), TracerError> {
+        self.0.set_window(true)?;
+        self.0.set_gate(true)
+    }
+}
+
+/// Burst windows of marker mode: the gate is the region header's
+/// `burst_gate`; DETACHED goes up before the programs go (abi.h).
+struct MarkerWindows<'a> {
+    t: &'a mut Tracer,
+    m: &'a mut MarkerSource<MappedRegion>,
+}
+
+impl burst::Windows for MarkerWindows<'_> {
+    fn close_gate(&mut self, w: u32) -> std::result::Result<(), TracerError> {
+        self.m
+            .set_burst_gate((w << TS_BURST_WINDOW_SHIFT) | TS_BURST_CLOSED);
+        Ok(())
+    }
+    fn still_open(&self) -> Option<i64> {
+        None
+    }
+    fn detach(&mut self, w: u32) -> std::result::Result<(), TracerError> {
+        self.m
+            .set_burst_gate((w << TS_BURST_WINDOW_SHIFT) | TS_BURST_CLOSED | TS_BURST_DETACHED);
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.t.set_window(false)
+    }
+    fn open(&mut self, w: u32) -> std::result::Result<(), TracerError> {
+        self.t.set_window(true)?;
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.m.set_burst_gate(w << TS_BURST_WINDOW_SHIFT);
+        Ok(())
+    }
 }
 
 /// The longest the agent sleeps between drains.
@@ -285,6 +340,31 @@ impl State {
         let max = max_wait(self.sampling.rate_ppm, min_wait);
         self.wait = next_wait(wait, min_wait, max, busiest);
         Ok(())
+    }
+
+    /// Starts burst sampling once the source is known (see [`burst`]): for
+    /// inference with the plan BPF was loaded with; for marker mode from the
+    /// runtime's (or --sample's) rate, raising the runtime's rate to the
+    /// in-window rate. Not with --functions, which records every call.
+    fn start_burst(&mut self, now: Instant) {
+        if self.burst_checked || matches!(self.source, Source::Deciding { .. }) {
+            return;
+        }
+        self.burst_checked = true;
+        let seed = self.start_mono ^ u64::from(self.target_pid) << 32;
+        let plan = match &mut self.source {
+            Source::Infer => self.infer_burst,
+            Source::Marker(m) if self.functions.is_none() => {
+                let p = burst::plan(self.burst_arg, self.sampling.rate_ppm);
+                if let Some(p) = p {
+                    m.set_sample_ppm(p.in_window_ppm);
+                    m.set_burst_gate(1 << TS_BURST_WINDOW_SHIFT);
+                }
+                p
+            }
+            _ => None,
+        };
+        self.burst = plan.map(|p| Burst::new(p, now, seed));
     }
 
     /// While deciding: try to attach to a freshly created region.
@@ -534,7 +614,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
         output: args.output.clone(),
         start_mono,
         wait: args.poll,
-        burst: burst_plan.map(|p| Burst::new(p, Instant::now(), start_mono ^ agent_pid as u64)),
+        burst: None,
+        burst_arg: args.burst,
+        infer_burst: burst_plan,
+        burst_checked: false,
         wait_cap: None,
     };
     st.start_observer()?;
@@ -625,7 +708,8 @@ pub fn run(args: RecordArgs) -> Result<()> {
         source,
         ..
     } = st;
-    if let (Source::Infer, Some(mut b)) = (source, burst) {
+    drop(source);
+    if let Some(mut b) = burst {
         b.finish(Instant::now());
         let duty = b.plan.window.as_secs_f64() / b.plan.period.as_secs_f64();
         sampling.burst = Some(json!({
@@ -781,8 +865,20 @@ fn record_loop(
             meta.sampling = st.sampling.clone();
             meta.write(&args.output)?;
         }
-        if let (Source::Infer, Some(b)) = (&st.source, st.burst.as_mut()) {
-            st.wait_cap = Some(b.step(now, tracer).map_err(agent_error)?);
+        st.start_burst(now);
+        if let Some(b) = st.burst.as_mut() {
+            let cap = match &mut st.source {
+                Source::Infer => b.step(now, &mut InferWindows(tracer)),
+                Source::Marker(m) => b.step(
+                    now,
+                    &mut MarkerWindows {
+                        t: tracer,
+                        m: m.as_mut(),
+                    },
+                ),
+                Source::Deciding { .. } => Ok(MAX_WAIT),
+            };
+            st.wait_cap = Some(cap.map_err(agent_error)?);
         }
         st.writer.tick(now)?;
         // Cheap but not free: every 50 ms.

@@ -406,12 +406,24 @@ impl<M: RegionMemory> MarkerSource<M> {
             .fold(0u64, u64::saturating_add);
     }
 
-    /// Leaves the header as it was before attach: no agent, no override.
+    /// Leaves the header as it was before attach: no agent, no override,
+    /// no burst windows.
     pub fn detach(&mut self) {
         if self.mem.load_u32(header_offsets::AGENT_PID) == self.agent_pid {
             self.mem.store_u32(header_offsets::AGENT_PID, 0);
         }
         self.mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, 0);
+        self.mem.store_u32(header_offsets::BURST_GATE, 0);
+    }
+
+    /// Burst sampling: the header's `burst_gate` (`TS_BURST_*`).
+    pub fn set_burst_gate(&mut self, v: u32) {
+        self.mem.store_u32(header_offsets::BURST_GATE, v);
+    }
+
+    /// Overrides the runtime's sampling rate (e.g. the in-window rate).
+    pub fn set_sample_ppm(&mut self, ppm: u32) {
+        self.mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, ppm);
     }
 }
 
@@ -559,13 +571,16 @@ mod tests {
     #[test]
     fn incompatible_region_is_refused() {
         let mut b = synth::region(2, 1);
-        b[8..12].copy_from_slice(&3u32.to_le_bytes());
+        b[8..12].copy_from_slice(&(TS_ABI_VERSION + 1).to_le_bytes());
         let e = MarkerSource::attach(RefCell::new(b), 7, None, 0)
             .err()
             .unwrap();
         assert_eq!(
             e.to_string(),
-            "ABI version mismatch: region has 3, agent supports 2"
+            format!(
+                "ABI version mismatch: region has {}, agent supports {TS_ABI_VERSION}",
+                TS_ABI_VERSION + 1
+            )
         );
         // Shorter than its max_slots promise.
         let mut b = synth::region(4, 1);

@@ -38,8 +38,15 @@
  * trust: it bounds-checks every index and count, never follows a pointer,
  * and treats a nonsensical value as corruption to be counted, not a crash.
  *
- * Change anything below: bump TS_ABI_VERSION, and update crates/abi and the
- * layout tests (tests/test_abi_layout.py, crates/abi/tests).
+ * Change anything below: bump TS_ABI_VERSION, and update crates/abi and its
+ * layout test (crates/abi/tests/layout.rs).
+ *
+ * Versions: 2 added the LDB shadow stacks and event rings. 3 (same layout,
+ * new meaning): shadow-stack pops no longer bump gen (the observer versions
+ * a stack by gen and depth); ldb_flags TS_LDB_SLOTS (the observer hands
+ * exited slots back); burst_gate (the runtime starts sampled requests only
+ * inside the agent's burst windows). A version-2 runtime would ignore the
+ * gate and record requests whose counters the agent had stopped keeping.
  */
 #ifndef TAILSCOPE_ABI_H
 #define TAILSCOPE_ABI_H
@@ -49,7 +56,7 @@
 #endif
 
 #define TS_ABI_MAGIC 0x3130504f43535354ULL /* "TSSCOP01" little-endian */
-#define TS_ABI_VERSION 2
+#define TS_ABI_VERSION 3
 
 /* ---- 1. kernel-counter array (BPF map, pinned) ------------------------ */
 
@@ -169,6 +176,17 @@ struct ts_request_record {
 	     * has read their final shadow stack; until then the runtime                           \
 	     * reuses only FREE slots */
 
+/* ts_region_header.burst_gate: burst sampling windows (the agent's
+ * --burst). 0: no windows, sample by the rate alone. Else
+ * (window << TS_BURST_WINDOW_SHIFT) | flags: while CLOSED is set the
+ * runtime starts no sampled request; DETACHED is set just before the
+ * agent detaches the interrupt and fault programs, so a sampled request
+ * that began in a window and ends after its DETACHED (or in another
+ * window) carries no counters. */
+#define TS_BURST_CLOSED 0x1
+#define TS_BURST_DETACHED 0x2
+#define TS_BURST_WINDOW_SHIFT 2
+
 /* Record kinds (struct ts_event.type). FUNCTION is produced by the agent's
  * observer from shadow stacks, never written into a ring. */
 #define TS_EV_FUNCTION 1
@@ -263,7 +281,8 @@ struct ts_region_header {
 	__u32 features;            /* TS_FEAT_*, set by the runtime */
 	__u32 ldb_flags;           /* TS_LDB_*, set by the agent */
 	__u64 mutex_thresh_ns;     /* agent override of TS_MUTEX_THRESH_NS; 0 = default */
-	__u8 _reserved[416];
+	__u32 burst_gate;          /* TS_BURST_*, written by the agent */
+	__u8 _reserved[412];
 };
 
 #endif /* TAILSCOPE_ABI_H */
