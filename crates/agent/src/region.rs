@@ -571,15 +571,16 @@ mod tests {
     #[test]
     fn incompatible_region_is_refused() {
         let mut b = synth::region(2, 1);
-        b[8..12].copy_from_slice(&(TS_ABI_VERSION + 1).to_le_bytes());
+        b[8..12].copy_from_slice(&(tailscope_abi::TS_ABI_VERSION + 1).to_le_bytes());
         let e = MarkerSource::attach(RefCell::new(b), 7, None, 0)
             .err()
             .unwrap();
         assert_eq!(
             e.to_string(),
             format!(
-                "ABI version mismatch: region has {}, agent supports {TS_ABI_VERSION}",
-                TS_ABI_VERSION + 1
+                "ABI version mismatch: region has {}, agent supports {}",
+                tailscope_abi::TS_ABI_VERSION + 1,
+                tailscope_abi::TS_ABI_VERSION
             )
         );
         // Shorter than its max_slots promise.
