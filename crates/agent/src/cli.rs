@@ -28,13 +28,13 @@ OPTIONS:
                         CMD gets SIGTERM (SIGKILL after 3 s)
     --sample RATE       sampling rate: 0.01, 1% or 100% (default: the
                         runtime's own rate in marker mode, else 1%)
-    --burst B           zero-instrumentation sampling in windows: auto
-                        (default: below a 10% rate, 20 ms windows sampled at
-                        10%, e.g. every 200 ms on average at 1%; between
-                        windows the per-request and interrupt programs are
-                        detached and cost nothing), off (sample every
-                        request independently, programs always attached), or
-                        WINDOW_MS/PERIOD_MS
+    --burst B           sample in windows: auto (default: below a 10% rate,
+                        20 ms windows sampled at 10%, e.g. every 200 ms on
+                        average at 1%; between windows the per-request and
+                        interrupt programs are detached and cost nothing),
+                        off (sample every request independently, programs
+                        always attached), or WINDOW_MS/PERIOD_MS; never with
+                        --functions
     --mode MODE         auto (default): marker if the target has a
                         libtailscope region (a launched CMD gets 1 s to
                         create it), else infer;
@@ -99,7 +99,7 @@ pub struct RecordArgs {
     pub target: Target,
     /// `None`: not given on the command line.
     pub sample_ppm: Option<u32>,
-    /// `--burst` (zero-instrumentation mode only).
+    /// `--burst` (not with `--functions`).
     pub burst: crate::burst::BurstArg,
     pub mode: Mode,
     pub duration: Option<Duration>,
