@@ -94,31 +94,73 @@ struct {
 	__type(value, __u8);
 } server_ports SEC(".maps");
 
-/* Sampled requests open right now (all targets). While it is zero, which
- * at low sampling rates is most of the time, a TCP send needs no socket
- * lookup at all. */
+/* Burst sampling (the agent's --burst). burst_gate[0] = window << 1 |
+ * closed. Outside a sampling window bit 0 is set and no request is
+ * sampled. A window ends in this order (agent): close the gate; wait until
+ * the window's sampled requests have ended (open_sampled, below); detach
+ * the per-request and per-interrupt programs; bump the window number (gate
+ * still closed) and clear the new window's open_sampled slot. The next
+ * window re-attaches, then opens the gate. A sampled request still open
+ * at the detach (its end went unseen) belongs to an older window: the next
+ * program that meets it drops it. Zero (the initial value) means open,
+ * window 0, which is all a recording without bursts ever sees. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
+	__type(value, __u32);
+} burst_gate SEC(".maps");
+
+static __always_inline __u32 gate_value(void)
+{
+	__u32 zero = 0;
+	__u32 *v = bpf_map_lookup_elem(&burst_gate, &zero);
+
+	return v ? *(volatile __u32 *)v : 1;
+}
+
+static __always_inline bool gate_open(void)
+{
+	return !(gate_value() & 1);
+}
+
+static __always_inline __u32 cur_window(void)
+{
+	return gate_value() >> 1;
+}
+
+/* Sampled requests open right now (all targets), per window parity: the
+ * agent waits for the closing window's slot to reach zero. While both are
+ * zero, which at low sampling rates is most of the time, a TCP send needs
+ * no socket lookup at all. A slot is cleared by the agent when its parity
+ * is reused two windows later, so only requests of the current and the
+ * previous window may decrement theirs. */
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 2);
+	__type(key, __u32);
 	__type(value, __s64);
 } open_sampled SEC(".maps");
 
-static __always_inline void open_sampled_add(__s64 d)
+static __always_inline void open_sampled_add(__u32 window, __s64 d)
 {
-	__u32 zero = 0;
-	__s64 *v = bpf_map_lookup_elem(&open_sampled, &zero);
+	__u32 cur = cur_window(), k = window & 1;
+	__s64 *v;
 
+	if (d < 0 && window != cur && window + 1 != cur)
+		return; /* its slot was cleared since */
+	v = bpf_map_lookup_elem(&open_sampled, &k);
 	if (v)
 		__sync_fetch_and_add(v, d);
 }
 
 static __always_inline bool any_open_sampled(void)
 {
-	__u32 zero = 0;
-	__s64 *v = bpf_map_lookup_elem(&open_sampled, &zero);
+	__u32 k0 = 0, k1 = 1;
+	__s64 *a = bpf_map_lookup_elem(&open_sampled, &k0);
+	__s64 *b = bpf_map_lookup_elem(&open_sampled, &k1);
 
-	return v && *(volatile __s64 *)v > 0;
+	return (a && *(volatile __s64 *)a > 0) || (b && *(volatile __s64 *)b > 0);
 }
 
 /* A counter snapshot: the cumulative fields of ts_kcounters, and where the
@@ -145,7 +187,7 @@ struct sk_req {
 	__u8 no_stamp;    /* a Unix socket: no arrival stamps; starts use wakeups */
 	__u32 ref_tid;    /* whose sampled_refs the open sampled request holds */
 	__u32 open_wseq;  /* TCP: the socket's write_seq when the open request opened */
-	__u32 window;     /* burst window (gate epoch) the sampled request opened in */
+	__u32 window;     /* burst window the open request opened in */
 	struct kc_snap begin;
 };
 
@@ -161,7 +203,7 @@ struct thr_state {
 	__u64 seq;         /* requests opened by this thread */
 	__u64 last_end_ns; /* end of its previous request */
 	__u32 end_blocked; /* its blocked_count then */
-	__u32 _pad;
+	__u32 window;      /* burst window of that end */
 };
 
 struct {
@@ -177,34 +219,6 @@ static __always_inline void stat_inc(__u32 i)
 
 	if (v)
 		*v += 1;
-}
-
-/* Burst sampling (the agent's --burst): outside a sampling window the
- * agent sets bit 0 of burst_gate[0] and no request is sampled; it then
- * waits for the open sampled requests to end (open_sampled) before it
- * detaches the per-request and per-interrupt programs, and re-attaches them
- * before it opens the gate again. The other bits count windows: a sampled
- * request still open when its window's programs were detached cannot be
- * ended right (its reply went unseen), so a send in a later window drops
- * it. Zero (the initial value) means open, window 0. */
-struct {
-	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
-	__type(key, __u32);
-	__type(value, __u32);
-} burst_gate SEC(".maps");
-
-static __always_inline __u32 gate_value(void)
-{
-	__u32 zero = 0;
-	__u32 *v = bpf_map_lookup_elem(&burst_gate, &zero);
-
-	return v ? *(volatile __u32 *)v : 1;
-}
-
-static __always_inline bool gate_open(void)
-{
-	return !(gate_value() & 1);
 }
 
 static __always_inline bool sampled_draw(void)
@@ -406,6 +420,16 @@ static __always_inline void ref_put(__u32 tid, __u32 tgid)
 		__sync_fetch_and_sub(&e->sampled_refs, 1);
 }
 
+/* Drops the socket's open sampled request without a record: its thread's
+ * reference, its window's count. */
+static __always_inline void abandon_sampled(struct sk_req *s, __u32 tgid)
+{
+	s->sampled = 0;
+	ref_put(s->ref_tid, tgid);
+	open_sampled_add(s->window, -1);
+	stat_inc(STAT_ABANDONED);
+}
+
 /* Bytes received by the current thread on `sk`: open the socket's request
  * unless one is open. `a` is when the bytes arrived (0: unknown). An
  * unsampled request costs a few loads and stores here: no clock read. */
@@ -414,7 +438,7 @@ static __always_inline void open_request(struct sock *sk, __u64 a, bool tcp, __u
 	struct ts_kcounters *e;
 	struct thr_state *t;
 	struct sk_req *s;
-	__u32 tid, tgid;
+	__u32 tid, tgid, win = cur_window();
 	__u64 id, now;
 
 	id = bpf_get_current_pid_tgid();
@@ -429,28 +453,31 @@ static __always_inline void open_request(struct sock *sk, __u64 a, bool tcp, __u
 	}
 	if (tcp) {
 		/* Only sampled TCP requests come here (tcp_request_sampled). */
-		if (s->active && s->open_wseq == wseq)
+		if (s->active && s->open_wseq == wseq && s->window == win)
 			return; /* more of the open request: it joins */
-		if (s->active && s->sampled) {
-			/* Its end was never seen (a reply we missed): drop it. */
-			s->sampled = 0;
-			ref_put(s->ref_tid, tgid);
-			open_sampled_add(-1);
-			stat_inc(STAT_ABANDONED);
-		}
+		/* Its end was never seen (a reply we missed, or one sent
+		 * between burst windows): drop it. */
+		if (s->active && s->sampled)
+			abandon_sampled(s, tgid);
 		s->active = 1;
 		s->open_wseq = wseq;
 		s->sampled = 1;
 	} else {
-		if (s->active) /* more of the open request, or pipelined ones: they join it */
+		/* More of the open request, or pipelined ones: they join it.
+		 * One from an earlier burst window ended unseen. */
+		if (s->active && s->window == win)
 			return;
+		if (s->active && s->sampled)
+			abandon_sampled(s, tgid);
 		s->active = 1;
+		s->window = win;
 		stat_inc(STAT_SEEN);
 		s->sampled = sampled_draw();
 		if (!s->sampled)
 			return;
 	}
-	open_sampled_add(1);
+	s->window = win;
+	open_sampled_add(win, 1);
 	now = bpf_ktime_get_ns();
 	t = bpf_task_storage_get(&thr_states, bpf_get_current_task_btf(), 0,
 	                         BPF_LOCAL_STORAGE_GET_F_CREATE);
@@ -460,7 +487,8 @@ static __always_inline void open_request(struct sock *sk, __u64 a, bool tcp, __u
 		 * the wakeup that ended the sleep; else the receive itself. */
 		a = now;
 		e = kc_entry(tid, tgid, true);
-		if (s->no_stamp && t && e && e->blocked_count != t->end_blocked) {
+		if (s->no_stamp && t && e && e->blocked_count != t->end_blocked &&
+		    t->window == win) {
 			__u64 woke = e->wait_since_ns, in = e->switch_in_ns;
 
 			if (woke > t->last_end_ns && in >= woke && woke <= now)
@@ -468,7 +496,6 @@ static __always_inline void open_request(struct sock *sk, __u64 a, bool tcp, __u
 		}
 	}
 	s->start_ns = a;
-	s->window = gate_value() >> 1;
 	snapshot(tid, tgid, now, &s->begin);
 	rewind(&s->begin, a, now);
 	ref_get(tid, tgid);
@@ -529,7 +556,7 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 	struct ts_request_record *rec;
 	struct kc_snap end;
 	struct sk_req *s;
-	__u32 tgid, tid;
+	__u32 tgid, tid, win;
 	__u64 id, now;
 
 	if (ret <= 0)
@@ -561,6 +588,7 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 	s->active = 0;
 	if (!s->sampled && !s->no_stamp)
 		return 0;
+	win = cur_window();
 	now = bpf_ktime_get_ns();
 	if (s->no_stamp) {
 		/* The fallback start needs the end of the thread's previous
@@ -572,19 +600,19 @@ int BPF_PROG(sock_send_length, struct sock *sk, int ret, int flags)
 		if (t) {
 			t->last_end_ns = now;
 			t->end_blocked = e ? e->blocked_count : 0;
+			t->window = win;
 		}
 	}
 	if (!s->sampled)
 		return 0;
-	s->sampled = 0;
-	open_sampled_add(-1);
-	tid = s->ref_tid; /* the reader's counters; normally the sender too */
-	if (s->window != gate_value() >> 1) {
+	if (s->window != win) {
 		/* Opened in an earlier burst window: its reply was not seen. */
-		ref_put(tid, tgid);
-		stat_inc(STAT_ABANDONED);
+		abandon_sampled(s, tgid);
 		return 0;
 	}
+	s->sampled = 0;
+	open_sampled_add(win, -1);
+	tid = s->ref_tid; /* the reader's counters; normally the sender too */
 	snapshot(tid, tgid, now, &end);
 	ref_put(tid, tgid);
 	rec = bpf_ringbuf_reserve(&records, sizeof(*rec), 0);
@@ -657,11 +685,7 @@ int BPF_PROG(inet_sock_set_state, struct sock *sk, int oldstate, int newstate)
 	if (!s || !s->active)
 		return 0;
 	s->active = 0;
-	if (s->sampled) {
-		s->sampled = 0;
-		ref_put(s->ref_tid, s->tgid);
-		open_sampled_add(-1);
-		stat_inc(STAT_ABANDONED);
-	}
+	if (s->sampled)
+		abandon_sampled(s, s->tgid);
 	return 0;
 }

@@ -17,13 +17,17 @@
 //! average).
 //!
 //! A window closes in two steps: the sampling gate closes (no new sampled
-//! request), then, once the sampled requests still open have ended (or
-//! [`GRACE`] passed; those are counted as cut), the programs are detached.
-//! Zero-instrumentation mode's gate is in BPF and its open requests are
-//! counted there; marker mode's gate is the region header's `burst_gate`,
-//! which the runtime reads when it starts a sampled request and again when
-//! it ends one (a request that outlives its window keeps its latency and
-//! loses its counters); there the close waits [`MARKER_GRACE`].
+//! request), then, once the window's sampled requests have ended (at most
+//! [`MAX_CLOSING`]; those still open are counted as cut), the programs are
+//! detached. Waiting matters: the slow requests are the ones tailscope is
+//! for, and a shorter wait would drop exactly them. Zero-instrumentation
+//! mode's gate and per-window open-request counts are in BPF; marker mode's
+//! gate is the region header's `burst_gate`, which the runtime reads when it
+//! starts a sampled request and again when it ends one, and its open
+//! requests are the slots with a sampled request in progress.
+//!
+//! Below [`AUTO_MAX_PPM`] only: at higher rates the windows would have to
+//! follow each other so closely that the schedule could not keep the rate.
 
 use std::time::{Duration, Instant};
 
@@ -44,20 +48,23 @@ pub enum BurstArg {
     },
 }
 
-/// `auto` turns bursts on below this rate (10%).
-pub const AUTO_MAX_PPM: u32 = 100_000;
+/// `auto` turns bursts on below this rate (2.5%: mean periods of at least
+/// four windows, so that the schedule keeps its rate).
+pub const AUTO_MAX_PPM: u32 = 25_000;
+/// `auto`: windows sample at this rate (10%).
+pub const AUTO_IN_WINDOW_PPM: u32 = 100_000;
 /// `auto`: the window length.
 pub const AUTO_WINDOW: Duration = Duration::from_millis(20);
-/// How long a closing window waits for open sampled requests to end.
-pub const GRACE: Duration = Duration::from_millis(20);
-/// Marker mode cannot count its open sampled requests: it waits this long.
-pub const MARKER_GRACE: Duration = Duration::from_millis(2);
+/// How long a closing window waits for its sampled requests to end. A
+/// request still open then (longer than about this) is cut: dropped in
+/// zero-instrumentation mode, kept without counters in marker mode.
+pub const MAX_CLOSING: Duration = Duration::from_secs(1);
 
 /// What a burst schedule switches. `window` numbers the windows from 1.
 pub trait Windows {
     /// Stops new sampled requests.
     fn close_gate(&mut self, window: u32) -> Result<(), TracerError>;
-    /// Sampled requests still open, if the source can tell.
+    /// Sampled requests of the closing window still open, if known.
     fn still_open(&self) -> Option<i64>;
     /// Detaches the per-request and per-interrupt programs.
     fn detach(&mut self, window: u32) -> Result<(), TracerError>;
@@ -79,30 +86,42 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
     s.serialize_f64(d.as_secs_f64() * 1e3)
 }
 
-/// The windows for an overall rate, or `None` for continuous sampling.
-pub fn plan(arg: BurstArg, rate_ppm: u32) -> Option<BurstPlan> {
+/// The windows for an overall rate, or `None` for continuous sampling. An
+/// explicit plan that cannot keep the rate (it would need more than 100%
+/// inside its windows) is an error.
+pub fn plan(arg: BurstArg, rate_ppm: u32) -> Result<Option<BurstPlan>, String> {
     let (window, period) = match arg {
-        BurstArg::Off => return None,
+        BurstArg::Off => return Ok(None),
         BurstArg::Auto => {
-            if rate_ppm == 0 || rate_ppm >= AUTO_MAX_PPM {
-                return None;
+            if rate_ppm == 0 || rate_ppm > AUTO_MAX_PPM {
+                return Ok(None);
             }
             // duty = rate / 10%, so that windows sample at 10%.
-            let period = AUTO_WINDOW.mul_f64(AUTO_MAX_PPM as f64 / rate_ppm as f64);
+            let period = AUTO_WINDOW.mul_f64(AUTO_IN_WINDOW_PPM as f64 / rate_ppm as f64);
             (AUTO_WINDOW, period)
         }
         BurstArg::Window { window, period } => (window, period),
     };
-    if window.is_zero() || window >= period {
-        return None;
+    if window.is_zero() || window >= period || rate_ppm == 0 {
+        return Ok(None);
     }
     let duty = window.as_secs_f64() / period.as_secs_f64();
-    let in_window = (rate_ppm as f64 / duty).round().min(1e6) as u32;
-    Some(BurstPlan {
+    let in_window = (rate_ppm as f64 / duty).round();
+    if in_window > 1e6 {
+        return Err(format!(
+            "--burst {:.3}/{:.3}: windows open {:.1}% of the time cannot sample {:.3}% of requests; \
+             use longer windows, a shorter period, or --burst off",
+            window.as_secs_f64() * 1e3,
+            period.as_secs_f64() * 1e3,
+            duty * 100.0,
+            rate_ppm as f64 / 1e4
+        ));
+    }
+    Ok(Some(BurstPlan {
         window,
         period,
-        in_window_ppm: in_window.max(1),
-    })
+        in_window_ppm: (in_window as u32).max(1),
+    }))
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +140,8 @@ pub struct BurstStats {
     /// Sampled requests still open when a window's programs were detached
     /// (they are dropped, counted in drops.abandoned when seen again).
     pub cut: u64,
+    /// Agent time spent detaching and re-attaching programs, in seconds.
+    pub switch_s: f64,
 }
 
 /// The window schedule; [`Burst::step`] is called from the poll loop.
@@ -132,23 +153,27 @@ pub struct Burst {
     opened_at: Instant,
     rng: u64,
     window: u32,
+    /// Not yet past the start-up detach: the first window then starts at a
+    /// random phase of the period.
+    starting: bool,
     pub stats: BurstStats,
 }
 
 impl Burst {
-    /// Starts with a window open (the loader attached everything).
+    /// Starts with the gate closed (the loader attached everything and the
+    /// caller closed the gate): the first step detaches, and the first
+    /// window opens at a uniformly random point of one period.
     pub fn new(plan: BurstPlan, now: Instant, seed: u64) -> Burst {
-        let mut b = Burst {
+        Burst {
             plan,
-            phase: Phase::Open,
-            next: now + plan.window,
+            phase: Phase::Closing { since: now },
+            next: now,
             opened_at: now,
             rng: seed | 1,
-            window: 1,
+            window: 0,
+            starting: true,
             stats: BurstStats::default(),
-        };
-        b.stats.windows = 1;
-        b
+        }
     }
 
     fn uniform(&mut self) -> f64 {
@@ -166,29 +191,35 @@ impl Burst {
                 t.close_gate(self.window)?;
                 self.stats.open_s += now.duration_since(self.opened_at).as_secs_f64();
                 self.phase = Phase::Closing { since: now };
-                Ok(Duration::from_micros(500))
+                Ok(Duration::from_millis(1))
             }
             Phase::Closing { since } => {
                 let open = t.still_open();
                 let waited = now.duration_since(since);
-                let pending = match open {
-                    Some(n) => n > 0 && waited < GRACE,
-                    None => waited < MARKER_GRACE,
-                };
-                if pending {
-                    return Ok(Duration::from_micros(500));
+                let open = open.unwrap_or(0).max(0);
+                if open > 0 && waited < MAX_CLOSING {
+                    return Ok(Duration::from_millis(1));
                 }
-                self.stats.cut += open.unwrap_or(0).max(0) as u64;
+                self.stats.cut += open as u64;
+                let t0 = Instant::now();
                 t.detach(self.window)?;
-                // Next start: a jittered period after this window's start.
-                let gap = self.plan.period.mul_f64(0.5 + self.uniform());
-                self.next = (self.opened_at + gap).max(now + Duration::from_millis(1));
+                self.stats.switch_s += t0.elapsed().as_secs_f64();
+                // Next start: a jittered period after this window's start
+                // (the first: a random phase of one period).
+                self.next = if std::mem::take(&mut self.starting) {
+                    now + self.plan.period.mul_f64(self.uniform())
+                } else {
+                    let gap = self.plan.period.mul_f64(0.5 + self.uniform());
+                    (self.opened_at + gap).max(now + Duration::from_millis(1))
+                };
                 self.phase = Phase::Closed;
                 Ok(self.next.saturating_duration_since(now))
             }
             Phase::Closed if now >= self.next => {
                 self.window = (self.window.wrapping_add(1) & (u32::MAX >> 2)).max(1);
+                let t0 = Instant::now();
                 t.open(self.window)?;
+                self.stats.switch_s += t0.elapsed().as_secs_f64();
                 self.stats.windows += 1;
                 self.opened_at = now;
                 self.next = now + self.plan.window;
@@ -214,7 +245,7 @@ mod tests {
 
     #[test]
     fn auto_plan_keeps_the_rate() {
-        let p = plan(BurstArg::Auto, 10_000).unwrap();
+        let p = plan(BurstArg::Auto, 10_000).unwrap().unwrap();
         assert_eq!(p.window, Duration::from_millis(20));
         assert_eq!(p.period, Duration::from_millis(200));
         assert_eq!(p.in_window_ppm, 100_000);
@@ -222,31 +253,33 @@ mod tests {
         assert!((duty * p.in_window_ppm as f64 - 10_000.0).abs() < 1.0);
         // 0.1%: windows every 2 s
         assert_eq!(
-            plan(BurstArg::Auto, 1_000).unwrap().period,
+            plan(BurstArg::Auto, 1_000).unwrap().unwrap().period,
             Duration::from_secs(2)
         );
     }
 
     #[test]
     fn no_bursts_at_high_rates_or_when_off() {
-        assert_eq!(plan(BurstArg::Auto, 100_000), None);
-        assert_eq!(plan(BurstArg::Auto, 1_000_000), None);
-        assert_eq!(plan(BurstArg::Off, 10_000), None);
+        assert_eq!(plan(BurstArg::Auto, 25_001), Ok(None));
+        assert_eq!(plan(BurstArg::Auto, 1_000_000), Ok(None));
+        assert_eq!(plan(BurstArg::Off, 10_000), Ok(None));
         let w = BurstArg::Window {
             window: Duration::from_millis(50),
             period: Duration::from_millis(50),
         };
-        assert_eq!(plan(w, 10_000), None, "a window as long as the period");
+        assert_eq!(plan(w, 10_000), Ok(None), "a window as long as the period");
     }
 
     #[test]
-    fn explicit_window_caps_the_in_window_rate() {
+    fn explicit_window_that_cannot_keep_the_rate_is_refused() {
         let w = BurstArg::Window {
             window: Duration::from_millis(10),
             period: Duration::from_millis(100),
         };
-        assert_eq!(plan(w, 10_000).unwrap().in_window_ppm, 100_000);
-        assert_eq!(plan(w, 500_000).unwrap().in_window_ppm, 1_000_000);
+        assert_eq!(plan(w, 10_000).unwrap().unwrap().in_window_ppm, 100_000);
+        assert_eq!(plan(w, 100_000).unwrap().unwrap().in_window_ppm, 1_000_000);
+        let e = plan(w, 500_000).unwrap_err();
+        assert!(e.contains("cannot sample 50.000%"), "{e}");
     }
 
     #[derive(Default)]
@@ -275,50 +308,58 @@ mod tests {
 
     #[test]
     fn schedule_closes_drains_detaches_and_reopens() {
-        let p = plan(BurstArg::Auto, 10_000).unwrap();
+        let p = plan(BurstArg::Auto, 10_000).unwrap().unwrap();
         let t0 = Instant::now();
         let mut b = Burst::new(p, t0, 7);
         let mut f = Fake {
-            open: Some(2),
+            open: Some(0),
             ..Default::default()
         };
-        let ms = |n: u64| t0 + Duration::from_millis(n);
-        assert_eq!(b.step(ms(5), &mut f).unwrap(), Duration::from_millis(15));
-        assert!(f.log.is_empty(), "still inside the first window");
-        b.step(ms(20), &mut f).unwrap();
-        assert_eq!(f.log, ["close 1"]);
-        b.step(ms(25), &mut f).unwrap();
-        assert_eq!(f.log.len(), 1, "two sampled requests still open: wait");
-        f.open = Some(0);
-        let gap = b.step(ms(26), &mut f).unwrap();
-        assert_eq!(f.log, ["close 1", "detach 1"]);
-        assert_eq!(b.stats.cut, 0);
-        // the next start is 100..300 ms after the first window's start
-        assert!(gap >= Duration::from_millis(74) && gap <= Duration::from_millis(274));
-        b.step(ms(26) + gap, &mut f).unwrap();
-        assert_eq!(f.log.last().unwrap(), "open 2");
-        assert_eq!(b.stats.windows, 2);
-        assert!((b.stats.open_s - 0.020).abs() < 1e-9);
-        // the grace runs out: detach anyway, count the cut requests
-        let t1 = ms(26) + gap;
-        f.open = Some(3);
+        // start-up: detach at once, first window at a random phase
+        let first = b.step(t0, &mut f).unwrap();
+        assert_eq!(f.log, ["detach 0"]);
+        assert!(first < Duration::from_millis(200));
+        assert_eq!(b.stats.windows, 0);
+        let t1 = t0 + first;
+        assert_eq!(b.step(t1, &mut f).unwrap(), Duration::from_millis(20));
+        assert_eq!(f.log.last().unwrap(), "open 1");
+        assert_eq!(b.stats.windows, 1);
+        b.step(t1 + Duration::from_millis(5), &mut f).unwrap();
+        assert_eq!(f.log.len(), 2, "still inside the window");
         b.step(t1 + Duration::from_millis(20), &mut f).unwrap();
-        b.step(t1 + Duration::from_millis(41), &mut f).unwrap();
+        assert_eq!(f.log.last().unwrap(), "close 1");
+        // a slow request keeps the window's programs attached
+        f.open = Some(1);
+        b.step(t1 + Duration::from_millis(400), &mut f).unwrap();
+        assert_eq!(
+            f.log.last().unwrap(),
+            "close 1",
+            "waits for the slow request"
+        );
+        f.open = Some(0);
+        let gap = b.step(t1 + Duration::from_millis(401), &mut f).unwrap();
+        assert_eq!(f.log.last().unwrap(), "detach 1");
+        assert_eq!(b.stats.cut, 0);
+        assert!((b.stats.open_s - 0.020).abs() < 1e-9);
+        // the period had passed: the next window follows soon
+        assert_eq!(gap, Duration::from_millis(1));
+        let t2 = t1 + Duration::from_millis(402);
+        b.step(t2, &mut f).unwrap();
+        assert_eq!(f.log.last().unwrap(), "open 2");
+        // a request that outlives MAX_CLOSING is cut
+        f.open = Some(3);
+        b.step(t2 + Duration::from_millis(20), &mut f).unwrap();
+        b.step(t2 + Duration::from_millis(1019), &mut f).unwrap();
+        assert_eq!(f.log.last().unwrap(), "close 2");
+        let gap = b.step(t2 + Duration::from_millis(1021), &mut f).unwrap();
         assert_eq!(f.log.last().unwrap(), "detach 2");
         assert_eq!(b.stats.cut, 3);
-        // marker mode (count unknown) waits MARKER_GRACE only
-        let mut b = Burst::new(p, t0, 7);
-        let mut f = Fake::default();
-        b.step(ms(20), &mut f).unwrap();
-        b.step(ms(21), &mut f).unwrap();
-        assert_eq!(f.log, ["close 1"]);
-        b.step(ms(23), &mut f).unwrap();
-        assert_eq!(f.log, ["close 1", "detach 1"]);
+        assert!(gap <= Duration::from_millis(1));
     }
 
     #[test]
     fn jitter_is_uniform_in_half_to_three_halves() {
-        let p = plan(BurstArg::Auto, 10_000).unwrap();
+        let p = plan(BurstArg::Auto, 10_000).unwrap().unwrap();
         let mut b = Burst::new(p, Instant::now(), 42);
         let xs: Vec<f64> = (0..10_000).map(|_| b.uniform()).collect();
         assert!(xs.iter().all(|&x| (0.0..1.0).contains(&x)));

@@ -28,7 +28,7 @@ OPTIONS:
                         CMD gets SIGTERM (SIGKILL after 3 s)
     --sample RATE       sampling rate: 0.01, 1% or 100% (default: the
                         runtime's own rate in marker mode, else 1%)
-    --burst B           sample in windows: auto (default: below a 10% rate,
+    --burst B           sample in windows: auto (default: at rates up to 2.5%,
                         20 ms windows sampled at 10%, e.g. every 200 ms on
                         average at 1%; between windows the per-request and
                         interrupt programs are detached and cost nothing),
@@ -53,10 +53,11 @@ OPTIONS:
                         flags` or tailscope-cc) into DIR/functions/, and its
                         lock and request hand-off events into DIR/locks/ and
                         DIR/request_events/; needs libtailscope in the target
-    --fn-period-us N    observer scan period in microseconds (default 0:
-                        busy-poll, at idle priority (SCHED_IDLE) so that it
-                        only takes CPU time nothing else wants; see
-                        --fn-normal-priority)
+    --fn-period-us N    observer scan period in microseconds (default 1000;
+                        passes that find nothing new back off to 8 periods);
+                        it runs at idle priority (SCHED_IDLE): only CPU
+                        time nothing else wants; 0 busy-polls, for a spare
+                        core (see --fn-normal-priority)
     --fn-normal-priority
                         run the observer at normal priority: finer scans
                         under load, at the cost of CPU the target could use
@@ -484,6 +485,8 @@ mod tests {
             f.idle_priority,
             "the observer runs at idle priority by default"
         );
+        let d = rec(&["record", "-o", "x", "--functions", "--", "srv"]);
+        assert_eq!(d.functions.unwrap().period, Duration::from_millis(1));
         let r = rec(&[
             "record",
             "-o",

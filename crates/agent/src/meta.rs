@@ -38,8 +38,10 @@ pub struct Drops {
     pub ring_resyncs: u64,
     /// Threads that found no free slot in the region (their requests are not recorded).
     pub slots_exhausted: u64,
-    /// Sampled inferred requests not recorded because their connection
-    /// closed before the server replied (no end to measure).
+    /// Sampled inferred requests not recorded because their end was not
+    /// seen: the connection closed before the server replied, or (burst
+    /// sampling) the reply went out after its window's programs were
+    /// detached (`sampling.burst.cut_at_window_end`).
     pub abandoned: u64,
 }
 

@@ -183,6 +183,8 @@ struct State {
     /// The plan inference was loaded with (its in-window rate is in BPF).
     infer_burst: Option<burst::BurstPlan>,
     burst_checked: bool,
+    /// Bursts given up on after a failed window switch, and why.
+    burst_failed: Option<(Burst, String)>,
     /// The next poll waits no longer than this (the burst schedule's next step).
     wait_cap: Option<Duration>,
 }
@@ -220,7 +222,7 @@ impl burst::Windows for MarkerWindows<'_> {
         Ok(())
     }
     fn still_open(&self) -> Option<i64> {
-        None
+        Some(self.m.sampled_in_progress() as i64)
     }
     fn detach(&mut self, w: u32) -> std::result::Result<(), TracerError> {
         self.m
@@ -337,7 +339,12 @@ impl State {
             m.drain(|r: &ts_request_record, kind: &str| writer.push(pid, kind, r))?;
             busiest = busiest.max(m.last_busiest());
         }
-        let max = max_wait(self.sampling.rate_ppm, min_wait);
+        // In burst windows the rings fill at the in-window rate.
+        let rate = self
+            .burst
+            .as_ref()
+            .map_or(self.sampling.rate_ppm, |b| b.plan.in_window_ppm);
+        let max = max_wait(rate, min_wait);
         self.wait = next_wait(wait, min_wait, max, busiest);
         Ok(())
     }
@@ -346,25 +353,46 @@ impl State {
     /// inference with the plan BPF was loaded with; for marker mode from the
     /// runtime's (or --sample's) rate, raising the runtime's rate to the
     /// in-window rate. Not with --functions, which records every call.
-    fn start_burst(&mut self, now: Instant) {
+    fn start_burst(&mut self, now: Instant) -> Result<()> {
         if self.burst_checked || matches!(self.source, Source::Deciding { .. }) {
-            return;
+            return Ok(());
         }
         self.burst_checked = true;
         let seed = self.start_mono ^ u64::from(self.target_pid) << 32;
         let plan = match &mut self.source {
             Source::Infer => self.infer_burst,
             Source::Marker(m) if self.functions.is_none() => {
-                let p = burst::plan(self.burst_arg, self.sampling.rate_ppm);
+                let p = burst::plan(self.burst_arg, self.sampling.rate_ppm)
+                    .map_err(AgentError::usage)?;
                 if let Some(p) = p {
+                    // closed until the first window (Burst::new)
+                    m.set_burst_gate(TS_BURST_CLOSED);
                     m.set_sample_ppm(p.in_window_ppm);
-                    m.set_burst_gate(1 << TS_BURST_WINDOW_SHIFT);
                 }
                 p
             }
             _ => None,
         };
         self.burst = plan.map(|p| Burst::new(p, now, seed));
+        Ok(())
+    }
+
+    /// A window switch failed (an attach error mid-recording): sample
+    /// continuously from now on rather than stop recording.
+    fn abandon_burst(&mut self, tracer: &mut Tracer, e: TracerError) -> Result<()> {
+        let why = format!("{}", agent_error(e));
+        eprintln!("tailscope: warning: burst sampling stopped ({why}); sampling continuously");
+        let rate = self.sampling.rate_ppm;
+        tracer.set_window(true).map_err(agent_error)?;
+        tracer.set_gate(true).map_err(agent_error)?;
+        if let Source::Marker(m) = &mut self.source {
+            m.set_burst_gate(0);
+            m.set_sample_ppm(rate);
+        }
+        if let Some(b) = self.burst.take() {
+            self.burst_failed = Some((b, why));
+        }
+        Ok(())
     }
 
     /// While deciding: try to attach to a freshly created region.
@@ -524,14 +552,17 @@ pub fn run(args: RecordArgs) -> Result<()> {
     }
     let infer_ppm = args.sample_ppm.unwrap_or(TS_DEFAULT_SAMPLE_PPM);
     // Burst windows sample at a higher rate for the same overall rate.
-    let burst_plan = infer_loaded
-        .then(|| burst::plan(args.burst, infer_ppm))
-        .flatten();
+    let burst_plan = if infer_loaded && args.functions.is_none() {
+        burst::plan(args.burst, infer_ppm).map_err(AgentError::usage)?
+    } else {
+        None
+    };
     let mut tracer = Tracer::load(&TracerOptions {
         infer: infer_loaded,
         infer_sample_ppm: burst_plan.map_or(infer_ppm, |p| p.in_window_ppm),
         ringbuf_bytes: RINGBUF_BYTES,
         agent_pid,
+        gate_closed_at_start: burst_plan.is_some(),
     })
     .map_err(agent_error)?;
     prepare_output(&args.output)?;
@@ -618,6 +649,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
         burst_arg: args.burst,
         infer_burst: burst_plan,
         burst_checked: false,
+        burst_failed: None,
         wait_cap: None,
     };
     st.start_observer()?;
@@ -705,14 +737,17 @@ pub fn run(args: RecordArgs) -> Result<()> {
         mut sampling,
         inferred_discarded,
         burst,
-        source,
+        burst_failed,
         ..
     } = st;
-    drop(source);
-    if let Some(mut b) = burst {
+    let failed = burst_failed.as_ref().map(|(_, why)| why.clone());
+    if let Some(mut b) = burst.or(burst_failed.map(|(b, _)| b)) {
         b.finish(Instant::now());
         let duty = b.plan.window.as_secs_f64() / b.plan.period.as_secs_f64();
+        let secs = started.elapsed().as_secs_f64().max(1e-9);
         sampling.burst = Some(json!({
+            "effective_rate_ppm": (b.plan.in_window_ppm as f64 * b.stats.open_s / secs).round(),
+            "failed": failed,
             "window_ms": b.plan.window.as_secs_f64() * 1e3,
             "mean_period_ms": b.plan.period.as_secs_f64() * 1e3,
             "duty": duty,
@@ -720,6 +755,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
             "windows": b.stats.windows,
             "open_s": b.stats.open_s,
             "cut_at_window_end": b.stats.cut,
+            "switch_s": b.stats.switch_s,
         }));
     }
     let written = writer.finish();
@@ -841,6 +877,7 @@ fn record_loop(
     let mut progress = Progress::new(args.quiet);
     let mut last_slow = Instant::now();
     let mut last_gc = Instant::now();
+    let mut rescans = 0u64;
     let decided_before = !matches!(st.source, Source::Deciding { .. });
     let mut decided = decided_before;
     let by = loop {
@@ -865,7 +902,7 @@ fn record_loop(
             meta.sampling = st.sampling.clone();
             meta.write(&args.output)?;
         }
-        st.start_burst(now);
+        st.start_burst(now)?;
         if let Some(b) = st.burst.as_mut() {
             let cap = match &mut st.source {
                 Source::Infer => b.step(now, &mut InferWindows(tracer)),
@@ -878,7 +915,10 @@ fn record_loop(
                 ),
                 Source::Deciding { .. } => Ok(MAX_WAIT),
             };
-            st.wait_cap = Some(cap.map_err(agent_error)?);
+            match cap {
+                Ok(c) => st.wait_cap = Some(c),
+                Err(e) => st.abandon_burst(tracer, e)?,
+            }
         }
         st.writer.tick(now)?;
         // Cheap but not free: every 50 ms.
@@ -907,7 +947,11 @@ fn record_loop(
         if now.duration_since(last_gc) >= Duration::from_secs(1) {
             last_gc = now;
             tracer.gc_dead_threads();
-            tracer.rescan_targets().map_err(agent_error)?;
+            rescans += 1;
+            if rescans % 5 == 1 {
+                // reads every fd of the targets: every 5 s
+                tracer.rescan_targets().map_err(agent_error)?;
+            }
         }
     };
     progress.finish();

@@ -254,9 +254,13 @@ impl<M: RegionMemory> MarkerSource<M> {
         let mut hdr = vec![0u8; REGION_HEADER_SIZE];
         mem.read(0, &mut hdr);
         let header = parse_region_header(&hdr, mem.len())?;
-        if let Some(ppm) = sample_ppm_agent {
-            mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, ppm);
-        }
+        // Whatever an earlier agent left (it may have been killed mid-window
+        // or with an override) is reset.
+        mem.store_u32(
+            header_offsets::SAMPLE_PPM_AGENT,
+            sample_ppm_agent.unwrap_or(0),
+        );
+        mem.store_u32(header_offsets::BURST_GATE, 0);
         mem.store_u32(header_offsets::AGENT_PID, agent_pid);
         let mut src = MarkerSource {
             exhausted_baseline: header.slots_exhausted,
@@ -414,6 +418,23 @@ impl<M: RegionMemory> MarkerSource<M> {
         }
         self.mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, 0);
         self.mem.store_u32(header_offsets::BURST_GATE, 0);
+    }
+
+    /// Slots with a sampled request in progress (`cur_active`), read
+    /// without the seqlock: a count for burst sampling's closing wait.
+    pub fn sampled_in_progress(&self) -> usize {
+        let used = self
+            .mem
+            .load_u32(header_offsets::SLOTS_USED)
+            .min(self.header.max_slots);
+        (0..used)
+            .filter(|&i| {
+                self.mem.load_u32(
+                    slot_offset(i)
+                        + std::mem::offset_of!(tailscope_abi::ts_thread_slot, cur_active),
+                ) == 1
+            })
+            .count()
     }
 
     /// Burst sampling: the header's `burst_gate` (`TS_BURST_*`).

@@ -75,6 +75,9 @@ pub struct TracerOptions {
     pub ringbuf_bytes: usize,
     /// Written into the kcounters header so runtimes can tell who records.
     pub agent_pid: u32,
+    /// Burst sampling: inference starts with its sampling gate closed (the
+    /// agent opens the first window).
+    pub gate_closed_at_start: bool,
 }
 
 impl Default for TracerOptions {
@@ -84,6 +87,7 @@ impl Default for TracerOptions {
             infer_sample_ppm: TS_DEFAULT_SAMPLE_PPM,
             ringbuf_bytes: 4 << 20,
             agent_pid: std::process::id(),
+            gate_closed_at_start: false,
         }
     }
 }
@@ -160,8 +164,6 @@ pub struct Tracer {
     /// Whether the Unix-socket receive hook is attached (see
     /// [`Tracer::watch_unix`]).
     unix_hook: bool,
-    /// Processes added with [`Tracer::add_target`], for the periodic rescan.
-    added: Vec<u32>,
     _infer_obj: Option<Object>,
     _kc_obj: Object,
 }
@@ -658,7 +660,6 @@ impl Tracer {
             gate_fd: None,
             open_sampled_fd: None,
             unix_hook: false,
-            added: Vec::new(),
             _infer_obj: None,
             _kc_obj: kc_obj,
         };
@@ -740,6 +741,9 @@ impl Tracer {
         self.rb = rb;
         self.gate_fd = Some(map_fd(&obj, "burst_gate")?);
         self.open_sampled_fd = Some(map_fd(&obj, "open_sampled")?);
+        if opts.gate_closed_at_start {
+            self.set_gate(false)?;
+        }
         attach_all(&obj, &mut self.links, &mut self.skipped, &|n| {
             !DEFERRED_PROGS.contains(&n)
         })?;
@@ -758,9 +762,6 @@ impl Tracer {
         if self.server_ports_fd.is_some() {
             self.mark_listening_ports(tgid)?;
             self.watch_unix(tgid)?;
-        }
-        if !self.added.contains(&tgid) {
-            self.added.push(tgid);
         }
         Ok(())
     }
@@ -806,12 +807,12 @@ impl Tracer {
     /// second): attaches the Unix-socket hook once one of them opens a Unix
     /// socket. Processes that exited are forgotten.
     pub fn rescan_targets(&mut self) -> Result<(), TracerError> {
-        self.added
-            .retain(|p| Path::new(&format!("/proc/{p}")).exists());
         if self.unix_hook || self._infer_obj.is_none() {
             return Ok(());
         }
-        for p in self.added.clone() {
+        // The target set includes forked children (daemons, pre-fork
+        // workers), not only what was added.
+        for p in self.target_tgids() {
             if self.watch_unix(p)? {
                 break;
             }
@@ -824,27 +825,25 @@ impl Tracer {
         self.unix_hook
     }
 
-    /// Burst sampling, step 1 and 4: opens or closes the sampling gate of
-    /// inference (no request is sampled while it is closed).
+    /// Burst sampling: opens or closes the sampling gate of inference (no
+    /// request is sampled while it is closed) for the current window.
     pub fn set_gate(&mut self, open: bool) -> Result<(), TracerError> {
         let Some(fd) = self.gate_fd.as_ref() else {
             return Ok(());
         };
-        // bit 0: closed; above it the window count (see infer.bpf.c)
-        if open {
-            self.window = self.window.wrapping_add(1) & (u32::MAX >> 1);
-        }
+        // bit 0: closed; above it the window number (see infer.bpf.c)
         map_set(fd, 0, (self.window << 1) | u32::from(!open))
             .map_err(|e| TracerError::Io(format!("burst gate: {e}")))
     }
 
-    /// Sampled inferred requests open now (all targets; 0 without inference).
+    /// Sampled inferred requests of the current burst window still open
+    /// (0 without inference).
     pub fn open_sampled(&self) -> i64 {
         let Some(fd) = self.open_sampled_fd.as_ref() else {
             return 0;
         };
         let mut v = 0i64;
-        let key = 0u32;
+        let key = self.window & 1;
         let rc = unsafe {
             libbpf_sys::bpf_map_lookup_elem(
                 fd.as_raw_fd(),
@@ -881,8 +880,21 @@ impl Tracer {
             keep.reverse();
             self.links = keep;
             self.burst_detached = true;
+            // The next window's number, gate closed; its open-request slot
+            // (last used two windows ago) starts from zero. Requests of
+            // this window still open are now stale (infer.bpf.c).
+            self.window = self.window.wrapping_add(1) & (u32::MAX >> 1);
+            self.set_gate(false)?;
+            if let Some(fd) = self.open_sampled_fd.as_ref() {
+                map_set(fd, self.window & 1, 0i64)
+                    .map_err(|e| TracerError::Io(format!("burst: open_sampled: {e}")))?;
+            }
             return Ok(());
         }
+        // An interrupt that was running through the whole detach left its
+        // frame on the shadow stack (its exit was detached): start every
+        // CPU's stack empty. No program that writes it is attached now.
+        self.clear_irq_stacks()?;
         let unix = self.unix_hook;
         let mut scratch = Vec::new();
         attach_all(&self._kc_obj, &mut self.links, &mut scratch, &|n| {
@@ -895,6 +907,64 @@ impl Tracer {
         }
         self.burst_detached = false;
         Ok(())
+    }
+
+    fn clear_irq_stacks(&self) -> Result<(), TracerError> {
+        let Some(m) = self._kc_obj.maps().find(|m| m.name() == "irq_stacks") else {
+            return Ok(());
+        };
+        let ncpu = unsafe { libbpf_sys::libbpf_num_possible_cpus() };
+        if ncpu <= 0 {
+            return Ok(());
+        }
+        let per = (m.value_size() as usize).div_ceil(8) * 8;
+        let zeros = vec![0u8; per * ncpu as usize];
+        let key = 0u32;
+        let rc = unsafe {
+            libbpf_sys::bpf_map_update_elem(
+                m.as_fd().as_raw_fd(),
+                &key as *const u32 as *const c_void,
+                zeros.as_ptr() as *const c_void,
+                libbpf_sys::BPF_ANY as u64,
+            )
+        };
+        if rc != 0 {
+            return Err(TracerError::Io(format!(
+                "burst: clear irq_stacks: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The processes in the BPF target set: the added ones and the children
+    /// they forked (sched_process_fork), minus those that exited.
+    pub fn target_tgids(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut key: u32 = 0;
+        let mut first = true;
+        for _ in 0..4096 {
+            let mut next: u32 = 0;
+            let prev: *const c_void = if first {
+                std::ptr::null()
+            } else {
+                &key as *const u32 as *const c_void
+            };
+            let rc = unsafe {
+                libbpf_sys::bpf_map_get_next_key(
+                    self.targets_fd.as_raw_fd(),
+                    prev,
+                    &mut next as *mut u32 as *mut c_void,
+                )
+            };
+            if rc != 0 {
+                break;
+            }
+            out.push(next);
+            key = next;
+            first = false;
+        }
+        out
     }
 
     /// How many programs are attached now.
@@ -952,7 +1022,8 @@ impl Tracer {
         }
         // BPF submits without a wakeup until a quarter of the ring waits
         // (infer.bpf.c), so a poll that times out must still consume.
-        let ms = timeout.as_millis().min(i32::MAX as u128) as c_int;
+        // Rounded up: a sub-millisecond wait must not become a busy poll.
+        let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as c_int;
         let mut rc = unsafe { libbpf_sys::ring_buffer__poll(self.rb, ms) };
         if rc == 0 || rc == -libc::EINTR {
             rc = unsafe { libbpf_sys::ring_buffer__consume(self.rb) };

@@ -1142,6 +1142,11 @@ while True:
         t.stats().inferred_abandoned > abandoned,
         "the cut request is counted"
     );
+    assert_eq!(
+        t.open_sampled(),
+        0,
+        "the window's open-request count is back to 0"
+    );
     drop(c);
     child.wait().unwrap();
 }

@@ -108,7 +108,13 @@ def sampling_text(s) -> str:
     if isinstance(b, dict):
         try:
             out += (f", in bursts: {int(b['windows'])} windows of {b['window_ms']:g} ms sampled at "
-                    f"{b['in_window_rate_ppm'] / 1e4:g}% (open {100 * b['duty']:.0f}% of the time)")
+                    f"{b['in_window_rate_ppm'] / 1e4:g}%")
+            if isinstance(b.get("effective_rate_ppm"), (int, float)):
+                out += f" (effective rate {b['effective_rate_ppm'] / 1e4:.2g}%)"
+            if b.get("cut_at_window_end"):
+                out += f", {int(b['cut_at_window_end'])} requests cut at a window end"
+            if b.get("failed"):
+                out += f"; bursts stopped: {b['failed']}"
         except (KeyError, TypeError, ValueError):
             out += f", bursts: {compact(b)}"
     return out
