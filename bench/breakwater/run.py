@@ -113,7 +113,16 @@ class Server:
             err = self.proc.stderr.read()
             die(f"bw-server did not start: {line.strip()} {err.strip()}")
 
+    def cpu_s(self) -> float:
+        """CPU time (user + system) the server has used so far."""
+        try:
+            fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        except (OSError, ValueError, IndexError):
+            return 0.0
+
     def stop(self) -> dict:
+        cpu = self.cpu_s()
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=10)
@@ -121,7 +130,9 @@ class Server:
             self.proc.kill()
             self.proc.wait()
         try:
-            return json.loads(self.stats_path.read_text())
+            stats = json.loads(self.stats_path.read_text())
+            stats["cpu_s"] = cpu
+            return stats
         except (OSError, ValueError):
             return {}
         finally:
@@ -188,6 +199,7 @@ def run_one(
     slo_us: int = SLO_US,
     mean_us: int = MEAN_US,
     workers: int = 1,
+    lg_extra: list[str] | None = None,
 ) -> dict:
     """One server + one loadgen run; returns the merged summary."""
     PORT[0] += 1
@@ -201,6 +213,7 @@ def run_one(
     extra = ["--seda-initial-rate", f"{share:.4f}", "--seda-adj-i", f"{0.005 * share:.6f}"]
     if steps:
         extra += ["--steps", steps]
+    extra += lg_extra or []
     try:
         lg = loadgen(port, client_control, f"{rate:.0f}", duration, warmup, extra, slo_us)
     finally:
@@ -210,7 +223,10 @@ def run_one(
 
 def summarize(lg: dict, stats: dict, rate: float) -> dict:
     srv_req = stats.get("admitted", 0) + stats.get("rejected", 0)
+    done = stats.get("completed_ok", 0)
     return {
+        # Server CPU (whole run, warm-up included) per request it completed.
+        "cpu_us_per_completed": (stats.get("cpu_s", 0.0) * 1e6 / done) if done else 0.0,
         "demand_rps": rate,
         "goodput_rps": lg["goodput_rps"],
         "throughput_rps": lg["achieved_rps"] - lg["rejected"] / lg["duration_s"],
@@ -231,14 +247,16 @@ def summarize(lg: dict, stats: dict, rate: float) -> dict:
     }
 
 
-def capacity(service: str) -> float:
+def capacity(service: str, control: str = "none") -> float:
+    """Closed-loop maximum throughput (8 connections x 4 outstanding, i.e.
+    32 logical clients each with one request in flight) through `control`."""
     PORT[0] += 1
-    srv = Server(PORT[0], "none", service, [], SLO_US, MEAN_US)
+    srv = Server(PORT[0], control, service, [], SLO_US, MEAN_US)
     try:
-        lg = loadgen(PORT[0], "none", "max", 2.0, 0.5, ["--max-outstanding-per-conn", "4"])
+        lg = loadgen(PORT[0], control, "max", 2.0, 0.5, ["--max-outstanding-per-conn", "4"])
     finally:
         srv.stop()
-    return lg["achieved_rps"]
+    return lg["achieved_rps"] - lg["rejected"] / lg["duration_s"]
 
 
 def med(rows: list[dict], key: str) -> float:
@@ -307,6 +325,18 @@ def main() -> int:
         result["capacity_rps"] = cap
         c = cap["exponential"]
         print(f"  capacity: exponential {c:.0f} req/s, bimodal {cap['bimodal']:.0f} req/s", flush=True)
+        # Overhead at capacity: the same closed loop through Breakwater
+        # (both halves), against no control, interleaved, medians.
+        closed = {"none": [], "breakwater": []}
+        for _ in range(runs):
+            for ctl in closed:
+                closed[ctl].append(capacity("exponential", ctl))
+        result["closed_loop_max"] = {k: {"runs": v, "median": statistics.median(v)} for k, v in closed.items()}
+        print(
+            "  closed-loop max: "
+            + ", ".join(f"{k} {v['median']:.0f} req/s" for k, v in result["closed_loop_max"].items()),
+            flush=True,
+        )
         demands = [0.5, 1.0, 2.0] if args.quick else [0.1, 0.5, 0.9, 1.0, 1.5, 2.0]
         sweep: dict[str, list[dict]] = {k: [] for k in CONTROLS}
         for ctl in CONTROLS:
@@ -348,13 +378,17 @@ def main() -> int:
             "credits": ["--no-overcommit", "--no-aqm"],
             "credits+speculation": ["--no-aqm"],
             "credits+speculation+aqm": [],
-            # The AQM before session 3: the oldest request's age against SLO/2.
-            "credits+speculation+aqm(age, SLO/2)": ["--aqm-age", "--reserve-us", str(SLO_US // 2)],
+            # The thesis's protocol: drained clients send bare credit waits
+            # (no await), Eq. 2.4's floor of 1, the 30% service reserve.
+            "credits+speculation+aqm, bare credit waits (thesis)": ["--no-carry"],
         }
         for name, flags in variants.items():
             abl[name] = []
+            lgx = ["--bw-no-carry"] if "--no-carry" in flags else []
             for d in [1.0, 2.0] if not args.quick else [2.0]:
-                r = run_one("breakwater", d * c, server_extra=flags, duration=dur, warmup=warm, capacity=c)
+                r = run_one(
+                    "breakwater", d * c, server_extra=flags, duration=dur, warmup=warm, capacity=c, lg_extra=lgx
+                )
                 r.pop("timeseries", None)
                 r["demand_x"] = d
                 abl[name].append(r)

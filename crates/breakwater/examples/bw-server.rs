@@ -71,6 +71,18 @@ struct Args {
     /// default 30% of the SLO.
     #[arg(long)]
     reserve_us: Option<u64>,
+    /// Breakwater: clients send bare credit waits (loadgen --bw-no-carry),
+    /// so keep Eq. 2.4's overcommit floor of 1 credit per response.
+    #[arg(long)]
+    no_carry: bool,
+    /// Breakwater's target queueing delay d_t in µs (default: 40% of the
+    /// SLO, the thesis's).
+    #[arg(long)]
+    target_us: Option<u64>,
+    /// Breakwater: requests sent without credit held for one at most
+    /// (default 64 × workers); more are refused at once.
+    #[arg(long)]
+    max_held: Option<u64>,
     /// tower's ConcurrencyLimit for --control tower.
     #[arg(long, default_value = "8")]
     tower_limit: usize,
@@ -149,6 +161,14 @@ fn run(args: Args) -> Result<(), String> {
     spec.overcommit = !args.no_overcommit;
     spec.aqm = !args.no_aqm;
     spec.aqm_forecast = !args.aqm_age;
+    spec.max_held = args.max_held;
+    if let Some(t) = args.target_us {
+        if t == 0 || t >= args.slo_us {
+            return Err(format!("--target-us must be in (0, --slo-us), got {t}"));
+        }
+        spec.target_delay_ns = Some(t * 1000);
+    }
+    spec.carry = !args.no_carry;
     if let Some(r) = args.reserve_us {
         if r == 0 || r >= args.slo_us {
             return Err(format!("--reserve-us must be in (0, --slo-us), got {r}"));

@@ -261,7 +261,25 @@ where
     if st.demand(now) == 0 {
         return;
     }
-    if !st.credit_wait && st.policy.needs_credit_wait(st.inflight) {
+    if !st.credit_wait && st.policy.needs_credit_wait(st.inflight) && st.policy.carries_requests() {
+        // The credit wait carries the oldest live request: hand it the
+        // `Await` kind; its response (or its drop) ends the wait.
+        while let Some(w) = st.queue.pop_front() {
+            if w.tx.is_closed() || w.expiry <= now {
+                continue;
+            }
+            if w.tx.send(Ok(Kind::Await)).is_ok() {
+                st.credit_wait = true;
+                shared
+                    .stats
+                    .credit_waits_sent
+                    .fetch_add(1, Ordering::Relaxed);
+                break;
+            }
+        }
+    }
+    if !st.credit_wait && st.policy.needs_credit_wait(st.inflight) && !st.policy.carries_requests()
+    {
         st.credit_wait = true;
         let demand = st.queue.len() as u32;
         let shared = shared.clone();
@@ -310,6 +328,18 @@ where
                 st.release(now);
                 kick(&shared, &inner, &mut st, now);
             });
+        }
+    }
+}
+
+/// Clears a client's credit-wait flag if its `Await` request is dropped
+/// before its response comes back (so the client is never stuck).
+struct AwaitGuard(Option<Arc<Shared>>);
+
+impl Drop for AwaitGuard {
+    fn drop(&mut self) {
+        if let Some(shared) = self.0.take() {
+            shared.lock().credit_wait = false;
         }
     }
 }
@@ -383,6 +413,9 @@ where
             (priority, decision)
         };
         Box::pin(async move {
+            // Set when this request is the client's credit wait: clears the
+            // flag even if the request is dropped on the way.
+            let mut wait_guard = None;
             let kind = match decision {
                 Ok(kind) => kind,
                 Err(None) => {
@@ -392,7 +425,12 @@ where
                 Err(Some(rx)) => {
                     let deadline = clock::instant(expiry).into();
                     match tokio::time::timeout_at(deadline, rx).await {
-                        Ok(Ok(Ok(kind))) => kind,
+                        Ok(Ok(Ok(kind))) => {
+                            if kind == Kind::Await {
+                                wait_guard = Some(AwaitGuard(Some(shared.clone())));
+                            }
+                            kind
+                        }
                         Ok(Ok(Err(e))) => {
                             shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
                             return Err(e.into());
@@ -426,6 +464,10 @@ where
             {
                 let mut st = shared.lock();
                 st.inflight -= 1;
+                if let Some(mut g) = wait_guard.take() {
+                    g.0 = None;
+                    st.credit_wait = false;
+                }
                 match &result {
                     Ok(resp) => {
                         feedback(&mut st, now, resp);

@@ -71,8 +71,16 @@ pub struct ControlSpec {
     pub aqm: bool,
     /// AQM against the forecast wait (default) or the oldest's age only.
     pub aqm_forecast: bool,
+    /// A drained client's credit wait carries its oldest request
+    /// ([`crate::Kind::Await`], default) rather than going alone.
+    pub carry: bool,
+    /// Breakwater's bound on requests held for a credit; `None` keeps the
+    /// default (64 × cores).
+    pub max_held: Option<u64>,
+    /// Breakwater's d_t; `None` keeps the thesis's 40% of the SLO.
+    pub target_delay_ns: Option<Nanos>,
     /// Breakwater's service reserve (the AQM budget is SLO − this); `None`
-    /// keeps the default, 30% of the SLO.
+    /// keeps the default: 50% of the SLO with `carry`, else 30%.
     pub service_reserve_ns: Option<Nanos>,
     /// SEDA: additive increase (req/s per adjustment) and starting rate per
     /// client. Tune to the per-client share of capacity.
@@ -92,6 +100,9 @@ impl ControlSpec {
             overcommit: true,
             aqm: true,
             aqm_forecast: true,
+            carry: true,
+            max_held: None,
+            target_delay_ns: None,
             service_reserve_ns: None,
             seda_adj_i: 1.0,
             seda_initial_rate: 100.0,
@@ -105,9 +116,25 @@ impl ControlSpec {
         c.overcommit = self.overcommit;
         c.aqm = self.aqm;
         c.aqm_forecast = self.aqm_forecast;
-        if let Some(r) = self.service_reserve_ns {
+        // With await every request passes through both ends (no excess
+        // waits out its SLO at the client), and on the bench VM the client
+        // half then lags by 1-3 ms at 2x: a 30% reserve admitted requests
+        // that finished late (docs/breakwater.md). Default 50% with await.
+        let reserve = self
+            .service_reserve_ns
+            .or(self.carry.then_some(self.slo_ns / 2));
+        if let Some(r) = reserve {
             c.service_reserve_ns = r.min(self.slo_ns);
             c.queue_budget_ns = self.slo_ns.saturating_sub(r).max(1);
+        }
+        if self.carry {
+            c.overcommit_floor = 0;
+        }
+        if let Some(d) = self.target_delay_ns {
+            c.target_delay_ns = d;
+        }
+        if let Some(h) = self.max_held {
+            c.max_held = h;
         }
         if self.kind == ControlKind::BreakwaterEfficiency {
             c.signal = Signal::Efficiency;
@@ -143,7 +170,11 @@ impl ControlSpec {
         Ok(match self.kind {
             ControlKind::None | ControlKind::Gradient => Box::new(Unlimited),
             ControlKind::Breakwater | ControlKind::BreakwaterEfficiency => {
-                Box::new(BreakwaterClient::new())
+                Box::new(if self.carry {
+                    BreakwaterClient::carrying()
+                } else {
+                    BreakwaterClient::new()
+                })
             }
             ControlKind::Seda => Box::new(SedaClient::new(SedaConfig::new(
                 self.slo_ns,

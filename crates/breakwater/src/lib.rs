@@ -38,6 +38,6 @@ pub use client::{ClientError, ClientLayer};
 pub use control::{ControlKind, ControlSpec};
 pub use policy::{
     Acquire, Arrival, ClientPolicy, Completion, ConfigError, Feedback, Kind, Nanos, Policy,
-    QueueView, RejectReason, Verdict,
+    QueueView, RejectReason, Release, Verdict,
 };
 pub use server::{ServerConfig, ServerLayer};

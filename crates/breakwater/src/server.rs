@@ -28,7 +28,9 @@
 
 use crate::asqm::QueueBudget;
 use crate::clock;
-use crate::policy::{Completion, Feedback, Nanos, Policy, PolicyStats, QueueView, Verdict};
+use crate::policy::{
+    Completion, Feedback, Nanos, Policy, PolicyStats, QueueView, Release, Verdict,
+};
 use crate::wire;
 use http::{HeaderValue, Request, Response, StatusCode};
 use std::collections::{HashMap, VecDeque};
@@ -73,6 +75,7 @@ struct Counters {
     credit_waits: AtomicU64,
     explicit_updates: AtomicU64,
     deregisters: AtomicU64,
+    held: AtomicU64,
 }
 
 /// A snapshot of the counters and the policy's state.
@@ -90,6 +93,8 @@ pub struct ServerStats {
     pub credit_waits: u64,
     pub explicit_updates: u64,
     pub deregisters: u64,
+    /// Requests sent without credit that waited at the server for one.
+    pub held: u64,
     pub queue_len: usize,
     #[serde(flatten)]
     pub control: PolicyStats,
@@ -108,6 +113,9 @@ struct Job<B, RB> {
 
 struct Fifo<B, RB> {
     jobs: VecDeque<Job<B, RB>>,
+    /// Requests the policy holds for a credit (`Verdict::Park` of an
+    /// `Await`), by client: not queued, not timestamped as queued.
+    held: HashMap<u64, Job<B, RB>>,
     closed: bool,
 }
 
@@ -232,6 +240,7 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             policy: Mutex::new(policy),
             fifo: Mutex::new(Fifo {
                 jobs: VecDeque::new(),
+                held: HashMap::new(),
                 closed: false,
             }),
             work: Condvar::new(),
@@ -275,6 +284,7 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             credit_waits: c.credit_waits.load(Ordering::Relaxed),
             explicit_updates: c.explicit_updates.load(Ordering::Relaxed),
             deregisters: c.deregisters.load(Ordering::Relaxed),
+            held: c.held.load(Ordering::Relaxed),
             queue_len,
             control,
         }
@@ -361,6 +371,32 @@ where
                 counter.fetch_add(1, Ordering::Relaxed);
                 ready(respond(StatusCode::NO_CONTENT, None, fb))
             }
+            Verdict::Park if arrival.kind == crate::Kind::Await => {
+                let (tx, rx) = oneshot::channel();
+                let budget_ns = arrival.budget_ns.unwrap_or(u64::MAX);
+                let old = fifo.held.insert(
+                    arrival.client,
+                    Job {
+                        request,
+                        client: arrival.client,
+                        arrived: now,
+                        enqueued: now,
+                        budget_ns,
+                        reply: tx,
+                    },
+                );
+                drop(fifo);
+                drop(policy);
+                if let Some(old) = old {
+                    // The policy holds one per client; never lose a reply.
+                    let _ = old.reply.send(Err("held request replaced".into()));
+                }
+                shared.counters.held.fetch_add(1, Ordering::Relaxed);
+                Box::pin(async move {
+                    rx.await
+                        .unwrap_or_else(|_| Err("breakwater worker pool shut down".into()))
+                })
+            }
             Verdict::Park => {
                 drop(fifo);
                 let (tx, rx) = oneshot::channel();
@@ -407,6 +443,7 @@ where
         .build()
         .expect("worker runtime");
     let mut explicit = Vec::new();
+    let mut releases = Vec::new();
     loop {
         let mut job = {
             let mut fifo = shared.lock_fifo();
@@ -447,6 +484,7 @@ where
             if shared.has_parked.load(Ordering::Relaxed) {
                 policy.on_tick(now, &view, &mut explicit);
             }
+            shared.release_held(&mut **policy, now, &mut releases);
             fb
         };
         if !explicit.is_empty() {
@@ -472,8 +510,9 @@ where
 
 /// Periodic policy work: pool updates on an idle server, idle clients, and
 /// explicit window updates for parked credit waits.
-fn ticker<B, RB>(shared: Weak<Shared<B, RB>>, tick: Duration) {
+fn ticker<B, RB: Default>(shared: Weak<Shared<B, RB>>, tick: Duration) {
     let mut explicit = Vec::new();
+    let mut releases = Vec::new();
     loop {
         std::thread::sleep(tick);
         let Some(shared) = shared.upgrade() else {
@@ -487,9 +526,59 @@ fn ticker<B, RB>(shared: Weak<Shared<B, RB>>, tick: Duration) {
             let mut policy = shared.lock_policy();
             let view = shared.view(&shared.lock_fifo());
             policy.on_tick(now, &view, &mut explicit);
+            shared.release_held(&mut **policy, now, &mut releases);
         }
         if !explicit.is_empty() {
             shared.answer_parked(&mut explicit);
+        }
+    }
+}
+
+impl<B, RB: Default> Shared<B, RB> {
+    /// Let the policy admit (to the FIFO, timestamped now) or refuse the
+    /// requests it holds for a credit. Called with the policy lock held.
+    fn release_held(&self, policy: &mut dyn Policy, now: Nanos, out: &mut Vec<(u64, Release)>) {
+        if policy.parked_requests() == 0 {
+            return;
+        }
+        let mut fifo = self.lock_fifo();
+        let view = self.view(&fifo);
+        policy.release_parked(now, &view, out);
+        let mut admitted = 0;
+        let mut refused = Vec::new();
+        for (client, what) in out.drain(..) {
+            let Some(mut job) = fifo.held.remove(&client) else {
+                continue;
+            };
+            match what {
+                Release::Admit => {
+                    // Its wait for a credit is not queueing delay: the
+                    // FIFO clock starts now, and its budget shrinks.
+                    job.budget_ns = job.budget_ns.saturating_sub(now - job.arrived);
+                    job.arrived = now;
+                    job.enqueued = now;
+                    fifo.jobs.push_back(job);
+                    admitted += 1;
+                }
+                Release::Reject(reason) => {
+                    let fb = policy.feedback(now, client);
+                    refused.push((job.reply, reason, fb));
+                }
+            }
+        }
+        drop(fifo);
+        for _ in 0..admitted {
+            self.work.notify_one();
+        }
+        self.counters
+            .admitted
+            .fetch_add(admitted, Ordering::Relaxed);
+        self.counters
+            .rejected
+            .fetch_add(refused.len() as u64, Ordering::Relaxed);
+        for (reply, reason, fb) in refused {
+            let (status, token) = wire::reject_status(&reason);
+            let _ = reply.send(Ok(respond(status, Some(token), fb)));
         }
     }
 }

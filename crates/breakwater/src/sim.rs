@@ -24,7 +24,7 @@
 use crate::control::{ControlKind, ControlSpec};
 use crate::policy::{
     Acquire, Arrival, ClientPolicy, Completion, ConfigError, Feedback, Kind, Nanos, Policy,
-    QueueView, Verdict,
+    QueueView, Release, Verdict,
 };
 use crate::rng::SplitMix64;
 use std::cmp::Reverse;
@@ -97,6 +97,10 @@ impl SimConfig {
         let slo_ns = 10 * (service_mean_ns + rtt_ns);
         let mut control = ControlSpec::new(kind, slo_ns, cores as u64);
         control.rtt_ns = rtt_ns;
+        // The thesis's protocol: a drained client sends a bare credit wait.
+        // (`await` is the bench VM's adaptation; in this regime it loses at
+        // 2x: every excess request costs the server a receive and a reject.)
+        control.carry = false;
         let mut c = SimConfig {
             control,
             clients: 1000,
@@ -274,6 +278,9 @@ struct Sim {
     cores: Vec<Option<Work>>,
     idle_cores: Vec<u32>,
     parked_answers: Vec<(u64, Feedback)>,
+    /// Requests the policy holds for a credit ([`Kind::Await`]), by client.
+    held: Vec<Option<Req>>,
+    releases: Vec<(u64, Release)>,
     /// Step boundaries in absolute ns, warm-up first.
     step_ends: Vec<(Nanos, f64)>,
     measure_start: Nanos,
@@ -469,6 +476,19 @@ impl Sim {
         }
         let now = self.now;
         let cl = &mut self.clients[c as usize];
+        if !cl.credit_wait
+            && cl.policy.needs_credit_wait(cl.inflight)
+            && cl.policy.carries_requests()
+        {
+            // The credit wait carries the oldest queued request.
+            let front = cl.queue.pop_front().expect("live demand");
+            cl.credit_wait = true;
+            self.send(Req {
+                kind: Kind::Await,
+                ..front
+            });
+        }
+        let cl = &mut self.clients[c as usize];
         if !cl.credit_wait && cl.policy.needs_credit_wait(cl.inflight) {
             cl.credit_wait = true;
             let demand = cl.queue.len() as u32;
@@ -502,6 +522,9 @@ impl Sim {
         {
             let cl = &mut self.clients[c as usize];
             cl.inflight -= 1;
+            if req.kind == Kind::Await {
+                cl.credit_wait = false;
+            }
             if fb != Feedback::None {
                 cl.policy.on_feedback(now, fb);
             }
@@ -579,7 +602,7 @@ impl Sim {
                     budget_ns: Some(req.expiry.saturating_sub(req.sent)),
                     priority: req.priority,
                 };
-                let is_request = matches!(req.kind, Kind::Request | Kind::Register);
+                let is_request = matches!(req.kind, Kind::Request | Kind::Register | Kind::Await);
                 if is_request {
                     if let Some(s) = self.step_of(req.created) {
                         self.steps[s].server_requests += 1;
@@ -619,7 +642,11 @@ impl Sim {
                             },
                         );
                     }
-                    Verdict::Park => {}
+                    Verdict::Park => {
+                        if req.kind == Kind::Await {
+                            self.held[req.client as usize] = Some(req);
+                        }
+                    }
                 }
             }
             Work::Request(req, _enq, arrived) => {
@@ -632,6 +659,7 @@ impl Sim {
                 let fb = self.policy.on_complete(self.now, &done, &view);
                 self.count_msg(false);
                 self.schedule(self.now + half, Event::Reply { req, ok: true, fb });
+                self.release_held();
             }
         }
         if extra > 0 {
@@ -644,7 +672,38 @@ impl Sim {
         self.start_cores();
     }
 
+    /// Let the policy admit or refuse held requests. A refusal made here
+    /// costs no core time (like an explicit window update).
+    fn release_held(&mut self) {
+        if self.policy.parked_requests() == 0 {
+            return;
+        }
+        let view = self.queue_view();
+        let mut out = std::mem::take(&mut self.releases);
+        self.policy.release_parked(self.now, &view, &mut out);
+        for (client, what) in out.drain(..) {
+            let Some(req) = self.held.get_mut(client as usize).and_then(Option::take) else {
+                continue;
+            };
+            match what {
+                Release::Admit => self.fifo.push_back((req, self.now, self.now)),
+                Release::Reject(_) => {
+                    let fb = self.policy.feedback(self.now, client);
+                    if let Some(s) = self.step_of(req.created) {
+                        self.steps[s].rejected += 1;
+                    }
+                    self.count_msg(false);
+                    let at = self.now + self.cfg.tx_cost_ns + self.cfg.rtt_ns / 2;
+                    self.schedule(at, Event::Reply { req, ok: false, fb });
+                }
+            }
+        }
+        self.releases = out;
+    }
+
     fn on_tick(&mut self) {
+        self.release_held();
+        self.start_cores();
         let view = self.queue_view();
         let mut explicit = std::mem::take(&mut self.parked_answers);
         self.policy.on_tick(self.now, &view, &mut explicit);
@@ -716,6 +775,8 @@ pub fn run(cfg: &SimConfig) -> Result<SimResult, ConfigError> {
         cores: (0..cfg.cores).map(|_| None).collect(),
         idle_cores: (0..cfg.cores as u32).rev().collect(),
         parked_answers: Vec::new(),
+        held: vec![None; cfg.clients],
+        releases: Vec::new(),
         step_ends,
         measure_start: warm,
         steps: (0..cfg.steps.len()).map(|_| StepAcc::default()).collect(),

@@ -4,7 +4,7 @@
 //! | header | direction | meaning |
 //! |---|---|---|
 //! | `bw-client` | request | client id (u64) |
-//! | `bw-kind` | request | `request` (default), `register`, `wait`, `deregister` |
+//! | `bw-kind` | request | `request` (default), `register`, `wait`, `await` (a request sent without credit, held until the server has one), `deregister` |
 //! | `bw-demand` | request | requests queued at the client behind this one |
 //! | `bw-budget-us` | request | the client's remaining time for this request (relative) |
 //! | `bw-priority` | request | DAGOR priority, 1 (most important) ..= 128 |
@@ -96,6 +96,7 @@ pub fn parse_arrival(headers: &HeaderMap) -> Result<Option<Arrival>, WireError> 
         None | Some(b"request") => Kind::Request,
         Some(b"register") => Kind::Register,
         Some(b"wait") => Kind::CreditWait,
+        Some(b"await") => Kind::Await,
         Some(b"deregister") => Kind::Deregister,
         Some(other) => {
             return Err(WireError::Malformed {
@@ -131,6 +132,7 @@ pub fn write_arrival(headers: &mut HeaderMap, a: &Arrival) {
         Kind::Request => "request",
         Kind::Register => "register",
         Kind::CreditWait => "wait",
+        Kind::Await => "await",
         Kind::Deregister => "deregister",
     };
     headers.insert(CLIENT, HeaderValue::from(a.client));

@@ -14,7 +14,7 @@ use breakwater::policy::seda::{SedaClient, SedaConfig};
 use breakwater::rng::SplitMix64;
 use breakwater::{
     Acquire, Arrival, ClientPolicy, Completion, Feedback, Kind, Policy, QueueView, RejectReason,
-    Verdict,
+    Release, Verdict,
 };
 
 const SLO: u64 = 1_000_000; // 1 ms
@@ -88,10 +88,15 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
         cfg.overcommit = rng.below(4) != 0;
         cfg.aqm = rng.below(4) != 0;
         cfg.client_idle_ns = 5_000_000;
+        cfg.overcommit_floor = rng.below(2);
+        cfg.max_held = 1 + rng.below(4);
         let mut p = Breakwater::new(cfg).unwrap();
         let ids: Vec<u64> = (0..1 + rng.below(40)).collect();
         // Requests admitted and not yet completed, by client.
         let mut running: Vec<u64> = Vec::new();
+        // Clients with a request held for a credit.
+        let mut held: Vec<u64> = Vec::new();
+        let mut releases = Vec::new();
         let mut now = 1_000u64;
         for _ in 0..3000 {
             now += rng.below(50_000);
@@ -139,14 +144,42 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
                         assert_eq!(p.unused(y), Some(g.unused_after));
                     }
                 }
-                7 => {
+                7 if rng.below(2) == 0 => {
                     p.on_arrival(now, &msg(x, Kind::CreditWait, demand.max(1)), &q);
+                }
+                7 => {
+                    let mut m = msg(x, Kind::Await, demand);
+                    m.budget_ns = Some(rng.below(2 * SLO));
+                    match p.on_arrival(now, &m, &q) {
+                        Verdict::Admit => running.push(x),
+                        Verdict::Park => {
+                            assert!(!held.contains(&x), "two held requests of client {x}");
+                            held.push(x);
+                        }
+                        _ => {}
+                    }
+                    assert!(p.held() as u64 <= p.config().max_held, "held past max_held");
                 }
                 8 => {
                     let mut out = Vec::new();
                     p.on_tick(now, &q, &mut out);
                     for (_, fb) in out {
                         assert!(matches!(fb, Feedback::CreditLimit(_)));
+                    }
+                    p.release_parked(now, &q, &mut releases);
+                    for (y, what) in releases.drain(..) {
+                        let i = held
+                            .iter()
+                            .position(|&h| h == y)
+                            .expect("released a held one");
+                        held.swap_remove(i);
+                        if what == Release::Admit {
+                            running.push(y);
+                            assert!(
+                                p.issued() <= p.c_total() as u64,
+                                "a release overdrew the pool"
+                            );
+                        }
                     }
                 }
                 _ => {
@@ -802,4 +835,105 @@ fn gradient_limit_shrinks_when_latency_inflates() {
         g.on_arrival(0, &Arrival::request(1), &q),
         Verdict::Reject(RejectReason::Limit)
     );
+}
+
+/// A request sent without credit (`await`) is admitted on a free credit,
+/// held while the pool is spent (at most `max_held`, one per client), let
+/// in the moment a completion frees a credit, and refused once it could no
+/// longer start within its budget.
+#[test]
+fn awaits_are_admitted_held_released_and_refused() {
+    let mut cfg = BreakwaterConfig::for_slo(SLO, 1);
+    cfg.max_held = 2;
+    cfg.overcommit_floor = 0;
+    let mut p = Breakwater::new(cfg).unwrap();
+    let q = QueueView {
+        workers: 1,
+        ..QueueView::default()
+    };
+    // Cold pool: C_total = C_min = 1.
+    for x in 1..=4 {
+        assert_eq!(
+            p.on_arrival(0, &msg(x, Kind::Register, 0), &q),
+            Verdict::Admit
+        );
+    }
+    for x in 1..=4 {
+        let done = Completion {
+            client: x,
+            ok: true,
+            sojourn_ns: 1_000,
+        };
+        p.on_complete(1, &done, &q);
+    }
+    assert_eq!(
+        p.issued(),
+        0,
+        "floor 0 and no demand: no speculative credit"
+    );
+    let mut m = msg(1, Kind::Await, 0);
+    m.budget_ns = Some(SLO);
+    assert_eq!(p.on_arrival(2, &m, &q), Verdict::Admit, "a free credit");
+    assert_eq!(p.issued(), 1);
+    for x in [2, 3] {
+        let mut m = msg(x, Kind::Await, 0);
+        m.budget_ns = Some(SLO);
+        assert_eq!(p.on_arrival(2, &m, &q), Verdict::Park, "pool spent: held");
+    }
+    let mut m = msg(2, Kind::Await, 0);
+    m.budget_ns = Some(SLO);
+    assert_eq!(
+        p.on_arrival(2, &m, &q),
+        Verdict::Reject(RejectReason::NoCredit),
+        "one held request per client"
+    );
+    let mut m = msg(4, Kind::Await, 0);
+    m.budget_ns = Some(SLO);
+    assert_eq!(
+        p.on_arrival(2, &m, &q),
+        Verdict::Reject(RejectReason::Limit),
+        "max_held reached"
+    );
+    assert_eq!(p.held(), 2);
+    assert_eq!(p.issued(), p.issued_recount());
+    // Nothing to release while the pool is spent.
+    let mut out = Vec::new();
+    p.release_parked(3, &q, &mut out);
+    assert!(out.is_empty());
+    // A completion frees the credit: the oldest held request goes in.
+    let done = Completion {
+        client: 1,
+        ok: true,
+        sojourn_ns: 1_000,
+    };
+    p.on_complete(4, &done, &q);
+    p.release_parked(4, &q, &mut out);
+    assert_eq!(out, vec![(2, Release::Admit)]);
+    assert_eq!(p.issued(), 1);
+    assert_eq!(p.issued(), p.issued_recount());
+    // Client 3 waited past its budget (SLO minus the service reserve).
+    out.clear();
+    p.release_parked(SLO, &q, &mut out);
+    assert!(
+        matches!(
+            out[..],
+            [(3, Release::Reject(RejectReason::QueueDelay { .. }))]
+        ),
+        "{out:?}"
+    );
+    assert_eq!(p.held(), 0);
+    assert_eq!(p.issued(), p.issued_recount());
+}
+
+#[test]
+fn a_carrying_client_sends_its_request_as_the_credit_wait() {
+    let mut c = BreakwaterClient::carrying();
+    assert!(c.carries_requests());
+    assert!(!BreakwaterClient::new().carries_requests());
+    assert_eq!(c.try_acquire(0, 1), Acquire::Send(Kind::Register));
+    c.on_feedback(1, Feedback::CreditLimit(1));
+    assert_eq!(c.try_acquire(1, 1), Acquire::Wait);
+    assert!(c.needs_credit_wait(0));
+    c.reset();
+    assert!(c.carries_requests(), "reset keeps the protocol");
 }

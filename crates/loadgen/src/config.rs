@@ -60,6 +60,9 @@ pub struct Config {
     /// SEDA's additive increase (req/s) and initial per-client rate.
     pub seda_adj_i: Option<f64>,
     pub seda_initial_rate: Option<f64>,
+    /// Breakwater: a drained client's credit wait carries its oldest
+    /// request (`await`, the default) instead of going alone (`wait`).
+    pub bw_carry: bool,
 }
 
 impl Config {
@@ -87,6 +90,7 @@ impl Config {
             slo_us: None,
             seda_adj_i: None,
             seda_initial_rate: None,
+            bw_carry: true,
         }
     }
 

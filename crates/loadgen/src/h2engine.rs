@@ -86,6 +86,7 @@ fn spec(config: &Config, kind: ControlKind) -> Result<ControlSpec, String> {
     };
     spec.seda_initial_rate = config.seda_initial_rate.unwrap_or(share);
     spec.seda_adj_i = config.seda_adj_i.unwrap_or(share * 0.005);
+    spec.carry = config.bw_carry;
     spec.client()
         .map_err(|e| format!("--control {}: {e}", kind.name()))?;
     Ok(spec)

@@ -30,6 +30,8 @@ struct Args {
     slo_us: Option<u64>,
     rx_cost_us: Option<f64>,
     tx_cost_us: Option<f64>,
+    carry: bool,
+    max_held: Option<u64>,
 }
 
 fn parse() -> Result<Args, String> {
@@ -50,6 +52,8 @@ fn parse() -> Result<Args, String> {
         slo_us: None,
         rx_cost_us: None,
         tx_cost_us: None,
+        carry: false,
+        max_held: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -75,9 +79,11 @@ fn parse() -> Result<Args, String> {
             "--rx-cost-us" => a.rx_cost_us = Some(pos(&val("--rx-cost-us")?, "--rx-cost-us")?),
             "--tx-cost-us" => a.tx_cost_us = Some(pos(&val("--tx-cost-us")?, "--tx-cost-us")?),
             "--json" => a.json = Some(val("--json")?),
+            "--carry" => a.carry = true,
+            "--max-held" => a.max_held = Some(num(&val("--max-held")?, "--max-held")?),
             "--quick" => a.quick = true,
             "-h" | "--help" => {
-                return Err("usage: bw-sim --experiment sweep|dist|shift|ablation|messages|all [--quick] [--json FILE] | --control NAME --dist D --mean-us N --demand X --duration S [--cores N --rtt-us N --clients N --slo-us N --rx-cost-us F --tx-cost-us F]".into())
+                return Err("usage: bw-sim --experiment sweep|dist|shift|ablation|messages|all [--quick] [--json FILE] | --control NAME --dist D --mean-us N --demand X --duration S [--cores N --rtt-us N --clients N --slo-us N --rx-cost-us F --tx-cost-us F --carry --max-held N]".into())
             }
             other => return Err(format!("unknown flag {other:?}")),
         }
@@ -268,6 +274,12 @@ fn overrides(args: &Args, c: &mut SimConfig) {
     }
     if let Some(us) = args.tx_cost_us {
         c.tx_cost_ns = (us * 1000.0) as u64;
+    }
+    // The thesis's protocol unless asked: `--carry` sends a drained
+    // client's oldest request as its credit wait (the bench VM's default).
+    c.control.carry = args.carry;
+    if args.max_held.is_some() {
+        c.control.max_held = args.max_held;
     }
     let share = c.capacity_rps() / c.clients as f64;
     if args.seda_adj_i.is_none() {

@@ -62,7 +62,8 @@
 
 use super::{
     fraction, positive_f64, positive_u64, Acquire, Arrival, ClientId, ClientPolicy, Completion,
-    ConfigError, Feedback, Kind, Nanos, Policy, PolicyStats, QueueView, RejectReason, Verdict,
+    ConfigError, Feedback, Kind, Nanos, Policy, PolicyStats, QueueView, RejectReason, Release,
+    Verdict,
 };
 use std::collections::{HashMap, VecDeque};
 
@@ -126,6 +127,18 @@ pub struct BreakwaterConfig {
     pub efficiency_decrease: f64,
     /// Unused credits of a client silent this long are revoked.
     pub client_idle_ns: Nanos,
+    /// At most this many requests sent without credit ([`Kind::Await`])
+    /// are held for one; more are refused at once (503 `limit`). The AQM
+    /// rule already refuses a request whose forecast wait (queued + held
+    /// ahead × mean service) exceeds its budget, so this is a backstop.
+    pub max_held: u64,
+    /// The floor of Eq. 2.4, `C_oc = max(spare/n_c, floor)`: the thesis's
+    /// 1 guarantees a drained client a credit to send with. Clients whose
+    /// credit wait carries the request ([`Kind::Await`]) do not need one,
+    /// and a credit given to one of many mostly idle clients sits unused,
+    /// holding back the pool: with await the floor is 0, so a response
+    /// speculates only with the pool's spare credits.
+    pub overcommit_floor: u64,
 }
 
 impl BreakwaterConfig {
@@ -153,6 +166,8 @@ impl BreakwaterConfig {
             efficiency_step: None,
             efficiency_decrease: 0.02,
             client_idle_ns: 1_000_000_000,
+            max_held: cores.max(1) * 64,
+            overcommit_floor: 1,
         }
     }
 
@@ -172,6 +187,7 @@ impl BreakwaterConfig {
         }
         fraction("efficiency_decrease", self.efficiency_decrease, false)?;
         positive_u64("client_idle", self.client_idle_ns)?;
+        positive_u64("max_held", self.max_held)?;
         Ok(())
     }
 }
@@ -190,6 +206,8 @@ struct ClientState {
     demand: u64,
     last_seen: Nanos,
     parked: bool,
+    /// A request of this client is held ([`Kind::Await`]).
+    awaiting: bool,
 }
 
 impl ClientState {
@@ -234,12 +252,26 @@ pub struct Breakwater {
     issued: u64,
     clients: HashMap<ClientId, ClientState>,
     parked: VecDeque<ClientId>,
+    /// Requests sent without credit ([`Kind::Await`]) held for a credit,
+    /// oldest first.
+    held: VecDeque<Held>,
+    /// Held requests to refuse at the next release (their client left).
+    held_rejects: Vec<ClientId>,
     last_update: Option<Nanos>,
     last_idle_scan: Nanos,
     eff: Efficiency,
     /// Grants made on responses / explicit updates, for message counts.
     pub explicit_updates: u64,
     last_grant: Option<GrantRecord>,
+}
+
+/// A request held for a credit.
+#[derive(Debug, Clone, Copy)]
+struct Held {
+    client: ClientId,
+    arrived: Nanos,
+    /// The client's remaining time when it arrived.
+    budget_ns: Nanos,
 }
 
 /// The inputs and result of the latest lazy-distribution decision, so tests
@@ -262,6 +294,8 @@ impl Breakwater {
             issued: 0,
             clients: HashMap::new(),
             parked: VecDeque::new(),
+            held: VecDeque::new(),
+            held_rejects: Vec::new(),
             last_update: None,
             last_idle_scan: 0,
             eff: Efficiency::default(),
@@ -335,7 +369,15 @@ impl Breakwater {
         if !self.config.overcommit {
             return 0;
         }
-        (self.total().saturating_sub(self.issued) / self.n_c()).max(1)
+        (self.total().saturating_sub(self.claimed()) / self.n_c()).max(self.config.overcommit_floor)
+    }
+
+    /// Credits issued plus requests held for one: a held request is demand
+    /// the server already has, so it claims the pool's next free credit
+    /// before any speculative grant does (lazy distribution sees the pool
+    /// as spent while requests are held, and revokes).
+    fn claimed(&self) -> u64 {
+        self.issued + self.held.len() as u64
     }
 
     /// Eq. 2.1/2.2 on a measured queueing delay. Public for tests.
@@ -451,7 +493,7 @@ impl Breakwater {
     fn grant(&mut self, id: ClientId) -> u64 {
         let total = self.total();
         let c_oc = self.overcommit_per_client();
-        let issued = self.issued;
+        let issued = self.claimed();
         let Some(c) = self.clients.get_mut(&id) else {
             return 0;
         };
@@ -505,7 +547,7 @@ impl Breakwater {
         self.last_idle_scan = now;
         let mut revoked = 0;
         self.clients.retain(|_, c| {
-            if now.saturating_sub(c.last_seen) < idle || c.parked {
+            if now.saturating_sub(c.last_seen) < idle || c.parked || c.awaiting {
                 return true;
             }
             revoked += c.unused();
@@ -513,6 +555,101 @@ impl Breakwater {
             c.inflight > 0
         });
         self.issued -= revoked;
+    }
+}
+
+impl Breakwater {
+    /// The AQM rule for a request with `remaining` client time, facing
+    /// `queue` plus `ahead` more requests.
+    fn aqm_check(
+        &self,
+        now: Nanos,
+        remaining: Option<Nanos>,
+        queue: &QueueView,
+        ahead: usize,
+    ) -> Result<(), RejectReason> {
+        if !self.config.aqm {
+            return Ok(());
+        }
+        let own = self.config.queue_budget_ns;
+        let budget = remaining.map_or(own, |r| {
+            own.min(r.saturating_sub(self.config.service_reserve_ns))
+        });
+        let delay = if self.config.aqm_forecast {
+            let q = QueueView {
+                len: queue.len + ahead,
+                ..*queue
+            };
+            self.expected_wait(now, &q)
+        } else {
+            queue.delay(now)
+        };
+        if delay > budget {
+            Err(RejectReason::QueueDelay {
+                delay_ns: delay,
+                budget_ns: budget,
+            })
+        } else {
+            Ok(())
+        }
+    }
+
+    /// A request sent without credit ([`Kind::Await`]): admit it on a
+    /// credit if one is free and nobody is held ahead of it, else hold it
+    /// (or refuse it at once if it could not start in time).
+    fn on_await(&mut self, now: Nanos, msg: &Arrival, queue: &QueueView) -> Verdict {
+        let id = msg.client;
+        let free = self.held.is_empty() && self.issued < self.total();
+        let (awaiting, stale) = {
+            let c = &self.clients[&id];
+            (c.awaiting, c.unused() > 0)
+        };
+        if awaiting || self.held_rejects.contains(&id) {
+            // One held request per client: clients are not trusted.
+            return Verdict::Reject(RejectReason::NoCredit);
+        }
+        if !stale && !free {
+            // Hold it, unless the work already queued and held ahead of it
+            // would outlast its budget: then refuse now (a fast failure).
+            let ahead = self.held.len() + 1;
+            let full = self.held.len() as u64 >= self.config.max_held;
+            let check = self.aqm_check(now, msg.budget_ns, queue, ahead);
+            if full || check.is_err() {
+                self.eff.in_cur += 1;
+                self.eff.drop_cur += 1;
+                return Verdict::Reject(check.err().unwrap_or(RejectReason::Limit));
+            }
+            self.clients.get_mut(&id).expect("known").awaiting = true;
+            let budget_ns = msg
+                .budget_ns
+                .unwrap_or(self.config.queue_budget_ns + self.config.service_reserve_ns);
+            self.held.push_back(Held {
+                client: id,
+                arrived: now,
+                budget_ns,
+            });
+            return Verdict::Park;
+        }
+        self.eff.in_cur += 1;
+        let c = self.clients.get_mut(&id).expect("known");
+        c.inflight += 1;
+        if stale {
+            // A grant still on its way to the client: spend one of it.
+            c.limit -= 1;
+        } else {
+            self.issued += 1;
+        }
+        if let Err(reason) = self.aqm_check(now, msg.budget_ns, queue, 0) {
+            self.return_inflight(id);
+            self.eff.drop_cur += 1;
+            return Verdict::Reject(reason);
+        }
+        Verdict::Admit
+    }
+
+    /// Requests currently held for a credit.
+    pub fn held(&self) -> usize {
+        self.held.len()
     }
 }
 
@@ -541,6 +678,11 @@ impl Policy for Breakwater {
                         c.parked = false;
                         self.parked.retain(|&p| p != msg.client);
                     }
+                    if c.awaiting {
+                        c.awaiting = false;
+                        self.held.retain(|h| h.client != msg.client);
+                        self.held_rejects.push(msg.client);
+                    }
                     if c.inflight == 0 {
                         self.clients.remove(&msg.client);
                     }
@@ -548,7 +690,7 @@ impl Policy for Breakwater {
                 return Verdict::Answer;
             }
             Kind::Register => self.register(now, msg.client),
-            Kind::Request | Kind::CreditWait => {
+            Kind::Request | Kind::CreditWait | Kind::Await => {
                 if !self.clients.contains_key(&msg.client) {
                     return Verdict::Reject(RejectReason::Unregistered);
                 }
@@ -573,6 +715,7 @@ impl Policy for Breakwater {
                 self.parked.push_back(msg.client);
                 return Verdict::Park;
             }
+            Kind::Await => return self.on_await(now, msg, queue),
             Kind::Register => {
                 // Count the piggybacked request, then grant it a window.
                 // The request needs one credit of that window.
@@ -617,24 +760,10 @@ impl Policy for Breakwater {
         c.received += 1;
         c.inflight += 1;
         self.eff.in_cur += 1;
-        if self.config.aqm {
-            let own = self.config.queue_budget_ns;
-            let budget = msg.budget_ns.map_or(own, |remaining| {
-                own.min(remaining.saturating_sub(self.config.service_reserve_ns))
-            });
-            let delay = if self.config.aqm_forecast {
-                self.expected_wait(now, queue)
-            } else {
-                queue.delay(now)
-            };
-            if delay > budget {
-                self.return_inflight(msg.client);
-                self.eff.drop_cur += 1;
-                return Verdict::Reject(RejectReason::QueueDelay {
-                    delay_ns: delay,
-                    budget_ns: budget,
-                });
-            }
+        if let Err(reason) = self.aqm_check(now, msg.budget_ns, queue, 0) {
+            self.return_inflight(msg.client);
+            self.eff.drop_cur += 1;
+            return Verdict::Reject(reason);
         }
         Verdict::Admit
     }
@@ -686,11 +815,63 @@ impl Policy for Breakwater {
         }
     }
 
+    fn release_parked(
+        &mut self,
+        now: Nanos,
+        queue: &QueueView,
+        out: &mut Vec<(ClientId, Release)>,
+    ) {
+        self.maybe_update(now, queue);
+        for id in self.held_rejects.drain(..) {
+            out.push((id, Release::Reject(RejectReason::NoCredit)));
+        }
+        let mut admitted = 0;
+        while let Some(&h) = self.held.front() {
+            let waited = now.saturating_sub(h.arrived);
+            let left = h.budget_ns.saturating_sub(waited);
+            let check = if self.config.aqm && left <= self.config.service_reserve_ns {
+                // Its time ran out while it was held.
+                Err(RejectReason::QueueDelay {
+                    delay_ns: waited,
+                    budget_ns: 0,
+                })
+            } else {
+                self.aqm_check(now, Some(left), queue, admitted)
+            };
+            let verdict = match check {
+                Err(reason) => Release::Reject(reason),
+                Ok(()) if self.issued < self.total() => Release::Admit,
+                Ok(()) => break,
+            };
+            self.held.pop_front();
+            let Some(c) = self.clients.get_mut(&h.client) else {
+                out.push((h.client, Release::Reject(RejectReason::Unregistered)));
+                continue;
+            };
+            c.awaiting = false;
+            self.eff.in_cur += 1;
+            if verdict == Release::Admit {
+                c.inflight += 1;
+                self.issued += 1;
+                admitted += 1;
+            } else {
+                self.eff.drop_cur += 1;
+            }
+            out.push((h.client, verdict));
+        }
+    }
+
+    fn parked_requests(&self) -> usize {
+        self.held.len() + self.held_rejects.len()
+    }
+
     fn stats(&self) -> PolicyStats {
         PolicyStats {
             control: self.c_total,
             issued: self.issued,
             clients: self.clients.len(),
+            unused: self.clients.values().map(ClientState::unused).sum(),
+            held_now: self.held.len(),
         }
     }
 }
@@ -705,11 +886,21 @@ pub struct BreakwaterClient {
     sent: u64,
     /// Latest edge from the server.
     limit: u64,
+    /// Send the oldest queued request as the credit wait ([`Kind::Await`]).
+    carry: bool,
 }
 
 impl BreakwaterClient {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A client whose credit wait carries its oldest queued request.
+    pub fn carrying() -> Self {
+        BreakwaterClient {
+            carry: true,
+            ..Self::default()
+        }
     }
 
     /// Credits the client may spend now.
@@ -759,7 +950,14 @@ impl ClientPolicy for BreakwaterClient {
         self.registered && inflight == 0 && self.available() == 0
     }
 
+    fn carries_requests(&self) -> bool {
+        self.carry
+    }
+
     fn reset(&mut self) {
-        *self = BreakwaterClient::default();
+        *self = BreakwaterClient {
+            carry: self.carry,
+            ..BreakwaterClient::default()
+        };
     }
 }

@@ -42,6 +42,15 @@ pub enum Kind {
     /// when it has credit to give (an explicit window update) — HTTP has no
     /// server push, so the client parks this request instead.
     CreditWait,
+    /// An RPC sent *without* a credit by a client that holds none and has
+    /// nothing in flight: a credit wait that carries its request. The
+    /// server admits it at once if it has credit to give, else holds it
+    /// (not in the FIFO, not counted as issued) and admits it the moment
+    /// a credit frees up, or refuses it when it can no longer finish in
+    /// time. It saves the credit wait's round trip and message, and the
+    /// server never idles while such demand waits (see
+    /// `docs/breakwater.md`, "credit waits that carry the request").
+    Await,
     /// No RPC: the client leaves and returns its unused credits.
     Deregister,
 }
@@ -106,7 +115,9 @@ pub enum Verdict {
     Admit,
     Reject(RejectReason),
     /// Hold the message and answer it from a later [`Policy::on_tick`]
-    /// (a [`Kind::CreditWait`] that finds no credit to give).
+    /// (a [`Kind::CreditWait`] that finds no credit to give), or, for a
+    /// [`Kind::Await`], hold the request until [`Policy::release_parked`]
+    /// admits or refuses it.
     Park,
     /// Answer at once with [`Policy::feedback`] (credit waits that can be
     /// satisfied now, deregistration).
@@ -130,6 +141,16 @@ pub enum RejectReason {
     Limit,
 }
 
+/// What becomes of a request held by [`Verdict::Park`] (a [`Kind::Await`]):
+/// see [`Policy::release_parked`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Release {
+    /// Append it to the FIFO now (its credit is counted as issued).
+    Admit,
+    /// Answer it with this refusal (and [`Policy::feedback`]).
+    Reject(RejectReason),
+}
+
 /// Control state piggybacked on a response (or sent alone).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Feedback {
@@ -150,6 +171,10 @@ pub struct PolicyStats {
     /// Breakwater's C_issued.
     pub issued: u64,
     pub clients: usize,
+    /// Breakwater: credits granted and not yet spent (part of `issued`).
+    pub unused: u64,
+    /// Breakwater: requests held for a credit right now.
+    pub held_now: usize,
 }
 
 /// The server half of an overload control. See the module docs.
@@ -179,6 +204,23 @@ pub trait Policy: Send + 'static {
         _queue: &QueueView,
         _explicit: &mut Vec<(ClientId, Feedback)>,
     ) {
+    }
+    /// Decide held requests ([`Kind::Await`] answered with
+    /// [`Verdict::Park`]): push `(client, Admit)` for each to append to the
+    /// FIFO now, in that order, and `(client, Reject)` for each to refuse.
+    /// Called after every completion and tick; `queue` is the FIFO before
+    /// any of the pushed admissions.
+    fn release_parked(
+        &mut self,
+        _now: Nanos,
+        _queue: &QueueView,
+        _out: &mut Vec<(ClientId, Release)>,
+    ) {
+    }
+    /// Requests held for [`Self::release_parked`] (cheap; lets the layer skip
+    /// the call).
+    fn parked_requests(&self) -> usize {
+        0
     }
     fn stats(&self) -> PolicyStats {
         PolicyStats::default()
@@ -214,6 +256,11 @@ pub trait ClientPolicy: Send + 'static {
     /// Breakwater: registered, no credit, nothing in flight to bring a
     /// window back — send a [`Kind::CreditWait`].
     fn needs_credit_wait(&self, _inflight: usize) -> bool {
+        false
+    }
+    /// Whether the credit wait carries the oldest queued request
+    /// ([`Kind::Await`]) rather than going alone ([`Kind::CreditWait`]).
+    fn carries_requests(&self) -> bool {
         false
     }
     /// A registration was refused outright (e.g. unknown at the server):
