@@ -628,11 +628,14 @@ mod tests {
     #[test]
     fn version_mismatch_names_both_versions() {
         let mut b = valid_header(4);
-        b[8..12].copy_from_slice(&3u32.to_le_bytes());
+        b[8..12].copy_from_slice(&(TS_ABI_VERSION + 1).to_le_bytes());
         let e = parse_region_header(&b, crate::region_size(4)).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "ABI version mismatch: region has 3, agent supports 2"
+            format!(
+                "ABI version mismatch: region has {}, agent supports {TS_ABI_VERSION}",
+                TS_ABI_VERSION + 1
+            )
         );
     }
 
