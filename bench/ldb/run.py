@@ -379,12 +379,12 @@ OBSERVER_SETTINGS = [
     ("20 µs, SCHED_OTHER, on the load generator's CPU", ("--fn-period-us", "20"), ("other", "cpu1")),
     ("busy-poll, SCHED_OTHER", ("--fn-period-us", "0"), ("other",)),
     ("busy-poll, SCHED_IDLE", ("--fn-period-us", "0"), ("idle",)),
-    ("agent default (busy-poll, SCHED_IDLE)", (), ()),
+    ("agent default (1 ms, SCHED_IDLE, idle back-off)", (), ()),
 ]
 
 
-# --observer-settings key: the old default, the same at idle priority, and the new default
-OBSERVER_KEY = ("20 µs, SCHED_OTHER", "20 µs, SCHED_IDLE", "agent default (busy-poll, SCHED_IDLE)")
+# --observer-settings key: the first default, the second (busy-poll at idle priority), the current one
+OBSERVER_KEY = ("20 µs, SCHED_OTHER", "busy-poll, SCHED_IDLE", "agent default (1 ms, SCHED_IDLE, idle back-off)")
 
 
 def observer_settings(runs: int, seconds: float, load: float = 0.2, only: tuple = ()) -> dict:

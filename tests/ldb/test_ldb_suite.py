@@ -62,12 +62,14 @@ def run_agent(args: list[str], timeout: float = 120) -> subprocess.CompletedProc
 def record(tmp: Path, mode: str, *extra: str) -> tuple[dict, Path]:
     out = tmp / f"rec-{mode}"
     truth = tmp / f"truth-{mode}.txt"
-    # Normal priority: the suite checks what the observer reports when it gets the CPU. The
-    # default (busy-poll at SCHED_IDLE) gives way to everything else, so on a busy machine it
-    # can sit out a whole pass while several threads' calls begin and end, which this suite's
+    # Normal priority: the suite checks what the observer reports when it gets the CPU. At
+    # SCHED_IDLE (the default) it gives way to everything else, so on a busy machine it can sit
+    # out a whole pass while several threads' calls begin and end, which this suite's
     # one-miss-per-long-gap allowance does not model (docs/ldb.md, "choosing the setting").
-    r = run_agent(["record", "-o", str(out), "--functions", "--fn-normal-priority", "--quiet", *extra, "--",
-                   str(BUILD / "ldbtarget"), mode, str(truth)])
+    # A pass every 100 µs (the default is 1 ms): the throttled loop, with its idle back-off,
+    # at a period well below the shortest call here (1 ms); a test may override it.
+    r = run_agent(["record", "-o", str(out), "--functions", "--fn-normal-priority", "--quiet",
+                   "--fn-period-us", "100", *extra, "--", str(BUILD / "ldbtarget"), mode, str(truth)])
     assert r.returncode == 0, r.stderr
     meta = json.loads((out / "meta.json").read_text())
     return meta, out

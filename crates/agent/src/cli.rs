@@ -54,7 +54,7 @@ OPTIONS:
                         lock and request hand-off events into DIR/locks/ and
                         DIR/request_events/; needs libtailscope in the target
     --fn-period-us N    observer scan period in microseconds (default 1000;
-                        passes that find nothing new back off to 8 periods);
+                        passes that find nothing new back off to 2 periods);
                         it runs at idle priority (SCHED_IDLE): only CPU
                         time nothing else wants; 0 busy-polls, for a spare
                         core (see --fn-normal-priority)
@@ -64,7 +64,7 @@ OPTIONS:
     --fn-threshold-us N record only calls at least N us long (default 0: every
                         call the observer sees end)
     --mutex-threshold-us N  log a lock when its wait or hold exceeds N us
-                        (default 1)
+                        (default 10)
     --dte-tolerance F   Shim double-time error filter: keep a stack walk when
                         its clock ratio is within 1 +- F (default 0.01)
     -h, --help          this text

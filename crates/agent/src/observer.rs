@@ -96,20 +96,35 @@ pub struct ObserverConfig {
 
 impl Default for ObserverConfig {
     fn default() -> Self {
-        // Busy-poll at idle priority (bench/ldb, docs/ldb.md): Shim's
-        // resolution from the CPU time the target leaves idle. A throttled
-        // observer at normal priority wakes 50 000 times a second and
-        // delays the target's requests each time (+20% median at 20% load
-        // on 2 vCPUs); an idle-priority one never does.
+        // A pass every millisecond at idle priority (bench/ldb,
+        // docs/ldb.md). Busy-polling, even at SCHED_IDLE, keeps a CPU busy
+        // that would otherwise sleep: in a VM the host then takes that
+        // vCPU away for milliseconds at a time, and whatever the guest
+        // wakes on it next (the target, its clients) waits. A pass per
+        // millisecond costs the machine ~0.5% of a CPU. Busy-polling
+        // (`--fn-period-us 0`) is for a spare core.
         ObserverConfig {
-            period: Duration::ZERO,
+            period: Duration::from_millis(1),
             idle_priority: true,
             threshold_ns: 0,
             dte_tolerance: 0.01,
-            mutex_thresh_ns: tailscope_abi::TS_MUTEX_THRESH_NS,
+            mutex_thresh_ns: DEFAULT_MUTEX_THRESH_NS,
         }
     }
 }
+
+/// The agent's lock-event threshold (it overrides the runtime's
+/// TS_MUTEX_THRESH_NS, 1 us, through the header). With instrumented code
+/// inside critical sections most holds pass 1 us: memcached at 44k SET/s
+/// logged 57k lock events a second at 1 us, 2k at 10 us, with fewer
+/// ms-scale stalls at p99 (bench/ldb, docs/ldb.md).
+pub const DEFAULT_MUTEX_THRESH_NS: u64 = 10_000;
+
+/// A throttled observer whose passes find nothing new backs off to this
+/// many periods between passes (an idle target costs few wake-ups; the
+/// first change after a quiet spell is seen up to this many periods late,
+/// which the error bounds of the calls it starts carry).
+pub const IDLE_BACKOFF: u32 = 2;
 
 /// Buckets of the pass-period histogram: bucket `i` counts periods in
 /// `[2^i, 2^(i+1))` ns (bucket 0 also takes 0).
@@ -275,6 +290,8 @@ pub struct Observer<M: RegionMemory> {
     stats: ObserverStats,
     prev_pass_ns: Option<u64>,
     pass_ns: u64,
+    /// The current pass found something new (see [`Observer::pass`]).
+    changed: bool,
     before_pass_ns: u64,
     head_buf: Vec<u8>,
     frames_buf: Vec<u8>,
@@ -291,9 +308,14 @@ impl<M: RegionMemory> Observer<M> {
     /// recording to the runtime (ldb_flags, the mutex threshold).
     pub fn new(mem: M, max_slots: u32, cfg: ObserverConfig, start_mono_ns: u64) -> Self {
         mem.store_u64_release(header_offsets::MUTEX_THRESH_NS, cfg.mutex_thresh_ns);
+        // Diagnostic knob (bench/docs), like the BPF programs':
+        // TAILSCOPE_DEBUG_SKIP=ldb-locks leaves the lock shim off.
+        let skip_locks = std::env::var("TAILSCOPE_DEBUG_SKIP")
+            .is_ok_and(|v| v.split(',').any(|p| p.trim() == "ldb-locks"));
+        let locks = if skip_locks { 0 } else { TS_LDB_LOCKS };
         mem.store_u32(
             header_offsets::LDB_FLAGS,
-            TS_LDB_LOCKS | TS_LDB_REQUESTS | TS_LDB_SLOTS,
+            locks | TS_LDB_REQUESTS | TS_LDB_SLOTS,
         );
         let mut tracks = Vec::new();
         tracks.resize_with(max_slots as usize, Track::default);
@@ -306,6 +328,7 @@ impl<M: RegionMemory> Observer<M> {
             stats: ObserverStats::default(),
             prev_pass_ns: None,
             pass_ns: 0,
+            changed: false,
             before_pass_ns: 0,
             head_buf: vec![0u8; SHADOW_HEAD_BYTES],
             frames_buf: vec![0u8; TS_SHADOW_DEPTH as usize * FRAME_SIZE],
@@ -327,7 +350,11 @@ impl<M: RegionMemory> Observer<M> {
     }
 
     /// One pass over every claimed slot. `clock` returns CLOCK_MONOTONIC ns.
-    pub fn pass(&mut self, clock: &mut dyn FnMut() -> u64) {
+    /// Returns whether it found anything new: a changed or busy stack, an
+    /// event, a thread that came or went (a throttled observer backs off
+    /// while nothing changes).
+    pub fn pass(&mut self, clock: &mut dyn FnMut() -> u64) -> bool {
+        self.changed = false;
         let t = clock();
         self.before_pass_ns = self.prev_pass_ns.unwrap_or(self.start_mono_ns.min(t));
         self.pass_ns = t;
@@ -346,6 +373,7 @@ impl<M: RegionMemory> Observer<M> {
         for i in 0..used {
             self.visit(i, clock);
         }
+        self.changed
     }
 
     fn visit(&mut self, i: u32, clock: &mut dyn FnMut() -> u64) {
@@ -355,11 +383,13 @@ impl<M: RegionMemory> Observer<M> {
         let live = state == TS_SLOT_LIVE;
         if !(live || state == TS_SLOT_EXITED) {
             if self.tracks[i as usize].tid != 0 {
+                self.changed = true;
                 self.end_thread(i);
             }
             return;
         }
         if self.tracks[i as usize].tid != tid {
+            self.changed = true;
             self.end_thread(i);
             let (trunc, resync, skip) = self.read_head(base);
             let drop0 = self.mem.load_u64(base + ldb_offsets::EV_DROPPED);
@@ -379,6 +409,7 @@ impl<M: RegionMemory> Observer<M> {
             return;
         }
         let walk = self.walk(i, base, clock);
+        self.changed |= walk != Walk::Unchanged;
         if !live && matches!(walk, Walk::Unchanged | Walk::Accepted) {
             // Exited: its stack is final. Calls still on it never ended in view.
             let (trunc, resync, skip) = self.read_head(base);
@@ -552,6 +583,7 @@ impl<M: RegionMemory> Observer<M> {
         if head == tail {
             return;
         }
+        self.changed = true;
         let plan = plan_drain(head, tail, TS_EVENT_RING_CAPACITY);
         if plan.resync {
             self.stats.event_ring_resyncs += 1;
@@ -710,6 +742,7 @@ impl ObserverThread {
                 let mut modules = read_modules(pid);
                 let mut last_flush = Instant::now();
                 let mut last_maps = Instant::now();
+                let mut gap = cfg.period;
                 let result = (|| -> Result<()> {
                     loop {
                         let stopping = stop2.load(Ordering::Relaxed);
@@ -717,7 +750,7 @@ impl ObserverThread {
                             set_normal_priority(); // the last pass and flush: not starved
                         }
                         let t0 = Instant::now();
-                        obs.pass(&mut clock);
+                        let changed = obs.pass(&mut clock);
                         if stopping || t0.duration_since(last_flush) >= Duration::from_millis(20) {
                             last_flush = t0;
                             flush(&mut obs, &mut functions, &mut locks, &mut reqs)?;
@@ -734,7 +767,18 @@ impl ObserverThread {
                         }
                         if cfg.period.is_zero() {
                             std::hint::spin_loop();
-                        } else if let Some(rest) = cfg.period.checked_sub(t0.elapsed()) {
+                            continue;
+                        }
+                        // Throttled: the next pass `period` after this one
+                        // began; while passes find nothing new (an idle
+                        // target), each waits twice as long, up to
+                        // IDLE_BACKOFF periods.
+                        gap = if changed {
+                            cfg.period
+                        } else {
+                            (gap * 2).min(cfg.period * IDLE_BACKOFF)
+                        };
+                        if let Some(rest) = gap.checked_sub(t0.elapsed()) {
                             std::thread::sleep(rest);
                         }
                     }
