@@ -80,7 +80,7 @@ pub struct ControlSpec {
     /// Breakwater's d_t; `None` keeps the thesis's 40% of the SLO.
     pub target_delay_ns: Option<Nanos>,
     /// Breakwater's service reserve (the AQM budget is SLO − this); `None`
-    /// keeps the default: 50% of the SLO with `carry`, else 30%.
+    /// keeps the default, 30% of the SLO.
     pub service_reserve_ns: Option<Nanos>,
     /// SEDA: additive increase (req/s per adjustment) and starting rate per
     /// client. Tune to the per-client share of capacity.
@@ -116,14 +116,7 @@ impl ControlSpec {
         c.overcommit = self.overcommit;
         c.aqm = self.aqm;
         c.aqm_forecast = self.aqm_forecast;
-        // With await every request passes through both ends (no excess
-        // waits out its SLO at the client), and on the bench VM the client
-        // half then lags by 1-3 ms at 2x: a 30% reserve admitted requests
-        // that finished late (docs/breakwater.md). Default 50% with await.
-        let reserve = self
-            .service_reserve_ns
-            .or(self.carry.then_some(self.slo_ns / 2));
-        if let Some(r) = reserve {
+        if let Some(r) = self.service_reserve_ns {
             c.service_reserve_ns = r.min(self.slo_ns);
             c.queue_budget_ns = self.slo_ns.saturating_sub(r).max(1);
         }
