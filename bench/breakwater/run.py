@@ -385,13 +385,13 @@ def main() -> int:
             "credits": ["--no-overcommit", "--no-aqm"],
             "credits+speculation": ["--no-aqm"],
             "credits+speculation+aqm": [],
-            # The thesis's protocol: drained clients send bare credit waits
-            # (no await), Eq. 2.4's floor of 1, the 30% service reserve.
-            "credits+speculation+aqm, bare credit waits (thesis)": ["--no-carry"],
+            # Session 4's await: drained clients send their oldest request
+            # as the credit wait; Eq. 2.4's floor is 0 (docs/breakwater.md).
+            "credits+speculation+aqm+await": ["--carry"],
         }
         for name, flags in variants.items():
             abl[name] = []
-            lgx = ["--bw-no-carry"] if "--no-carry" in flags else []
+            lgx = ["--bw-carry"] if "--carry" in flags else []
             for d in [1.0, 2.0] if not args.quick else [2.0]:
                 r = run_one(
                     "breakwater", d * c, server_extra=flags, duration=dur, warmup=warm, capacity=c, lg_extra=lgx

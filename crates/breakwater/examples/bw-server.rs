@@ -71,10 +71,10 @@ struct Args {
     /// default 30% of the SLO.
     #[arg(long)]
     reserve_us: Option<u64>,
-    /// Breakwater: clients send bare credit waits (loadgen --bw-no-carry),
-    /// so keep Eq. 2.4's overcommit floor of 1 credit per response.
+    /// Breakwater: clients send their request as the credit wait (loadgen
+    /// --bw-carry), so drop Eq. 2.4's overcommit floor to 0.
     #[arg(long)]
-    no_carry: bool,
+    carry: bool,
     /// Breakwater's target queueing delay d_t in µs (default: 40% of the
     /// SLO, the thesis's).
     #[arg(long)]
@@ -168,7 +168,7 @@ fn run(args: Args) -> Result<(), String> {
         }
         spec.target_delay_ns = Some(t * 1000);
     }
-    spec.carry = !args.no_carry;
+    spec.carry = args.carry;
     if let Some(r) = args.reserve_us {
         if r == 0 || r >= args.slo_us {
             return Err(format!("--reserve-us must be in (0, --slo-us), got {r}"));

@@ -72,7 +72,8 @@ pub struct ControlSpec {
     /// AQM against the forecast wait (default) or the oldest's age only.
     pub aqm_forecast: bool,
     /// A drained client's credit wait carries its oldest request
-    /// ([`crate::Kind::Await`], default) rather than going alone.
+    /// ([`crate::Kind::Await`]) rather than going alone (the thesis's
+    /// protocol, the default; see docs/breakwater.md for the measurements).
     pub carry: bool,
     /// Breakwater's bound on requests held for a credit; `None` keeps the
     /// default (64 × cores).
@@ -100,7 +101,7 @@ impl ControlSpec {
             overcommit: true,
             aqm: true,
             aqm_forecast: true,
-            carry: true,
+            carry: false,
             max_held: None,
             target_delay_ns: None,
             service_reserve_ns: None,

@@ -95,11 +95,11 @@ pub struct Args {
     /// SEDA initial per-client rate (default: the per-client share of --rate).
     #[arg(long)]
     pub seda_initial_rate: Option<f64>,
-    /// Breakwater: a drained client sends a bare credit wait and keeps its
-    /// requests queued (the protocol before `await`), instead of sending
-    /// its oldest request as the credit wait.
+    /// Breakwater: a drained client sends its oldest queued request as its
+    /// credit wait (`bw-kind: await`) instead of a bare credit wait; use
+    /// with `bw-server --carry`.
     #[arg(long)]
-    pub bw_no_carry: bool,
+    pub bw_carry: bool,
 }
 
 impl Args {
@@ -198,7 +198,7 @@ impl Args {
             slo_us: self.slo_us,
             seda_adj_i: self.seda_adj_i,
             seda_initial_rate: self.seda_initial_rate,
-            bw_carry: !self.bw_no_carry,
+            bw_carry: self.bw_carry,
         })
     }
 }

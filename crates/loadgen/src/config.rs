@@ -61,7 +61,7 @@ pub struct Config {
     pub seda_adj_i: Option<f64>,
     pub seda_initial_rate: Option<f64>,
     /// Breakwater: a drained client's credit wait carries its oldest
-    /// request (`await`, the default) instead of going alone (`wait`).
+    /// request (`await`) instead of going alone (`wait`, the default).
     pub bw_carry: bool,
 }
 
@@ -90,7 +90,7 @@ impl Config {
             slo_us: None,
             seda_adj_i: None,
             seda_initial_rate: None,
-            bw_carry: true,
+            bw_carry: false,
         }
     }
 
