@@ -314,8 +314,8 @@ def fmt(x, spec):
 def render(rows: list[dict], command: str) -> str:
     lines = ["# varmri: cost of recording (medians; ratios to no tracing)", "",
              f"Reproduce: `{command}` (part of `make bench`)", "",
-             "The `1%` rows use the default, burst sampling (20 ms windows sampled at 10%, about "
-             "every 200 ms; between windows the per-request and interrupt programs are detached). "
+             "The `1%` rows use the default, burst sampling (50 ms windows sampled at 10%, about "
+             "every 500 ms; between windows the per-request and per-packet programs are detached). "
              "`-continuous` rows use `--burst off`: every request drawn at 1%, programs always attached.",
              "",
              "| workload | setup | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio "
