@@ -47,7 +47,8 @@ const BPF_FS_MAGIC: i64 = 0xcafe4a11;
 const TRACEFS_MAGIC: i64 = 0x74726163;
 
 /// Tracepoints that only some machines have (irq_vectors are x86 and
-/// config-dependent): a missing one is skipped, not an error.
+/// config-dependent): a missing one is skipped, not an error. They are
+/// also the rare vectors that stay attached between burst windows.
 const OPTIONAL_TP_PREFIXES: &[&str] = &[
     "local_timer_",
     "call_function_",
@@ -178,26 +179,19 @@ const DEFERRED_PROGS: &[&str] = &["sock_recv_length"];
 /// Programs that stay attached between burst-sampling windows: the
 /// scheduler's (they keep each thread's switch and wait state, which a
 /// window's first requests need), process fork/exit, listen/close tracking,
-/// and the rare interrupt vectors (timer, IPIs, irq work, APIC errors: a
-/// few hundred a second). Only what runs per request or per packet is
-/// switched: softirqs, device irqs, page faults and the inference programs.
+/// and the rare interrupt vectors ([`OPTIONAL_TP_PREFIXES`]: timer, IPIs,
+/// irq work, APIC errors; a few hundred a second). Only what runs per
+/// request or per packet is switched: softirqs, device irqs, page faults
+/// and the inference programs.
 /// Every switch patches kernel text and interrupts every CPU, several times
 /// per program, so fewer switched programs mean fewer stalls.
-const ALWAYS_ON_PREFIXES: &[&str] = &[
-    "sched_",
-    "inet_sock_set_state",
-    "local_timer_",
-    "call_function",
-    "reschedule_",
-    "irq_work_",
-    "x86_platform_ipi_",
-    "error_apic_",
-    "spurious_apic_",
-    "thermal_apic_",
-];
+const ALWAYS_ON_PREFIXES: &[&str] = &["sched_", "inet_sock_set_state"];
 
 fn burstable(name: &str) -> bool {
-    !ALWAYS_ON_PREFIXES.iter().any(|p| name.starts_with(p))
+    !ALWAYS_ON_PREFIXES
+        .iter()
+        .chain(OPTIONAL_TP_PREFIXES)
+        .any(|p| name.starts_with(p))
 }
 
 /// Whether process `tgid` holds a Unix-domain socket now: one of its fds is
