@@ -33,6 +33,16 @@ fn tracer(opts: TracerOptions) -> Tracer {
     t
 }
 
+/// A tracer with inference at `ppm` and no target yet.
+fn infer_tracer(ppm: u32) -> Tracer {
+    Tracer::load(&TracerOptions {
+        infer: true,
+        infer_sample_ppm: ppm,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", last_libbpf_log()))
+}
+
 fn gettid() -> u32 {
     unsafe { libc::gettid() as u32 }
 }
@@ -411,12 +421,7 @@ fn python_server(code: &str) -> (std::process::Child, u16) {
 /// Records, stats, the server's pid, and each request's client-side
 /// (send time, round trip) in CLOCK_MONOTONIC ns.
 fn run_infer(ppm: u32, n: usize) -> (Vec<ts_request_record>, BpfStats, u32, Vec<(u64, u64)>) {
-    let mut t = Tracer::load(&TracerOptions {
-        infer: true,
-        infer_sample_ppm: ppm,
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mut t = infer_tracer(ppm);
     let (mut child, port) = echo_server();
     t.add_target(child.id()).unwrap();
     let mut c = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -867,12 +872,7 @@ while True:
     time.sleep(0.002)
     a.sendall(da); b.sendall(db)
 "#;
-    let mut t = Tracer::load(&TracerOptions {
-        infer: true,
-        infer_sample_ppm: 1_000_000,
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mut t = infer_tracer(1_000_000);
     let (mut child, port) = python_server(code);
     t.add_target(child.id()).unwrap();
     let mut a = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
@@ -918,12 +918,7 @@ while True:
 fn infer_drops_a_request_whose_connection_closes_unanswered() {
     require_root!();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mut t = Tracer::load(&TracerOptions {
-        infer: true,
-        infer_sample_ppm: 1_000_000,
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mut t = infer_tracer(1_000_000);
     // Reads one request, never answers, closes on EOF, then lingers so
     // that its kcounters entry can be read.
     let (mut child, port) = python_server(
@@ -980,12 +975,7 @@ time.sleep(3)
 fn unix_socket_hook_is_attached_only_for_unix_servers() {
     require_root!();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mut t = Tracer::load(&TracerOptions {
-        infer: true,
-        infer_sample_ppm: 1_000_000,
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mut t = infer_tracer(1_000_000);
     let (mut tcp, _port) = echo_server();
     t.add_target(tcp.id()).unwrap();
     t.rescan_targets().unwrap();
@@ -1049,12 +1039,7 @@ while True:
 fn burst_windows_gate_detach_and_drop_requests_cut_by_a_window() {
     require_root!();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let mut t = Tracer::load(&TracerOptions {
-        infer: true,
-        infer_sample_ppm: 1_000_000,
-        ..Default::default()
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let mut t = infer_tracer(1_000_000);
     // Replies "x" at once; "slow" gets two parts, 300 ms apart.
     let code = r#"
 import socket, time
