@@ -140,6 +140,74 @@ def test_chrome_trace_format():
     json.dumps(doc)
 
 
+def _short_holds_around_a_long_one() -> tuple[ldb.LdbData, int, int]:
+    """One mutex (0xAA) taken every 50 µs for 2 µs by tid 3 (in fn 0x410) and tid 2 (in 0x400),
+    except for a 10 ms hold [L0, L1) by tid 2 in snap (0x300 → write 0x310, under background
+    0x200). The request on tid 1 waits [L0 + 20 µs, L1 + 3 µs) behind it. Two traps:
+    - tid 3's hold just before the long one stamped its release 40 µs late (preempted after
+      the unlock): by its stamps it overlaps the wait by 20 µs, though the mutex was tid 2's;
+    - the observer first saw snap 3 ms after it began (its error bound says 4 ms), so snap's
+      row covers only 70% of the hold; background encloses it all."""
+    L0, L1 = 10_000_000, 20_000_000
+    lk: list[tuple[int, int, str]] = []
+    f_rows: list[tuple[int, int, int, int, int, int, int]] = []  # tid, fn, parent, depth, start, lat, err
+    t = 1_000_000
+    while t < 29_000_000:
+        if not (L0 - 60_000 <= t <= L1 + 20_000):
+            tid, fn = (3, 0x410) if (t // 50_000) % 2 else (2, 0x400)
+            lk += [(t, tid, "MUTEX_LOCK"), (t + 2_000, tid, "MUTEX_UNLOCK")]
+            f_rows.append((tid, fn, 0x200 if tid == 2 else 0, 1 if tid == 2 else 0, t - 500, 3_000, 1_000))
+        t += 50_000
+    lk += [(L0 - 5_000, 3, "MUTEX_LOCK"), (L0 + 40_000, 3, "MUTEX_UNLOCK"),  # released at L0, stamped late
+           (L0, 2, "MUTEX_LOCK"), (L1, 2, "MUTEX_UNLOCK"),
+           (L0 + 20_000, 1, "MUTEX_WAIT"), (L1 + 3_000, 1, "MUTEX_LOCK"), (L1 + 5_000, 1, "MUTEX_UNLOCK")]
+    f_rows += [(3, 0x410, 0, 0, L0 - 5_500, 46_000, 1_000),
+               (2, 0x200, 0, 0, 0, 30_000_000, 1_000),
+               (2, 0x300, 0x200, 1, L0 + 3_000_000, L1 - L0 - 3_000_000 + 500_000, 4_000_000),
+               (2, 0x310, 0x300, 2, L0 + 3_500_000, 2_500_000, 1_000_000)]
+    starts = [1_000_000 + i * 200_000 for i in range(140)]
+    req = [(i, 1, s, 10_000) for i, s in enumerate(starts) if not L0 - 200_000 < s < L1]
+    req.append((999, 1, L0 + 19_000, L1 - L0 + 6_000))
+    d = ldb.LdbData(pid=42, meta={})
+    lk.sort(key=lambda x: x[1])  # each thread's events in its ring order (the order above)
+    d.lk_ts = np.array([x[0] for x in lk], np.int64)
+    d.lk_tid = np.array([x[1] for x in lk], np.uint32)
+    d.lk_event = np.array([x[2] for x in lk], dtype=object)
+    d.lk_mutex = np.full(len(lk), 0xAA, np.uint64)
+    cols = list(zip(*f_rows, strict=True))
+    d.tid, d.fn, d.parent = (np.array(cols[0], np.uint32), np.array(cols[1], np.uint64),
+                             np.array(cols[2], np.uint64))
+    d.depth, d.start = np.array(cols[3], np.uint32), np.array(cols[4], np.int64)
+    d.latency, d.err = np.array(cols[5], np.int64), np.array(cols[6], np.int64)
+    d.req_id = np.array([r[0] for r in req], np.uint64)
+    d.req_tid = np.array([r[1] for r in req], np.uint32)
+    d.req_start = np.array([r[2] for r in req], np.int64)
+    d.req_latency = np.array([r[3] for r in req], np.int64)
+    return d, L0, L1
+
+
+def test_holder_is_the_hold_that_overlaps_the_wait_among_many_short_ones():
+    d, L0, L1 = _short_holds_around_a_long_one()
+    ep = ldb.lock_episodes(d.lk_ts, d.lk_tid, d.lk_event, d.lk_mutex)
+    assert ep.tid.size == int((d.lk_event == "MUTEX_LOCK").sum()) > 300  # every hold paired
+    got = ldb.holders(ep, 0xAA, 1, L0 + 20_000, L1 + 3_000)
+    assert [(int(ep.tid[h]), int(ep.acquired[h])) for h in got] == [(2, L0)]
+    # A wait that spans the tail of one short hold and the start of the next: both are
+    # holders, and the one it acquired after (covering the wait's end) comes first.
+    t = 1_000_000 + 50_000
+    got = ldb.holders(ep, 0xAA, 1, t + 1_000, t + 50_000 + 1_000)
+    assert [int(ep.acquired[h]) for h in got] == [t + 50_000, t]
+    res = ldb.analyse_ldb(d, symbolizer=_Names(), p_target=0.99)
+    tl = res["timelines"][0]
+    assert tl["request_id"] == 999
+    holds = [e for e in tl["events"] if e["kind"] == "lock-hold"]
+    assert [(e["tid"], e["start_ns"], e["end_ns"], e["ends_wait"]) for e in holds] == [(2, L0, L1, True)]
+    h = [x for x in res["holders"] if x["request_id"] == 999]
+    assert [(x["holder_tid"], x["holder_function"]) for x in h] == [(2, "snap")]
+    assert "write" in h[0]["holder_functions"] and "0x410" not in h[0]["holder_functions"]
+    assert any("lock holder: thread 2 in snap" in x for x in ldb.summary_lines(res))
+
+
 @pytest.fixture(scope="module")
 def prog(tmp_path_factory):
     if not CC:

@@ -57,6 +57,8 @@ class LdbData:
     depth: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
     start: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     latency: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    # the row's error bound (the scan gaps around its ends; 0 where the recording has none)
+    err: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     # lock events
     lk_ts: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     lk_tid: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint32))
@@ -79,12 +81,14 @@ def has_ldb(path: str | Path) -> bool:
     return (Path(path) / "functions").is_dir()
 
 
-def _read(path: Path, table: str, columns: list[str]):
+def _read(path: Path, table: str, columns: list[str], optional: tuple[str, ...] = ()):
     files = sorted((path / table).glob("*.parquet"))
     if not files:
         return None
     try:
         import pyarrow as pa
+        names = set(pq.read_schema(files[0]).names)
+        columns = columns + [c for c in optional if c in names]
         return pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
     except Exception as exc:  # pyarrow raises several types for corrupt files
         first = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
@@ -109,7 +113,8 @@ def load_ldb(path: str | Path) -> LdbData:
     if not has_ldb(path):
         raise LdbError(f"{path}: no functions/ table; record with `tailscope record --functions`")
     d = LdbData(meta=meta, pid=int((meta.get("target") or {}).get("pid") or 0))
-    t = _read(path, "functions", ["tid", "fn_addr", "call_site", "parent_fn", "depth", "start_ns", "latency_ns"])
+    t = _read(path, "functions", ["tid", "fn_addr", "call_site", "parent_fn", "depth", "start_ns", "latency_ns"],
+              optional=("error_bound_ns",))
     if t is not None and t.num_rows:
         d.tid = t.column("tid").to_numpy()
         d.fn = t.column("fn_addr").to_numpy()
@@ -118,6 +123,8 @@ def load_ldb(path: str | Path) -> LdbData:
         d.depth = t.column("depth").to_numpy()
         d.start = t.column("start_ns").to_numpy().astype(np.int64)
         d.latency = t.column("latency_ns").to_numpy().astype(np.int64)
+        if "error_bound_ns" in t.column_names:
+            d.err = t.column("error_bound_ns").to_numpy().astype(np.int64)
     t = _read(path, "locks", ["ts_ns", "tid", "event", "mutex"])
     if t is not None and t.num_rows:
         d.lk_ts = t.column("ts_ns").to_numpy().astype(np.int64)
@@ -218,13 +225,22 @@ def lock_episodes(ts: np.ndarray, tid: np.ndarray, event: np.ndarray, mutex: np.
 
 class EpisodeIndex:
     """Lock episodes indexed for the two queries a request needs: its own thread's waits in a
-    window, and a mutex's holders in a window. A thread waits for one lock at a time and a
-    mutex has one holder at a time, so each list is sorted by both of its ends."""
+    window, and the holds of a mutex that overlap a wait.
+
+    A mutex has one holder at a time, so a hold ended, at the latest, when another thread
+    next acquired the mutex. The runtime reads the clock after the unlock returns, and a
+    thread preempted there stamps its release late — by up to a scheduling delay, which on a
+    shared machine can cover the start of the next holder's hold and of the waits behind it.
+    Each hold's release is therefore clipped to the next other-thread acquisition of the same
+    mutex (`released_clipped`); a nested hold of the same thread (a recursive mutex) does not
+    clip its outer one."""
 
     def __init__(self, ep: Episodes):
         self.ep = ep
         self.waits: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self.holds: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        # per mutex: rows by acquisition, acquired, clipped release, running max of the latter
+        self.holds: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = {}
+        self.released_clipped = ep.released.astype(np.int64).copy()
         w = np.flatnonzero(ep.wait_start >= 0)
         for key, arr, rows, by in ((0, ep.tid, w, ep.wait_start), (1, ep.mutex, np.arange(ep.tid.size), ep.acquired)):
             if rows.size == 0:
@@ -237,7 +253,25 @@ class EpisodeIndex:
                 if key == 0:
                     self.waits[k] = (part, ep.wait_start[part], ep.acquired[part])
                 else:
-                    self.holds[k] = (part, ep.acquired[part], ep.released[part])
+                    self.holds[k] = self._clip(part)
+
+    def _clip(self, part: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        ep = self.ep
+        acq = ep.acquired[part].astype(np.int64)
+        rel = ep.released[part].astype(np.int64)
+        tid = ep.tid[part].astype(np.int64)
+        # The next acquisition by another thread: rows are in acquisition order, so it is the
+        # first row of the next run of rows with another tid.
+        nxt = np.full(part.size, np.iinfo(np.int64).max, np.int64)
+        if part.size > 1:
+            change = np.flatnonzero(tid[1:] != tid[:-1]) + 1  # first row of each later run
+            run_end = np.concatenate([change, [part.size]])
+            next_other = run_end[np.searchsorted(change, np.arange(part.size), side="right")]
+            ok = next_other < part.size
+            nxt[ok] = acq[next_other[ok]]
+        rel = np.maximum(np.minimum(rel, nxt), acq)
+        self.released_clipped[part] = rel
+        return part, acq, rel, np.maximum.accumulate(rel)
 
     def waits_in(self, tid: int, start: int, end: int) -> np.ndarray:
         e = self.waits.get(tid)
@@ -247,18 +281,27 @@ class EpisodeIndex:
         return rows[np.searchsorted(acq, start, side="right"):np.searchsorted(ws, end, side="left")]
 
     def holders(self, mutex: int, waiter_tid: int, t0: int, t1: int) -> list[int]:
+        """Other threads' holds of `mutex` that overlap the wait [t0, t1), clipped as above.
+        The first is the hold that covers the wait's end — the last one acquired before the
+        waiter got the mutex, whose release handed it over; the rest (holds that came and went
+        during a long wait) follow in time order."""
         e = self.holds.get(mutex)
         if e is None:
             return []
-        rows, acq, rel = e
-        cand = rows[np.searchsorted(rel, t0, side="right"):np.searchsorted(acq, t1, side="left")]
-        return cand[self.ep.tid[cand] != waiter_tid].tolist()
+        rows, acq, rel, relmax = e
+        lo, hi = np.searchsorted(relmax, t0, side="right"), np.searchsorted(acq, t1, side="left")
+        sel = np.arange(lo, hi)
+        sel = sel[(rel[sel] > t0) & (self.ep.tid[rows[sel]] != waiter_tid)]
+        if sel.size == 0:
+            return []
+        out = rows[sel].tolist()
+        return [out[-1], *out[:-1]]
 
 
 def holders(ep: Episodes, mutex: int, waiter_tid: int, t0: int, t1: int) -> list[int]:
-    """Episodes of other threads holding `mutex` at some point of [t0, t1)."""
-    m = (ep.mutex == mutex) & (ep.tid != waiter_tid) & (ep.acquired < t1) & (ep.released > t0)
-    return np.flatnonzero(m).tolist()
+    """Episodes of other threads holding `mutex` at some point of [t0, t1); the one covering
+    the end of that window first (EpisodeIndex.holders)."""
+    return EpisodeIndex(ep).holders(mutex, waiter_tid, t0, t1)
 
 
 # ---- request segments -------------------------------------------------------------------------
@@ -312,12 +355,13 @@ def _lock_segments(ix: EpisodeIndex, tid: int, start: int, end: int, depth: int)
             continue
         mutex = int(ep.mutex[w])
         out.append((tid, w0, w1, "lock-wait", {"mutex": mutex, "depth": depth}))
-        for h in ix.holders(mutex, tid, w0, w1):
-            h0, h1 = max(int(ep.acquired[h]), w0), min(int(ep.released[h]), w1)
+        for k, h in enumerate(ix.holders(mutex, tid, w0, w1)):
+            rel = int(ix.released_clipped[h])
+            h0, h1 = max(int(ep.acquired[h]), w0), min(rel, w1)
             htid = int(ep.tid[h])
             out.append((htid, h0, h1, "holder", {"mutex": mutex, "depth": depth,
                                                  "hold_start": int(ep.acquired[h]),
-                                                 "hold_end": int(ep.released[h]), "waiter": tid}))
+                                                 "hold_end": rel, "waiter": tid, "ends_wait": k == 0}))
             out.extend(_lock_segments(ix, htid, h0, h1, depth + 1))
     return out
 
@@ -450,7 +494,8 @@ def timeline(d: LdbData, i: int, ep: Episodes | EpisodeIndex | None = None, idx:
         if role == "holder":
             events.append({"kind": "lock-hold", "tid": stid, "start_ns": info["hold_start"],
                            "end_ns": info["hold_end"], "fn": None, "mutex": info["mutex"], "depth": -1,
-                           "waiter": info["waiter"], "name": f"holds mutex 0x{info['mutex']:x}"})
+                           "waiter": info["waiter"], "ends_wait": info["ends_wait"],
+                           "name": f"holds mutex 0x{info['mutex']:x}"})
         for r in idx.overlapping(stid, t0, t1, d):
             key = (stid, int(r))
             if key in seen:
@@ -459,7 +504,7 @@ def timeline(d: LdbData, i: int, ep: Episodes | EpisodeIndex | None = None, idx:
             events.append({"kind": "function" if role in ("own", "handoff") else "holder-function",
                            "tid": stid, "start_ns": int(d.start[r]), "end_ns": int(d.start[r] + d.latency[r]),
                            "fn": int(d.fn[r]), "caller": int(d.parent[r]), "depth": int(d.depth[r]),
-                           "name": None})
+                           "err_ns": int(d.err[r]) if d.err.size == d.fn.size else None, "name": None})
     return {"request_id": int(d.req_id[i]), "tid": tid, "start_ns": start, "latency_ns": end - start,
             "events": events}
 
@@ -605,18 +650,12 @@ def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 
     for tl in tls:
         for e in tl["events"]:
             if e["kind"] == "lock-hold":
-                inside = [x for x in tl["events"] if x["kind"] == "holder-function" and x["tid"] == e["tid"]]
-                # The holder function: the deepest call that spans the hold (it took and released
-                # the lock); failing that, the one overlapping the hold most.
-                def cover(x, e=e):
-                    return min(x["end_ns"], e["end_ns"]) - max(x["start_ns"], e["start_ns"])
-                hold = max(e["end_ns"] - e["start_ns"], 1)
-                # (Call starts are first sightings, up to a scan interval late: 90% counts as all.)
-                spanning = [x for x in inside if cover(x) >= 0.9 * hold]
-                top_fn = max(spanning, key=lambda x: x["depth"]) if spanning else max(inside, key=cover, default=None)
+                inside = [x for x in tl["events"] if x["kind"] == "holder-function" and x["tid"] == e["tid"]
+                          and x["start_ns"] < e["end_ns"] and x["end_ns"] > e["start_ns"]]
+                top_fn = holder_function(inside, e["start_ns"], e["end_ns"])
                 holder_lines.append({"request_id": tl["request_id"], "waiter_tid": e.get("waiter"),
                                      "holder_tid": e["tid"], "mutex": e["mutex"],
-                                     "hold_ns": e["end_ns"] - e["start_ns"],
+                                     "hold_ns": e["end_ns"] - e["start_ns"], "ends_wait": bool(e.get("ends_wait")),
                                      "holder_function": top_fn["name"] if top_fn else None,
                                      "holder_functions": sorted({x["name"] for x in inside})})
     obs = ((d.meta.get("ldb") or {}).get("observer")) or {}
@@ -630,6 +669,33 @@ def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 
         "warnings": list(sym.warnings), "names": {str(k): v for k, v in names.items()},
         "pid": d.pid,
     }
+
+
+def holder_function(calls: list[dict], acquired: int, released: int) -> dict | None:
+    """The function that held the lock over [acquired, released): of the holder's calls
+    overlapping the hold, the deepest that contains it — it took and released the lock.
+
+    A call's recorded start is the observer's first sighting, late by up to its error bound
+    (`err_ns`, the scan gaps around its ends; a tenth of the hold where the recording has
+    none); its recorded end is never early. So a call contains the hold when it starts by
+    `acquired` + its error bound and ends at or after `released` (less 2 µs for clock reads).
+    (The hold's own ends are stamped after the lock and unlock calls return.)
+    Failing any, the call that overlaps the hold most."""
+    hold = max(released - acquired, 1)
+
+    def contains(x: dict) -> bool:
+        err = x.get("err_ns")
+        slack = hold // 10 if err is None else int(err)
+        return x["start_ns"] <= acquired + slack and x["end_ns"] >= released - 2_000
+
+    spanning = [x for x in calls if contains(x)]
+    if spanning:
+        return max(spanning, key=lambda x: (x["depth"], -x["start_ns"]))
+
+    def cover(x: dict) -> int:
+        return min(x["end_ns"], released) - max(x["start_ns"], acquired)
+
+    return max(calls, key=cover, default=None)
 
 
 def summary_lines(res: dict, top: int = 5) -> list[str]:
