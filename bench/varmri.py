@@ -42,6 +42,9 @@ RESULTS = ROOT / "bench" / "results"
 AGENT = ROOT / "target" / "release" / "tailscope-agent"
 LOADGEN = ROOT / "target" / "release" / "tailscope-loadgen"
 MEMCACHED_MARKED = ROOT / "build" / "memcached-marked"
+# The same source, configure line and flags, without the patch or the runtime
+# (bench/memcached/build.sh builds both): the control for the marker rows.
+MEMCACHED_PLAIN = ROOT / "build" / "memcached-plain"
 
 
 def log(msg: str) -> None:
@@ -77,6 +80,8 @@ class Server:
             cmd = [shutil.which("memcached"), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
         elif kind == "memcached-marked":
             cmd = [str(MEMCACHED_MARKED), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
+        elif kind == "memcached-plain":
+            cmd = [str(MEMCACHED_PLAIN), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
         else:
             raise ValueError(kind)
         self.proc = subprocess.Popen(["taskset", "-c", "0", *cmd], env={**os.environ, **(env or {})},
@@ -176,7 +181,7 @@ class Tracer:
 SETUPS = {
     "redis": ["none", "tailscope-infer-1%", "tailscope-infer-1%-continuous", "tailscope-infer-100%",
               "bpftrace", "perf", "ftrace"],
-    "memcached": ["none", "none-marked", "tailscope-infer-1%", "tailscope-infer-1%-continuous",
+    "memcached": ["none", "none-plain", "none-marked", "tailscope-infer-1%", "tailscope-infer-1%-continuous",
                   "tailscope-infer-100%",
                   "tailscope-marker-1%", "tailscope-marker-1%-continuous", "tailscope-marker-100%",
                   "bpftrace", "perf", "ftrace"],
@@ -186,7 +191,20 @@ SETUPS = {
 def server_kind(workload: str, setup: str) -> str:
     if workload == "memcached" and ("marker" in setup or setup == "none-marked"):
         return "memcached-marked"
+    if workload == "memcached" and setup == "none-plain":
+        return "memcached-plain"
     return workload
+
+
+def baseline_of(setup: str, setups) -> str:
+    """What a setup is compared with. Marker rows (and the marked build
+    without an agent) against the unpatched build of the same source and
+    flags, when it was built: the difference between that build and Debian's
+    package (other flags, TLS and SASL compiled in) is not tailscope's cost.
+    Everything else against the Debian server it runs."""
+    if ("marker" in setup or setup == "none-marked") and "none-plain" in setups:
+        return "none-plain"
+    return "none"
 
 
 def measure(workload: str, setup: str, port: int, seconds: float, rate80: float | None,
@@ -227,11 +245,14 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--workloads", default="redis,memcached")
+    ap.add_argument("--keep-others", action="store_true",
+                    help="keep the results of workloads not measured now (from an earlier run, one per invocation)")
     args = ap.parse_args()
+    command = " ".join(["python", "bench/varmri.py", *sys.argv[1:]])
     for exe in (AGENT, LOADGEN):
         if not exe.exists():
             sys.exit(f"bench: {exe} not built; run `make build`")
-    have_marked = MEMCACHED_MARKED.exists()
+    have_marked = MEMCACHED_MARKED.exists() and MEMCACHED_PLAIN.exists()
     RESULTS.mkdir(parents=True, exist_ok=True)
     table: dict = {}
     port = 17000
@@ -239,9 +260,9 @@ def main() -> None:
         tmp = Path(td)
         for workload in args.workloads.split(","):
             setups = [s for s in SETUPS[workload]
-                      if have_marked or not ("marker" in s or s == "none-marked")]
+                      if have_marked or not ("marker" in s or s in ("none-marked", "none-plain"))]
             if not have_marked and workload == "memcached":
-                log("bench: build/memcached-marked missing (bench/memcached/build.sh); marker rows skipped")
+                log("bench: build/memcached-marked or -plain missing (bench/memcached/build.sh); marker rows skipped")
             # Untraced max throughput first: it sets the 80% open-loop rate.
             base = []
             for _ in range(3):
@@ -259,18 +280,31 @@ def main() -> None:
                     elif trace.exists():
                         trace.unlink()
                     try:
-                        runs[s].append(measure(workload, s, port, args.seconds, rate80, tmp))
+                        runs[s].append({**measure(workload, s, port, args.seconds, rate80, tmp),
+                                        "round": r})
                     except Exception as e:
                         log(f"bench: {workload}/{s} run {r}: {e}")
                     log(f"bench: {workload} run {r + 1}/{args.runs} {s}: "
                         f"{runs[s][-1]['max_rps'] if runs[s] else 'failed'}")
-            table[workload] = {"rate80": rate80, "runs": runs}
+            table[workload] = {"rate80": rate80, "runs": runs, "command": command}
+    if args.keep_others:
+        # Workloads measured by an earlier invocation stay (each keeps its own command).
+        try:
+            old = json.loads((RESULTS / "varmri.json").read_text()).get("raw", {})
+        except (OSError, ValueError):
+            old = {}
+        for w, t in old.items():
+            if w not in table and "round" in str(t):
+                t.setdefault("command", "(unrecorded)")
+                table[w] = t
+        table = {w: table[w] for w in SETUPS if w in table}
     summary = summarise(table)
-    out = {"command": " ".join(["python", "bench/varmri.py", *sys.argv[1:]]) or "make bench",
+    out = {"command": command,
            "host": os.uname().nodename, "kernel": os.uname().release, "runs": args.runs,
            "seconds": args.seconds, "summary": summary, "raw": table}
     (RESULTS / "varmri.json").write_text(json.dumps(out, indent=2))
-    md = render(summary, out["command"])
+    commands = sorted({t.get("command", command) for t in table.values()})
+    md = render(summary, " ; ".join(f"`{c}`" for c in commands))
     (RESULTS / "varmri.md").write_text(md)
     print(md)
 
@@ -280,29 +314,47 @@ def med(xs):
     return statistics.median(xs) if xs else None
 
 
+def paired_ratios(rs: list[dict], base: list[dict], key: str) -> list[float]:
+    """setup/baseline for each repetition that has both (the setups of a
+    repetition run back to back, so slow drift in the machine's speed, which
+    shifts whole repetitions, cancels out)."""
+    by_round = {r.get("round"): r.get(key) for r in base}
+    return [r[key] / by_round[r.get("round")] for r in rs
+            if r.get(key) and by_round.get(r.get("round"))]
+
+
+def paired(rs: list[dict], base: list[dict], key: str):
+    """Median of the paired ratios."""
+    ratios = paired_ratios(rs, base, key)
+    return statistics.median(ratios) if ratios else None
+
+
 def summarise(table: dict) -> list[dict]:
     rows = []
     for workload, t in table.items():
         runs = t["runs"]
-        base_max = med([r["max_rps"] for r in runs["none"]])
-        base_p99 = med([r.get("p99_us") for r in runs["none"]])
-        base_cpu = med([r.get("cpu_ns_per_req") for r in runs["none"]])
         for s, rs in runs.items():
             if not rs:
                 rows.append({"workload": workload, "setup": s, "failed": True})
                 continue
+            base_name = baseline_of(s, runs)
+            base = runs.get(base_name) or []
+            tput = paired(rs, base, "max_rps")
             mx, p99 = med([r["max_rps"] for r in rs]), med([r.get("p99_us") for r in rs])
             mbps = med([r["bytes"] / r["elapsed_s"] / 1e6 for r in rs])
             cpu = med([r.get("cpu_ns_per_req") for r in rs])
             per_req = med([r["bytes"] / r["recorded"] for r in rs if r.get("recorded")])
+            cpu_ratio = paired(rs, base, "cpu_ns_per_req")
+            losses = [100 * (1 - x) for x in paired_ratios(rs, base, "max_rps")]
             rows.append({
-                "workload": workload, "setup": s, "max_rps": mx, "p99_us": p99,
-                "throughput_ratio": mx / base_max if base_max else None,
-                "throughput_loss_pct": 100 * (1 - mx / base_max) if base_max else None,
-                "p99_ratio": p99 / base_p99 if base_p99 and p99 else None,
+                "workload": workload, "setup": s, "baseline": base_name, "max_rps": mx, "p99_us": p99,
+                "throughput_ratio": tput,
+                "throughput_loss_pct": 100 * (1 - tput) if tput else None,
+                "loss_range_pct": [min(losses), max(losses)] if losses else None,
+                "p99_ratio": paired(rs, base, "p99_us"),
                 "trace_MB_per_s": mbps, "bytes_per_recorded_request": per_req,
                 "cpu_ns_per_req": cpu,
-                "cpu_ratio": cpu / base_cpu if cpu and base_cpu else None,
+                "cpu_ratio": cpu_ratio,
             })
     return rows
 
@@ -313,28 +365,37 @@ def fmt(x, spec):
 
 def render(rows: list[dict], command: str) -> str:
     lines = ["# varmri: cost of recording (medians; ratios to no tracing)", "",
-             f"Reproduce: `{command}` (part of `make bench`)", "",
+             f"Reproduce: {command} (part of `make bench`)", "",
+             "Ratios are paired: each is the median, over repetitions, of the setup against its "
+             "baseline measured in the same repetition (setups run back to back), so drift in the "
+             "machine's speed cancels. The baseline is the untraced Debian server, except for the "
+             "marker rows: memcached-marked is built from the Debian source with configure's "
+             "default flags, so it is compared with `none-plain`, the same source and flags "
+             "without the patch (Debian's package is built with other flags and with TLS and SASL).",
+             "",
              "The `1%` rows use the default, burst sampling (50 ms windows sampled at 10%, about "
              "every 500 ms; between windows the per-request and per-packet programs are detached). "
              "`-continuous` rows use `--burst off`: every request drawn at 1%, programs always attached.",
              "",
-             "| workload | setup | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio "
+             "| workload | setup | baseline | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio "
              "| server CPU ns/req at max | CPU ratio | trace MB/s | B/recorded req |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("failed"):
-            lines.append(f"| {r['workload']} | {r['setup']} | failed | | | | | | | | |")
+            lines.append(f"| {r['workload']} | {r['setup']} | | failed | | | | | | | | |")
             continue
         lines.append(
-            f"| {r['workload']} | {r['setup']} | {fmt(r['max_rps'], '.0f')} | {fmt(r['throughput_ratio'], '.3f')} | "
+            f"| {r['workload']} | {r['setup']} | {r['baseline']} | {fmt(r['max_rps'], '.0f')} | "
+            f"{fmt(r['throughput_ratio'], '.3f')} | "
             f"{fmt(r['throughput_loss_pct'], '.1f')} | {fmt(r['p99_us'], '.0f')} | {fmt(r['p99_ratio'], '.2f')} | "
             f"{fmt(r.get('cpu_ns_per_req'), '.0f')} | {fmt(r.get('cpu_ratio'), '.3f')} | "
             f"{fmt(r['trace_MB_per_s'], '.3f')} | {fmt(r['bytes_per_recorded_request'], '.1f')} |")
     lines += ["", "## Goals (issue 2)", "",
               "Throughput loss is the goal's measure; the CPU-per-request increase is shown beside it "
-              "because it is far less sensitive to other load on a shared machine.", "",
-              "| workload | setup | goal | throughput loss | CPU/request increase | verdict (throughput) |",
-              "|---|---|---|---|---|---|"]
+              "because it is far less sensitive to other load on a shared machine. In brackets: the "
+              "lowest and highest of the per-repetition losses.", "",
+              "| workload | setup | against | goal | throughput loss | CPU/request increase | verdict (throughput) |",
+              "|---|---|---|---|---|---|---|"]
     for r in rows:
         goal = GOALS.get(r["setup"])
         if goal is None or r.get("failed"):
@@ -342,13 +403,15 @@ def render(rows: list[dict], command: str) -> str:
         loss = r.get("throughput_loss_pct")
         ok = loss is not None and loss <= goal
         cpu_up = 100 * (r["cpu_ratio"] - 1) if r.get("cpu_ratio") else None
-        lines.append(f"| {r['workload']} | {r['setup']} | throughput loss ≤ {goal:g}% | "
-                     f"{fmt(loss, '.1f')}% | {fmt(cpu_up, '+.1f')}% | {'met' if ok else 'NOT met'} |")
+        spread = r.get("loss_range_pct")
+        rng = f" ({spread[0]:.1f} to {spread[1]:.1f})" if spread else ""
+        lines.append(f"| {r['workload']} | {r['setup']} | {r['baseline']} | throughput loss ≤ {goal:g}% | "
+                     f"{fmt(loss, '.1f')}%{rng} | {fmt(cpu_up, '+.1f')}% | {'met' if ok else 'NOT met'} |")
     per_req = [r["bytes_per_recorded_request"] for r in rows
                if r["setup"].startswith("tailscope") and r.get("bytes_per_recorded_request")]
     if per_req:
         worst = max(per_req)
-        lines.append(f"| all | tailscope | trace volume ≤ 64 B/recorded request | {worst:.1f} B (worst) | | "
+        lines.append(f"| all | tailscope | | trace volume ≤ 64 B/recorded request | {worst:.1f} B (worst) | | "
                      f"{'met' if worst <= 64 else 'NOT met'} |")
     return "\n".join(lines) + "\n"
 

@@ -5,7 +5,10 @@
 # Idempotent: the source is fetched once into bench/work/memcached-src; the
 # binary is rebuilt only when markers.patch or libtailscope.a changed.
 # Output: build/memcached-marked (top-level build/ is gitignored); the path is
-# printed on the last line of stdout.
+# printed on the last line of stdout. Beside it, build/memcached-plain: the
+# same source, configure and compiler flags without the patch, so that
+# benchmarks can tell the markers' cost from the build's (Debian's package is
+# built with other flags and features).
 #
 # Needs root for apt (deb-src line, build deps). Set TS_NO_APT=1 to skip apt.
 set -euo pipefail
@@ -14,6 +17,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 root="$(cd "$here/../.." && pwd)"
 work="$root/bench/work/memcached-src"
 out="$root/build/memcached-marked"
+plain="$root/build/memcached-plain"
 patch="$here/markers.patch"
 lib="$root/runtime/build/libtailscope.a"
 stamp="$work/.tailscope-stamp"
@@ -60,21 +64,31 @@ stamp_value() {
 	cat "$patch" "$lib" | sha256sum | cut -d' ' -f1
 }
 
+# Both binaries: the same configure line and flags; the control links
+# neither the patch nor the runtime (whose lock shim the marked build gets).
+configure_make() {
+	(cd "$work.build" &&
+		./configure -q CPPFLAGS="-I$root/runtime/include" \
+			LIBS="$1 -pthread" >/dev/null &&
+		make -s -j"$(nproc)" memcached >/dev/null)
+}
+
 build() {
-	if [ -x "$out" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_value)" ]; then
+	if [ -x "$out" ] && [ -x "$plain" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stamp_value)" ]; then
 		log "up to date"
 		return
 	fi
+	mkdir -p "$(dirname "$out")"
+	log "configure + make (unpatched control)"
+	rm -rf "$work.build" && cp -a "$work.orig-tree" "$work.build"
+	configure_make ""
+	cp "$work.build/memcached" "$plain"
 	log "applying markers.patch"
 	# Start from pristine sources each time the patch changes.
 	rm -rf "$work.build" && cp -a "$work.orig-tree" "$work.build"
 	(cd "$work.build" && patch -p1 -s <"$patch")
 	log "configure + make"
-	(cd "$work.build" &&
-		./configure -q CPPFLAGS="-I$root/runtime/include" \
-			LIBS="$lib -pthread" >/dev/null &&
-		make -s -j"$(nproc)" memcached >/dev/null)
-	mkdir -p "$(dirname "$out")"
+	configure_make "$lib"
 	cp "$work.build/memcached" "$out"
 	stamp_value >"$stamp"
 }
