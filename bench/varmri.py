@@ -131,7 +131,7 @@ class Tracer:
         self.setup, self.pid, self.dir = setup, pid, workdir
         self.proc = None
         self.out = workdir / "trace"
-        if setup == "none" or setup == "none-marked":
+        if setup in ("none", "none-marked", "none-plain"):
             return
         if setup.startswith("tailscope"):
             rate = "1%" if "-1%" in setup else "100%"
