@@ -187,7 +187,19 @@ void tailscope_request_end(uint64_t id)
 	request_end_slow(id);
 }
 
+/* The overall rate. While the agent samples in burst windows the runtime
+ * draws at the in-window rate; the header then also carries the rate the
+ * windows add up to, which is what a caller scaling counts needs. */
 uint32_t tailscope_sample_ppm(void)
 {
-	return ts_process_ready() ? ts_current_ppm() : 0;
+	if (!ts_process_ready())
+		return 0;
+	uint32_t ppm = ts_current_ppm();
+	struct ts_region_header *h = ts_proc.hdr;
+	if (h && __atomic_load_n(&h->agent_pid, __ATOMIC_RELAXED)) {
+		uint32_t eff = __atomic_load_n(&h->sample_ppm_effective, __ATOMIC_RELAXED);
+		if (eff && eff < ppm)
+			return eff;
+	}
+	return ppm;
 }

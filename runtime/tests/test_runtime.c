@@ -220,6 +220,24 @@ static void *no_agent_thread(void *arg)
 	return NULL;
 }
 
+/* Burst windows: the runtime draws at the in-window rate, and
+ * tailscope_sample_ppm() reports the overall rate the agent published. */
+static void test_effective_rate(void)
+{
+	attach(100000);
+	CHECK(tailscope_sample_ppm() == 100000);
+	hdr->sample_ppm_effective = 10000;
+	CHECK(tailscope_sample_ppm() == 10000);
+	/* never above the rate actually drawn at */
+	hdr->sample_ppm_effective = 500000;
+	CHECK(tailscope_sample_ppm() == 100000);
+	/* a stale value without an agent is ignored */
+	hdr->sample_ppm_effective = 10000;
+	detach();
+	CHECK(tailscope_sample_ppm() == 0);
+	hdr->sample_ppm_effective = 0;
+}
+
 static void test_no_agent(void)
 {
 	hdr->sample_ppm_agent = TS_PPM;
@@ -556,6 +574,7 @@ int main(int argc, char **argv)
 	test_kinds();
 	test_sampling();
 	test_no_agent();
+	test_effective_rate();
 	test_end_without_begin();
 	test_ring_overflow();
 	test_consumer();

@@ -222,7 +222,8 @@ pub struct ts_region_header {
     pub ldb_flags: u32,
     pub mutex_thresh_ns: u64,
     pub burst_gate: u32,
-    pub _reserved: [u8; 412],
+    pub sample_ppm_effective: u32,
+    pub _reserved: [u8; 408],
 }
 
 /// Byte offsets and sizes the rest of the agent relies on.

@@ -183,6 +183,7 @@ pub mod header_offsets {
     pub const LDB_FLAGS: usize = offset_of!(ts_region_header, ldb_flags);
     pub const MUTEX_THRESH_NS: usize = offset_of!(ts_region_header, mutex_thresh_ns);
     pub const BURST_GATE: usize = offset_of!(ts_region_header, burst_gate);
+    pub const SAMPLE_PPM_EFFECTIVE: usize = offset_of!(ts_region_header, sample_ppm_effective);
 }
 
 /// Parses and validates a region header.

@@ -63,7 +63,7 @@ fn all_fields() -> Vec<Field> {
             magic, abi_version, header_size, slot_size, max_slots, ring_capacity, record_size,
             pid, slots_used, sample_ppm_runtime, sample_ppm_agent, agent_pid, kinds_count,
             created_ns, slots_exhausted, kinds, shadow_depth, event_ring_capacity, features,
-            ldb_flags, mutex_thresh_ns, burst_gate, _reserved,
+            ldb_flags, mutex_thresh_ns, burst_gate, sample_ppm_effective, _reserved,
         }
     }
 }

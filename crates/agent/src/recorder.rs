@@ -368,6 +368,7 @@ impl State {
                     // closed until the first window (Burst::new)
                     m.set_burst_gate(TS_BURST_CLOSED);
                     m.set_sample_ppm(p.in_window_ppm);
+                    m.set_effective_ppm(self.sampling.rate_ppm);
                 }
                 p
             }
@@ -388,6 +389,7 @@ impl State {
         if let Source::Marker(m) = &mut self.source {
             m.set_burst_gate(0);
             m.set_sample_ppm(rate);
+            m.set_effective_ppm(0);
         }
         if let Some(b) = self.burst.take() {
             self.burst_failed = Some((b, why));

@@ -261,6 +261,7 @@ impl<M: RegionMemory> MarkerSource<M> {
             sample_ppm_agent.unwrap_or(0),
         );
         mem.store_u32(header_offsets::BURST_GATE, 0);
+        mem.store_u32(header_offsets::SAMPLE_PPM_EFFECTIVE, 0);
         mem.store_u32(header_offsets::AGENT_PID, agent_pid);
         let mut src = MarkerSource {
             exhausted_baseline: header.slots_exhausted,
@@ -418,6 +419,7 @@ impl<M: RegionMemory> MarkerSource<M> {
         }
         self.mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, 0);
         self.mem.store_u32(header_offsets::BURST_GATE, 0);
+        self.mem.store_u32(header_offsets::SAMPLE_PPM_EFFECTIVE, 0);
     }
 
     /// Slots with a sampled request in progress (`cur_active`), read
@@ -445,6 +447,13 @@ impl<M: RegionMemory> MarkerSource<M> {
     /// Overrides the runtime's sampling rate (e.g. the in-window rate).
     pub fn set_sample_ppm(&mut self, ppm: u32) {
         self.mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, ppm);
+    }
+
+    /// The overall rate while burst windows run (0: no bursts), for the
+    /// target's tailscope_sample_ppm().
+    pub fn set_effective_ppm(&mut self, ppm: u32) {
+        self.mem
+            .store_u32(header_offsets::SAMPLE_PPM_EFFECTIVE, ppm);
     }
 }
 
@@ -532,9 +541,15 @@ mod tests {
         ));
         assert_eq!(drain_all(&mut src).len(), TS_RING_CAPACITY as usize);
         assert_eq!(src.stats().ring_full, 1);
+        src.set_effective_ppm(10_000);
+        assert_eq!(
+            src.mem.load_u32(header_offsets::SAMPLE_PPM_EFFECTIVE),
+            10_000
+        );
         src.detach();
         assert_eq!(src.mem.load_u32(header_offsets::AGENT_PID), 0);
         assert_eq!(src.mem.load_u32(header_offsets::SAMPLE_PPM_AGENT), 0);
+        assert_eq!(src.mem.load_u32(header_offsets::SAMPLE_PPM_EFFECTIVE), 0);
     }
 
     #[test]

@@ -282,7 +282,11 @@ struct ts_region_header {
 	__u32 ldb_flags;           /* TS_LDB_*, set by the agent */
 	__u64 mutex_thresh_ns;     /* agent override of TS_MUTEX_THRESH_NS; 0 = default */
 	__u32 burst_gate;          /* TS_BURST_*, written by the agent */
-	__u8 _reserved[412];
+	/* While burst windows run, sample_ppm_agent is the in-window rate; this
+	 * is the overall rate they add up to (tailscope_sample_ppm() returns it).
+	 * 0: no bursts (agents before it leave it 0). */
+	__u32 sample_ppm_effective;
+	__u8 _reserved[408];
 };
 
 #endif /* TAILSCOPE_ABI_H */

@@ -67,7 +67,9 @@ void tailscope_req_end(uint64_t id);
 void tailscope_req_end_all(void);
 
 /* The sampling rate in effect (parts per million): the agent's override if
- * one is set, else the runtime's own. 0 when the runtime is disabled. */
+ * one is set, else the runtime's own; while the agent samples in burst
+ * windows, the overall rate (not the higher in-window one). 0 when the
+ * runtime is disabled. */
 uint32_t tailscope_sample_ppm(void);
 
 /* 1 if the runtime is active in this process (region created), else 0. */
