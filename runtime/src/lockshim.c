@@ -14,8 +14,23 @@
  *
  * Cost when not recording: a load of the header pointer and of ldb_flags,
  * a branch, and the call into glibc. When recording: a trylock first (an
- * uncontended lock takes no clock before it), a clock read after
+ * uncontended lock takes no time stamp before it), a time stamp after
  * acquiring and one after releasing.
+ *
+ * Time stamps are raw TSC reads (rdtsc, ~16 ns on the development VM
+ * against ~28 ns for clock_gettime, which reads the TSC too and adds its
+ * seqlock and scaling) when the kernel's clocksource is the TSC (then it
+ * is synchronised across CPUs and constant-rate). Ticks become
+ * nanoseconds only for an episode that is logged: the scale (ns per tick,
+ * 32.32 fixed point) is measured by the shim itself, from two
+ * (clock_gettime, rdtsc) pairs at least 2 ms apart, and refined as the
+ * span grows; an episode's stamps are converted relative to a
+ * clock_gettime read at logging time, so its error is the scale's error
+ * times the episode's age (~10 ppm after calibration: ~0.1 us on a 10 ms
+ * hold). Until the scale is known (the first 2 ms of locking), or on
+ * another clocksource, or with TAILSCOPE_LOCK_CLOCK=mono, stamps are
+ * clock_gettime(CLOCK_MONOTONIC) as before. Each held entry remembers
+ * which kind its stamps are.
  *
  * pthread_cond_wait releases the mutex while it waits: the hold before it
  * ends there, and a new hold starts when it returns (its wait for the
@@ -25,7 +40,12 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
 
 #include "internal.h"
 
@@ -42,8 +62,9 @@ __asm__(".symver real_mutex_unlock,__pthread_mutex_unlock@GLIBC_2.2.5");
 
 struct ts_held {
 	const pthread_mutex_t *m;
-	uint64_t wait_start_ns; /* 0: acquired without waiting */
-	uint64_t acquired_ns;
+	uint64_t wait_start; /* 0: acquired without waiting */
+	uint64_t acquired;
+	int tsc; /* stamps are TSC ticks (else CLOCK_MONOTONIC ns) */
 };
 
 static TS_TLS struct {
@@ -58,16 +79,111 @@ static NOINST uint64_t now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* ---- time stamps: TSC ticks once calibrated --------------------------- */
+
+#define TSC_CAL_NS 2000000ull /* first calibration span */
+
+enum { TSC_UNKNOWN, TSC_ANCHORING, TSC_ANCHORED, TSC_NEVER };
+
+static struct {
+	int state;    /* TSC_* */
+	uint64_t ns0; /* the anchor pair */
+	uint64_t tsc0;
+	uint64_t mult;    /* ns per tick, 32.32; 0 until calibrated */
+	uint64_t span_ns; /* the span mult was measured over */
+} ts_tsc;
+
+static NOINST inline uint64_t ticks_ns(uint64_t ticks, uint64_t mult)
+{
+	return (uint64_t)(((unsigned __int128)ticks * mult) >> 32);
+}
+
+/* A (clock_gettime, rdtsc) pair: the TSC read is the midpoint of two. */
+static NOINST uint64_t clock_pair(uint64_t *tsc)
+{
+	uint64_t a = __rdtsc();
+	uint64_t ns = now_ns();
+	uint64_t b = __rdtsc();
+	*tsc = a + (b - a) / 2;
+	return ns;
+}
+
+/* Whether the kernel keeps time with the TSC (so it is synchronised and
+ * constant-rate), and the user did not ask for clock_gettime stamps. */
+static NOINST int tsc_trusted(void)
+{
+	const char *env = getenv("TAILSCOPE_LOCK_CLOCK");
+	if (env && strcmp(env, "mono") == 0)
+		return 0;
+	char buf[16] = {0};
+	int fd = open("/sys/devices/system/clocksource/clocksource0/current_clocksource",
+	              O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 0;
+	ssize_t n = read(fd, buf, sizeof(buf) - 1);
+	close(fd);
+	return n >= 3 && strncmp(buf, "tsc", 3) == 0 && (n == 3 || buf[3] == '\n');
+}
+
+/* (Re)measure the scale when the anchor is at least `min_span` old. */
+static NOINST void tsc_measure(uint64_t min_span)
+{
+	if (__atomic_load_n(&ts_tsc.state, __ATOMIC_ACQUIRE) != TSC_ANCHORED)
+		return;
+	uint64_t tsc, ns = clock_pair(&tsc);
+	uint64_t dns = ns - ts_tsc.ns0, dt = tsc - ts_tsc.tsc0;
+	if (ns < ts_tsc.ns0 || tsc <= ts_tsc.tsc0 || dns < min_span || dns >> 31)
+		return; /* too early; or a span past 2 s (the scale is good by then) */
+	__atomic_store_n(&ts_tsc.mult, (dns << 32) / dt, __ATOMIC_RELAXED);
+	__atomic_store_n(&ts_tsc.span_ns, dns, __ATOMIC_RELAXED);
+}
+
+/* Slow path of a stamp while uncalibrated: anchor, or calibrate. */
+static NOINST __attribute__((noinline)) void tsc_progress(void)
+{
+	int st = __atomic_load_n(&ts_tsc.state, __ATOMIC_ACQUIRE);
+	if (st == TSC_UNKNOWN) {
+		int expect = TSC_UNKNOWN;
+		if (!__atomic_compare_exchange_n(&ts_tsc.state, &expect, TSC_ANCHORING, 0,
+		                                 __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+			return;
+		if (!tsc_trusted()) {
+			__atomic_store_n(&ts_tsc.state, TSC_NEVER, __ATOMIC_RELEASE);
+			return;
+		}
+		ts_tsc.ns0 = clock_pair(&ts_tsc.tsc0);
+		__atomic_store_n(&ts_tsc.state, TSC_ANCHORED, __ATOMIC_RELEASE);
+	} else if (st == TSC_ANCHORED) {
+		tsc_measure(TSC_CAL_NS);
+	}
+}
+
+/* The stamp kind to use for a new hold: TSC once calibrated. */
+static NOINST inline int stamp_tsc(void)
+{
+	return __atomic_load_n(&ts_tsc.mult, __ATOMIC_RELAXED) != 0;
+}
+
+static NOINST inline uint64_t stamp(int tsc)
+{
+	if (TS_LIKELY(tsc))
+		return __rdtsc();
+	if (__atomic_load_n(&ts_tsc.state, __ATOMIC_RELAXED) != TSC_NEVER)
+		tsc_progress();
+	return now_ns();
+}
+
 static NOINST inline int locks_on(void)
 {
 	struct ts_region_header *h = __atomic_load_n(&ts_proc.hdr, __ATOMIC_RELAXED);
 	return h && (__atomic_load_n(&h->ldb_flags, __ATOMIC_RELAXED) & TS_LDB_LOCKS);
 }
 
-static NOINST void held_push(const pthread_mutex_t *m, uint64_t wait_start, uint64_t acquired)
+static NOINST void held_push(const pthread_mutex_t *m, uint64_t wait_start, uint64_t acquired,
+                             int tsc)
 {
 	if (ts_held.n < TS_HELD_MAX)
-		ts_held.h[ts_held.n++] = (struct ts_held){m, wait_start, acquired};
+		ts_held.h[ts_held.n++] = (struct ts_held){m, wait_start, acquired, tsc};
 }
 
 /* Removes m's entry (most recent first); returns 1 and the entry if held. */
@@ -90,33 +206,50 @@ static NOINST void held_log(const struct ts_held *e, uint64_t released)
 {
 	if (!locks_on())
 		return; /* the recording ended while it was held */
+	if (released < e->acquired)
+		released = e->acquired; /* (TSC reads on two CPUs: never seen, but bounded) */
 	uint64_t thresh = ts_mutex_thresh_ns();
-	uint64_t wait = e->wait_start_ns ? e->acquired_ns - e->wait_start_ns : 0;
-	uint64_t hold = released - e->acquired_ns;
+	uint64_t mult = e->tsc ? __atomic_load_n(&ts_tsc.mult, __ATOMIC_RELAXED) : 1ull << 32;
+	uint64_t wait = e->wait_start && e->acquired > e->wait_start
+	                    ? ticks_ns(e->acquired - e->wait_start, mult)
+	                    : 0;
+	uint64_t hold = ticks_ns(released - e->acquired, mult);
 	if (wait <= thresh && hold <= thresh)
 		return;
+	uint64_t w = e->wait_start, a = e->acquired, r = released;
+	if (e->tsc) {
+		/* Ticks to ns, each stamp relative to a clock read now. */
+		uint64_t tsc_now, ns_now = clock_pair(&tsc_now);
+		if (tsc_now < r)
+			tsc_now = r;
+		r = ns_now - ticks_ns(tsc_now - r, mult);
+		a = r - hold;
+		w = w ? a - wait : 0;
+		/* A longer span measures the scale better: refine it now and then. */
+		if (ns_now - ts_tsc.ns0 >= 8 * __atomic_load_n(&ts_tsc.span_ns, __ATOMIC_RELAXED))
+			tsc_measure(0);
+	}
 	struct ts_event ev[3];
 	int n = 0;
 	uint64_t obj = (uint64_t)(uintptr_t)e->m;
-	if (e->wait_start_ns)
-		ev[n++] = (struct ts_event){
-		    .ts_ns = e->wait_start_ns, .object = obj, .type = TS_EV_MUTEX_WAIT};
-	ev[n++] =
-	    (struct ts_event){.ts_ns = e->acquired_ns, .object = obj, .type = TS_EV_MUTEX_LOCK};
-	ev[n++] = (struct ts_event){.ts_ns = released, .object = obj, .type = TS_EV_MUTEX_UNLOCK};
+	if (e->wait_start)
+		ev[n++] = (struct ts_event){.ts_ns = w, .object = obj, .type = TS_EV_MUTEX_WAIT};
+	ev[n++] = (struct ts_event){.ts_ns = a, .object = obj, .type = TS_EV_MUTEX_LOCK};
+	ev[n++] = (struct ts_event){.ts_ns = r, .object = obj, .type = TS_EV_MUTEX_UNLOCK};
 	ts_event_push3(&ts_self, ev, n);
 }
 
 static NOINST __attribute__((noinline)) int lock_slow(pthread_mutex_t *m)
 {
+	int tsc = stamp_tsc();
 	uint64_t wait_start = 0;
 	if (real_mutex_trylock(m) != 0) {
-		wait_start = now_ns();
+		wait_start = stamp(tsc);
 		int rc = real_mutex_lock(m);
 		if (rc != 0)
 			return rc;
 	}
-	held_push(m, wait_start, now_ns());
+	held_push(m, wait_start, stamp(tsc), tsc);
 	return 0;
 }
 
@@ -130,8 +263,10 @@ NOINST int pthread_mutex_lock(pthread_mutex_t *m)
 NOINST int pthread_mutex_trylock(pthread_mutex_t *m)
 {
 	int rc = real_mutex_trylock(m);
-	if (TS_UNLIKELY(rc == 0 && locks_on()))
-		held_push(m, 0, now_ns());
+	if (TS_UNLIKELY(rc == 0 && locks_on())) {
+		int tsc = stamp_tsc();
+		held_push(m, 0, stamp(tsc), tsc);
+	}
 	return rc;
 }
 
@@ -143,7 +278,7 @@ NOINST int pthread_mutex_unlock(pthread_mutex_t *m)
 	int had = held_pop(m, &e);
 	int rc = real_mutex_unlock(m);
 	if (had && rc == 0)
-		held_log(&e, now_ns());
+		held_log(&e, stamp(e.tsc));
 	return rc;
 }
 
@@ -171,7 +306,7 @@ static NOINST void cond_release(pthread_mutex_t *m)
 {
 	struct ts_held e;
 	if (held_pop(m, &e))
-		held_log(&e, now_ns());
+		held_log(&e, stamp(e.tsc));
 }
 
 NOINST int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
@@ -183,8 +318,10 @@ NOINST int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
 		return f(c, m);
 	cond_release(m);
 	int rc = f(c, m);
-	if (locks_on())
-		held_push(m, 0, now_ns());
+	if (locks_on()) {
+		int tsc = stamp_tsc();
+		held_push(m, 0, stamp(tsc), tsc);
+	}
 	return rc;
 }
 
@@ -199,8 +336,10 @@ NOINST int pthread_cond_timedwait(pthread_cond_t *c, pthread_mutex_t *m,
 		return f(c, m, abstime);
 	cond_release(m);
 	int rc = f(c, m, abstime);
-	if (locks_on())
-		held_push(m, 0, now_ns());
+	if (locks_on()) {
+		int tsc = stamp_tsc();
+		held_push(m, 0, stamp(tsc), tsc);
+	}
 	return rc;
 }
 

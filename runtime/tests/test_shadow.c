@@ -355,6 +355,60 @@ static NOINST void test_locks(void)
 	CHECK(drain_events(s, ev, 64) == 0);
 }
 
+/* After 2 ms of locking the shim has measured its TSC scale (where the
+ * clocksource is the TSC): stamps are then TSC ticks, converted to
+ * CLOCK_MONOTONIC ns when an episode is logged. The same bounds hold, to
+ * within 2 us of conversion error. */
+static NOINST void test_locks_tsc(void)
+{
+	struct ts_thread_slot *s = my_slot();
+	struct ts_event ev[64];
+	hdr->agent_pid = 1;
+	hdr->ldb_flags = TS_LDB_LOCKS;
+	for (uint64_t until = now_ns() + 5000000; now_ns() < until;) {
+		pthread_mutex_lock(&mu);
+		pthread_mutex_unlock(&mu);
+	}
+	drain_events(s, ev, 64); /* (a hold that an interrupt lengthened past 1 us is logged) */
+	pthread_t th;
+	holder_in = 0;
+	pthread_create(&th, NULL, holder_wrap, NULL);
+	while (!holder_in)
+		usleep(100);
+	uint64_t t0 = now_ns();
+	pthread_mutex_lock(&mu);
+	uint64_t t1 = now_ns();
+	usleep(3000);
+	uint64_t t2 = now_ns();
+	pthread_mutex_unlock(&mu);
+	uint64_t t3 = now_ns();
+	pthread_join(th, NULL);
+	int n = drain_events(s, ev, 64);
+	CHECK(n == 3);
+	if (n == 3) {
+		CHECK(ev[0].type == TS_EV_MUTEX_WAIT && ev[2].type == TS_EV_MUTEX_UNLOCK);
+		CHECK(ev[0].ts_ns + 2000 >= t0 && ev[0].ts_ns <= t1 + 2000);
+		CHECK(ev[1].ts_ns + 2000 >= t0 && ev[1].ts_ns <= t1 + 2000);
+		CHECK(ev[1].ts_ns - ev[0].ts_ns > 5000000);
+		CHECK(ev[2].ts_ns + 2000 >= t2 && ev[2].ts_ns <= t3 + 2000);
+		CHECK(ev[2].ts_ns - ev[1].ts_ns >= 3000000);
+		if (!(ev[0].ts_ns + 2000 >= t0 && ev[2].ts_ns <= t3 + 2000))
+			fprintf(stderr,
+			        "tsc stamps: wait %+lld ns after t0, unlock %+lld ns after t3\n",
+			        (long long)(ev[0].ts_ns - t0), (long long)(ev[2].ts_ns - t3));
+	}
+	struct ts_thread_slot *hs = slot_of(holder_tid);
+	CHECK(hs != NULL);
+	if (hs) {
+		n = drain_events(hs, ev, 64);
+		CHECK(n == 2 && ev[0].type == TS_EV_MUTEX_LOCK &&
+		      ev[1].type == TS_EV_MUTEX_UNLOCK && ev[1].ts_ns - ev[0].ts_ns >= 20000000 &&
+		      ev[0].ts_ns < t0 + 2000);
+	}
+	hdr->ldb_flags = 0;
+	hdr->agent_pid = 0;
+}
+
 /* ---- thread churn -------------------------------------------------------- */
 
 static NOINLINE void *churn(void *arg)
@@ -405,6 +459,7 @@ int main(void)
 	test_longjmp();
 	test_signals();
 	test_locks();
+	test_locks_tsc();
 	test_churn();
 	printf("shadow: %d passed, %d failed\n", passed, failed);
 	return failed != 0;
