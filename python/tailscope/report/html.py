@@ -173,10 +173,21 @@ def _causes_table(r: dict, top: int) -> str:
             f"<td class=num>{c['high_count']} / {c['recorded_count']}</td><td>{note}</td></tr>")
     folded = "".join(
         f"<li>{E(f['event'])} is reported under {E(f['into'])}: the count of the same kernel event"
-        + (f" (R² = {f['r2']:.2f})" if f.get("r2") is not None else "") + "</li>"
+        + _proportionality(f) + "</li>"
         for f in r.get("folded", []))
     return (f"<table>{head}{''.join(rows)}</table>"
             + (f"<p class=muted>Not ranked separately:</p><ul>{folded}</ul>" if folded else ""))
+
+
+def _proportionality(f: dict) -> str:
+    """How the count tracked the time. A fit worse than a constant has a
+    negative R², which reads like a bug; say it in words instead."""
+    r2 = f.get("r2")
+    if r2 is None:
+        return ""
+    if f.get("proportional"):
+        return f" (count and time proportional, R² = {r2:.2f})"
+    return " (count and time not proportional" + (f", R² = {r2:.2f})" if r2 >= 0 else ")")
 
 
 def _segments_html(r: dict) -> str:
