@@ -722,18 +722,21 @@ pub(crate) mod tests {
         let mut w = RequestWriter::new(&dir, WriterPolicy::default()).unwrap();
         let mut rng = 0x9e37_79b9_7f4a_7c15u64;
         let n = 1_000_000u64;
+        let cpu0 = crate::sys::self_cpu_seconds();
         for i in 0..n {
             let r = synthetic(i, &mut rng);
             w.push(1234, if i % 5 == 0 { "SET" } else { "GET" }, &r)
                 .unwrap();
         }
         let s = w.finish().unwrap();
+        let cpu = crate::sys::self_cpu_seconds() - cpu0;
         let per = s.bytes as f64 / n as f64;
         eprintln!(
-            "bytes_per_request: {} rows, {} bytes in {} file(s) = {per:.1} B/request",
+            "bytes_per_request: {} rows, {} bytes in {} file(s) = {per:.1} B/request; CPU {:.0} ns/request (whole test process: run alone to read it)",
             n,
             s.bytes,
-            s.files.len()
+            s.files.len(),
+            cpu * 1e9 / n as f64
         );
         assert!(per <= 64.0, "{per} B/request exceeds the 64 B budget");
         std::fs::remove_dir_all(&dir).unwrap();
