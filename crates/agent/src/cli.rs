@@ -64,7 +64,7 @@ OPTIONS:
     --fn-threshold-us N record only calls at least N us long (default 0: every
                         call the observer sees end)
     --mutex-threshold-us N  log a lock when its wait or hold exceeds N us
-                        (default 10)
+                        (default 1)
     --dte-tolerance F   Shim double-time error filter: keep a stack walk when
                         its clock ratio is within 1 +- F (default 0.01)
     -h, --help          this text
