@@ -124,24 +124,8 @@ def test_generated_branch_measures_its_target(tmp_path, p, r):
     assert abs(r_seq - r) <= max(0.025, 0.25 * r), (r_seq, r)
 
 
-@needs_valgrind
-@needs_gcc
-def test_generated_working_set_mix_is_recovered(tmp_path):
-    """Plant 40% of far data accesses in a 4 KiB set and 60% in a 64 KiB set; the sweep finds them."""
-    planted = [(8192, 0.4), (131072, 0.6)]  # bins (S): regions of 0.75*S -> hits first at S
-    spec = _spec(
-        instructions=4000,
-        mix={"arith/reg": 0.35, "mov/load": 0.25, "arith/load": 0.2, "mov/store": 0.2},
-        cond_per_insn=0.0,
-        branches=[],
-        data_bins=planted,
-        mem_per_insn=0.6,
-        main_fraction=0.5,
-        icode_bins=[(512, 1.0)],
-    )
-    asmgen.write_standalone(spec, tmp_path, seed=2, calls=300)
-    exe = tmp_path / "harness"
-    sizes = [2048, 4096, 8192, 16384, 65536, 131072, 262144]
+def _sweep_bins(tmp_path, exe, calls, sizes):
+    """The profiler's sweep on a harness: D1 hits per size -> workingset bins (per access)."""
     hits, refs = [], []
     for s in sizes:
         out = tmp_path / f"cg{s}.out"
@@ -152,10 +136,10 @@ def test_generated_working_set_mix_is_recovered(tmp_path):
                 "--cache-sim=yes",
                 f"--I1={workingset.cache_arg(s)}",
                 f"--D1={workingset.cache_arg(s)}",
-                "--LL=4194304,16,64",
+                "--LL=16777216,16,64",
                 f"--callgrind-out-file={out}",
                 str(exe),
-                "300",
+                str(calls),
             ],
             check=True,
             capture_output=True,
@@ -165,12 +149,43 @@ def test_generated_working_set_mix_is_recovered(tmp_path):
         refs.append(dref)
         hits.append(dref - sm["D1mr"] - sm["D1mw"])
     acc = float(np.mean(refs))
-    bins = dict(workingset.bins(sizes, [h / r * acc for h, r in zip(hits, refs, strict=True)], acc))
-    far = acc - bins[2048]  # the tiny region hits at 2 KiB already; the planted regions do not
-    got_small = (bins[4096] + bins[8192]) / far  # 6 KiB region: first hits at 8 KiB
-    got_large = (bins[65536] + bins[131072]) / far  # 96 KiB region: first hits at 128 KiB
-    assert abs(got_small - 0.4) <= 0.08, bins
-    assert abs(got_large - 0.6) <= 0.08, bins
+    return acc, dict(workingset.bins(sizes, [h / r * acc for h, r in zip(hits, refs, strict=True)], acc))
+
+
+@needs_valgrind
+@needs_gcc
+def test_generated_working_set_mix_is_recovered(tmp_path):
+    """Plant a data working-set mix over several sizes (a near bin walked inside the blocks, two
+    bins beyond NEAR_MAX walked by walkers); the profiler's sweep finds each one in its bin and
+    the whole miss curve follows the planted one."""
+    planted = [(2048, 0.4), (65536, 0.35), (262144, 0.25)]
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.35, "mov/load": 0.25, "arith/load": 0.2, "mov/store": 0.2},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=planted,
+        mem_per_insn=0.6,
+        main_fraction=0.3,
+        icode_bins=[(512, 1.0)],
+    )
+    asmgen.layer_walkers([spec], {})
+    asmgen.write_standalone(spec, tmp_path, seed=2, calls=300)
+    sizes = [2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288]
+    acc, bins = _sweep_bins(tmp_path, tmp_path / "harness", 300, sizes)
+    far = acc - bins[2048]  # the near bin and the tiny region hit at 2 KiB already
+    # a walker's region sits at 0.71 S less the regions below it: it first hits in (S/2, S]
+    got_64k = (bins[32768] + bins[65536]) / far
+    got_256k = (bins[131072] + bins[262144] + bins[524288 * 2]) / far  # + misses at the largest size
+    assert abs(got_64k - 0.35 / 0.6) <= 0.06, bins
+    assert abs(got_256k - 0.25 / 0.6) <= 0.06, bins
+    # nothing planted between 2 and 32 KiB or beyond 256 KiB
+    assert sum(bins[s] for s in (4096, 8192, 16384)) / far <= 0.05, bins
+    # the curve: the share of the far accesses that miss at each swept size, as planted
+    for size in (4096, 32768, 131072, 262144):
+        want = sum(m for b, m in planted if b > size) / 0.6
+        got = workingset.misses_at(list(bins.items()), size) / far
+        assert abs(got - want) <= 0.10, (size, got, want, bins)
 
 
 def test_coupling_preserves_both_marginals():
@@ -298,17 +313,19 @@ def test_generated_instructions_per_event_are_exact(tmp_path, instructions, chun
 
 @needs_valgrind
 @needs_gcc
-def test_far_code_misses_are_linear_in_their_knob(tmp_path):
-    """The far-code block (larger than the I1) misses on every line it fetches, at a fractional
-    number of passes per event: doubling icode_far_scale doubles its I1 misses."""
-    spec = _spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 1.0)], far_entries=20.0)
+def test_code_rings_beyond_the_i1_miss_linearly_in_their_knob(tmp_path):
+    """A code working-set bin beyond the profiled I1 is a ring of variants called in turn, one
+    line entry per cache line: every line misses a 32 KiB I1, and the ring's lines per event
+    (so its misses) are linear in icode_far_scale."""
+    spec = _spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 0.7), (131072, 0.3)])
+    want = 0.3 * 3000 / 5  # ring line entries per event
     misses = []
     for scale in (1.0, 2.0):
         d = tmp_path / f"s{scale}"
         asmgen.write_standalone(spec, d, seed=4, calls=600, knobs={"icode_far_scale": scale})
         tc = _cg_run(d, d / "harness", 600, "i1", ("--cache-sim=yes", "--I1=32768,8,64", "--D1=32768,8,64"))
         misses.append(tc.fn_total("I1mr", "clone_far_t") / 600)
-    assert abs(misses[0] - 20.0) <= 0.15 * 20.0, misses  # far_entries line misses per event
+    assert abs(misses[0] - want) <= 0.15 * want, misses
     assert abs(misses[1] / misses[0] - 2.0) <= 0.15, misses
 
 

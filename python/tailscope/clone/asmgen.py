@@ -77,6 +77,14 @@ class BodySpec:
     chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
     expected: float = 0.0  # set by generate_body: the body's exact instructions per event
     far_entries: float = 0.0  # I-cache line entries per event that miss the profiled I1
+    cold_bin: int = 0  # the data bin of accesses that miss at the largest swept size (0: none)
+    walk_sizes: dict | None = None  # bin -> walker region bytes (layer_walkers: all bodies at once)
+    near_sizes: dict | None = None  # region bytes of each near block (layer_walkers)
+    ring_sizes: dict | None = None  # code bin -> ring bytes (layer_walkers)
+    skel_code_lines: float = 0.0  # the skeleton's own I-cache line entries per event
+    hot_code_bytes: float = 0.0  # code the blocks run per event (0: as the bins say)
+    events_per_request: float = 1.0  # how often the body runs, per request of the window
+    walk_base: int = 0  # which 16 walker slots of the arena this body uses (bodies sharing an arena)
 
 
 def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
@@ -326,13 +334,212 @@ def _emit(cls: str, mem: str, regs: _Regs, mema: _Mem, rng, rep_len: int) -> lis
     return ["nop"]
 
 
-LL_REGION_FACTOR = 8  # the far-data region: 8x the LL the knobs name (beyond A's and B's LL)
-LL_LINES_PER_PASS = 8
+NEAR_MAX = 16384  # data bins up to this size are walked inside the blocks; larger ones by walkers
+COLD_BYTES = 8 << 20  # every arena ends with a region never touched before the body walks it
+WALK_LINES = 8  # lines per pass of a walker (fewer when it walks fewer lines per event)
+BLOCK_SLOTS = 4096  # arena offset of the blocks' shared region cursors (8 B each, 32 per body)
+RING_SLOT0 = 12  # per body, slots 0-11 are the data walkers', 12-23 the code rings'
+WALK_SLOTS = 128  # arena offset of the walkers' shared accumulators and cursors (16 B each)
+WALK_MID = 0.71  # a region of 2^-0.5 S: the log-middle of the bin (S/2, S]
 
 
 def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:
     """A knob for one body (`key:name`) or for all bodies (`key`)."""
     return float(knobs.get(f"{key}:{name}", knobs.get(key, default)))
+
+
+def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, off: int) -> tuple[list[dict], int]:
+    """The data working-set bins beyond NEAR_MAX: one walker per bin (Ditto's per-bin regions).
+
+    A walker touches `lines` new lines of its own region per event (a fractional number of passes
+    of WALK_LINES lines), with its cursor and pass accumulator in the arena, shared by every
+    thread that runs the body (the original's large data, a hash table or slab, is shared by its
+    workers; per-thread cursors starting together would re-touch each other's lines at once).
+    Regions are LRU stack layers like the blocks' (`below` is what the blocks' regions add): a
+    region walked slowly is reused after every smaller region was walked, so it is sized
+    (WALK_MID x S) - (everything below it). The arena is touched in address order at start-up,
+    so a region's lines start with the reuse distance they keep. The largest bin (accesses that
+    miss at the largest swept size: cold data) walks the cold region at the arena's end, never
+    touched before. `data_far_scale` scales the walkers within the LL the knobs name, and
+    `data_ll_scale` those beyond it: the same factor for every bin, so the curve keeps its shape.
+    Returns the walkers and the arena offset after their regions."""
+    ll = knobs.get("ll_bytes", 2 << 20)
+    tot = sum(m for _, m in spec.data_bins)
+    if tot <= 0 or not spec.data_bins:
+        return [], off
+    main_acc = spec.mem_per_insn * spec.main_fraction * instructions
+    out = []
+    for i, (s, m) in enumerate(sorted(x for x in spec.data_bins if x[0] > NEAR_MAX)):
+        cold = s == spec.cold_bin
+        scale = body_knob(knobs, "data_ll_scale" if s >= ll or cold else "data_far_scale", spec.name)
+        lines = m / tot * main_acc * scale
+        if lines <= 1e-4:
+            continue
+        per_pass = max(1, min(WALK_LINES, round(lines)))
+        if cold:
+            size = COLD_BYTES
+        elif spec.walk_sizes and s in spec.walk_sizes:
+            size = max(2 * 64 * per_pass, int(spec.walk_sizes[s]))
+        else:
+            size = max(2 * 64 * per_pass, (int(WALK_MID * s) - below) // 64 * 64)
+            below += size
+        out.append({"bin": s, "lines": lines, "per_pass": per_pass, "bytes": size, "cold": cold, "slot": i})
+    for w in out:
+        if not w["cold"]:
+            w["off"] = off
+            off = (off + w["bytes"] + 4095) // 4096 * 4096
+    return out, off
+
+
+def _near_blocks(spec: BodySpec, ll: int, i1: int = 32768) -> list[Block]:
+    """The blocks of a body before code generation: coupled code and near-data bins, regions
+    layered (deterministic: no random draws)."""
+    tot_mass = max(1e-12, sum(m for _, m in spec.data_bins))
+    near_bins = [(s, m) for s, m in spec.data_bins if s <= NEAR_MAX]
+    near_mass = sum(m for _, m in near_bins) / tot_mass
+    main_per_insn = spec.mem_per_insn * spec.main_fraction
+    blocks: list[Block] = []
+    code_bins = spec.icode_bins
+    if spec.chunk_insns > 0:
+        code_bins = [(s, m) for s, m in spec.icode_bins if s <= i1] or [(256, 1.0)]
+    for i, (mass, w, r) in enumerate(couple(code_bins, near_bins or [(0, 1.0)])):
+        # a bin (S/2, S] is only known as a whole; assume sizes log-uniform inside it and place
+        # alternate blocks at its quartiles 2^-0.75 S and 2^-0.25 S
+        frac = 0.59 if i % 2 == 0 else 0.84
+        blocks.append(
+            Block(
+                weight=mass,
+                code_bytes=max(64, int(frac * w)),
+                region_bytes=int(frac * r) if r > 0 else 0,
+                main_per_insn=main_per_insn * near_mass,
+            )
+        )
+    _layer_regions(blocks, ll)
+    for bi, b in enumerate(blocks):
+        if spec.near_sizes and bi in spec.near_sizes:
+            b.region_bytes = spec.near_sizes[bi]
+    return blocks
+
+
+def _slot(spec: BodySpec, i: int) -> int:
+    """Arena offset of a body's i-th walker/ring slot (accumulator, cursor): 24 per body."""
+    return WALK_SLOTS + 16 * (i + 24 * spec.walk_base)
+
+
+def plan_rings(spec: BodySpec, instructions: float, knobs: dict) -> list[dict]:
+    """The code working-set bins beyond the I1 the knobs name (A's): one ring per bin.
+
+    Code that a body runs every event is reused at the distance of everything the event runs
+    (its own code, the skeleton's, other threads'), so blocks alone give every first-pass fetch
+    one reuse distance: a step in the miss curve. A ring is M variants (straight chains of v
+    cache-line chunks, each ending in `ret`) called in turn through a table, one call at a
+    fractional rate per event: its lines are reused every M calls, at the distance of all the
+    code run meanwhile (sized by layer_walkers like the data regions). `icode_far_scale` scales
+    the rings of bins beyond the I1 the knobs name (what the tuning loop controls at A)."""
+    if spec.chunk_insns <= 0 or instructions <= 0:
+        return []
+    i1 = knobs.get("i1_bytes", 32768)
+    entries = instructions / spec.chunk_insns
+    out = []
+    for k, (s, m) in enumerate(sorted(x for x in spec.icode_bins if x[0] > i1)):
+        if k >= 24 - RING_SLOT0:
+            break
+        c = m * entries * (body_knob(knobs, "icode_far_scale", spec.name) if s > i1 else 1.0)
+        if c < 1e-3:
+            continue
+        v = max(1, math.ceil(c))
+        size = (spec.ring_sizes or {}).get(s, WALK_MID * s)
+        m_var = max(2, round(size / (64 * v)))
+        out.append({"bin": s, "lines": c, "v": v, "calls": c / v, "M": m_var, "slot": RING_SLOT0 + k})
+    return out
+
+
+def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
+    """Size every body's data regions (near blocks and walkers) as one LRU stack.
+
+    The simulated caches are shared by all threads, and the original's per-thread working-set
+    curves were measured in that shared cache. A region of L lines walked at a lines per request
+    is reused every P = L / a requests, and in that time every other region q brings min(L_q,
+    P x a_q) distinct lines: the reuse distance is D = 64 x sum_q min(L_q, P a_q), whichever
+    body walks q. Each region's size is solved (a damped fixed point) so that D is its target:
+    its bin's quartile for near blocks, WALK_MID x S for walkers. Sized body by body and by size
+    alone (the first version), memcached's timer and worker regions overlapped: a region that
+    a body walks once per several requests sees all the others' traffic, so nearly every region
+    beyond 32 KiB missed a 32 KiB D1 and together they exceeded a 2 MiB LL."""
+    ll = knobs.get("ll_bytes", 2 << 20)
+    items = []  # [spec index, kind, key, lines, accesses per request, target bytes]
+    for i, sp in enumerate(specs):
+        tot = sum(m for _, m in sp.data_bins) or 1.0
+        main = sp.mem_per_insn * sp.main_fraction * sp.instructions * sp.events_per_request
+        for bi, b in enumerate(_near_blocks(sp, ll, knobs.get("i1_bytes", 32768))):
+            if b.region_bytes and b.weight > 0:
+                a = b.weight * b.main_per_insn * sp.instructions * sp.events_per_request
+                if a / sp.events_per_request >= b.region_bytes / 64:
+                    continue  # cycled within one run of its block: reused at its own size (as sized)
+                items.append([i, "near", bi, b.region_bytes / 64, max(1e-6, a), b.region_bytes])
+        for s, m in sp.data_bins:
+            if s > NEAR_MAX and m > 0 and s != sp.cold_bin:
+                items.append([i, "walk", s, WALK_MID * s / 64, max(1e-6, m / tot * main), WALK_MID * s])
+    # the code: per body, its blocks and the skeleton run every event (fixed), rings (solved);
+    # the L1 caches are split, so code and data are separate stacks
+    code = []
+    for i, sp in enumerate(specs):
+        ins = sp.instructions * body_knob(knobs, "instr_scale", sp.name)
+        hot = sp.skel_code_lines + sum(
+            max(64, b.code_bytes * knobs.get("code_scale", 1.0)) / 64
+            for b in _near_blocks(sp, ll, knobs.get("i1_bytes", 32768))
+            if b.weight > 0
+        )
+        code.append([i, "hot", 0, hot, hot * sp.events_per_request, 0.0])
+        for r in plan_rings(sp, ins, knobs):
+            a = r["lines"] * sp.events_per_request
+            code.append([i, "ring", r["bin"], r["M"] * r["v"], max(1e-6, a), WALK_MID * r["bin"]])
+    for group in (items, code):
+        for _ in range(rounds):
+            for it in group:
+                if it[1] == "hot":
+                    continue
+                period = it[3] / it[4]
+                d = 64 * sum(min(q[3], period * q[4]) for q in group)
+                it[3] = max(2.0, it[3] * (it[5] / max(64.0, d)) ** 0.5)
+    for sp in specs:
+        sp.walk_sizes, sp.near_sizes, sp.ring_sizes = {}, {}, {}
+    for i, kind, key, lines, _a, _t in items + code:
+        size = max(128, int(lines) * 64)
+        if kind == "walk":
+            specs[i].walk_sizes[key] = max(2 * 64 * WALK_LINES, size)
+        elif kind == "near":
+            specs[i].near_sizes[key] = size
+        elif kind == "ring":
+            specs[i].ring_sizes[key] = size
+
+
+def _code_fit(spec: BodySpec, blocks: list[Block], budget: float, i1: int) -> float:
+    """The factor on the blocks' code sizes that makes their per-event footprint (each block's
+    code, at most what it runs per event) spec.hot_code_bytes (bisection; 1.0 when unset)."""
+    if spec.chunk_insns <= 0 or spec.hot_code_bytes <= 0:
+        return 1.0
+
+    def footprint(x: float) -> float:
+        tot = 0.0
+        for b in blocks:
+            if b.weight > 0:
+                # as generate_body sizes a block: whole passes over whole chunks
+                pec = b.weight * budget / spec.chunk_insns
+                want = max(1.0, min(min(b.code_bytes, i1 // 2) * x / 64, pec))
+                tot += 64 * max(1, round(pec / max(1, round(pec / want))))
+        return tot
+
+    lo, hi = 0.01, 4.0
+    if footprint(hi) <= spec.hot_code_bytes:
+        return hi
+    for _ in range(40):
+        mid = (lo * hi) ** 0.5
+        if footprint(mid) > spec.hot_code_bytes:
+            hi = mid
+        else:
+            lo = mid
+    return lo
 
 
 def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tuple[list[str], list[Block], int]:
@@ -351,62 +558,67 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     i1 = knobs.get("i1_bytes", 32768)
     ll = knobs.get("ll_bytes", 2 << 20)
     instructions = max(0.0, spec.instructions * body_knob(knobs, "instr_scale", spec.name))
-    # accesses to data beyond the LL: one dedicated far-data loop (linear control), not the blocks
-    far_mass = sum(m for s, m in spec.data_bins if s > ll) / max(1e-12, sum(m for _, m in spec.data_bins))
-    main_per_insn = spec.mem_per_insn * spec.main_fraction
-    ll_lines = far_mass * main_per_insn * instructions * knobs.get("data_ll_scale", 1.0)
-    near_bins = [(s, m) for s, m in spec.data_bins if s <= ll] or [(0, 1.0)]
-    segs = couple(spec.icode_bins, near_bins)
-    blocks: list[Block] = []
-    for i, (mass, w, r) in enumerate(segs):
-        # a bin (S/2, S] is only known as a whole; assume sizes log-uniform inside it and place
-        # alternate blocks at its quartiles 2^-0.75 S and 2^-0.25 S
-        frac = 0.59 if i % 2 == 0 else 0.84
-        code = max(64, int(frac * w))
-        blocks.append(
-            Block(
-                weight=mass,
-                code_bytes=code,
-                region_bytes=int(frac * r) if r > 0 else 0,
-                main_per_insn=main_per_insn * (1 - far_mass),
-            )
-        )
-    _layer_regions(blocks, ll)
-    _apply_knobs(blocks, knobs)
-    # layout of the arena: tiny region, then each block's region (4 KiB aligned), then far data
-    off = 4096
+    # data bins up to NEAR_MAX: the blocks' regions (coupled with the code bins); beyond: walkers
+    blocks = _near_blocks(spec, ll, i1)
+    # layout of the arena: tiny region and the walkers' slots, each block's region (4 KiB
+    # aligned), the walkers' regions, and the cold region at the end
+    off = 8192
     for b in blocks:
         if b.region_bytes:
             b.region_off = off
             off += 2 * b.region_bytes + 64 * 64 + 4096  # the walk reaches one step past the region
             off = (off + 4095) // 4096 * 4096
-    far_off, far_bytes = off, (LL_REGION_FACTOR * ll if ll_lines > 0 else 0)
-    arena = off + far_bytes + (4096 if far_bytes else 0)
+    walkers, off = plan_walkers(spec, instructions, knobs, sum(b.region_bytes for b in blocks), off)
+    for w in walkers:
+        if w["cold"]:
+            w["off"] = off
+    # the walkers' instructions (see _far_function) come out of the blocks' budget
+    walk_ins = 0.0
+    for w in walkers:
+        rate = max(1, round(w["lines"] / w["per_pass"] * 65536)) / 65536
+        walk_ins += 7 + 2 * min(1.0, rate) + rate * (w["per_pass"] + 5)
+    rings = plan_rings(spec, instructions, knobs)
+    arena = off + COLD_BYTES + 4096
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
-    mixp = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
+    mixf = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
+    mixf = mixf / mixf.sum() if mixf.sum() > 0 else np.full(len(keys), 1 / len(keys))
     br_idx = [i for i, k in enumerate(keys) if k.startswith("branch/")]
     # conditional branches per instruction of the chunks; `cond_scale` (tuned) makes up for the
     # loop control and block setup, which dilute them, so the body's total matches
     cond = min(0.45, spec.cond_per_insn * body_knob(knobs, "cond_scale", spec.name))
-    if mixp[br_idx].sum() > 0:
-        mixp[br_idx] *= max(0.0, mixp[br_idx].sum() - cond) / mixp[br_idx].sum()
-    cost = np.array(
-        [
-            (spec.rep_len + 6)
-            if k.startswith("rep/")
-            else 3
-            if k.startswith("div/")
-            else 2
-            if k in ("branch/store", "branch/load", "branch/rmw")
-            else 1
-            for k in keys
-        ],
-        dtype=float,
-    )
-    mixp = mixp / cost
-    mixp = mixp / mixp.sum() if mixp.sum() > 0 else np.full(len(keys), 1 / len(keys))
+    if mixf[br_idx].sum() > 0:
+        mixf[br_idx] *= max(0.0, mixf[br_idx].sum() - cond) / mixf[br_idx].sum()
+    cost = _draw_cost(keys, spec.rep_len)
+    mixp = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, 1)
     bw = np.array([b[2] for b in spec.branches], dtype=float) if spec.branches else np.array([1.0])
     bw = bw / bw.sum()
+    regs = _Regs(rng, spec.dep_hist)
+    leaf = f".Lleaf_{spec.name}"
+    # the rings' variants first: their instructions come out of the blocks' budget
+    ring_ins = 0.0
+    for r in rings:
+        lab = f".L{spec.name}_r{r['slot']}"
+        pats = []
+        for _ in range(2):
+            bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
+            p, q = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
+            q = min(1.0, q * body_knob(knobs, "branch_r_scale", spec.name))
+            pats.append((p, q, _pattern(p, q, rng)))
+        mixr = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, r["v"])
+        r["text"], counts = [], []
+        for j in range(r["M"]):
+            fb = Block(weight=0.0, code_bytes=64 * r["v"], region_bytes=0, main_per_insn=0.0)
+            body, count = _block_body(spec, fb, f"{lab}_v{j}", pats, regs, _Mem(rng), rng, keys, mixr, cond, leaf)
+            r["text"] += [f"    .p2align 6\n{lab}_v{j}:", *body, "    ret"]
+            counts.append(count + 1)
+        fixed = max(1, round(min(1.0, r["calls"]) * 65536))
+        r["fixed"] = fixed
+        r["expected"] = 7 + fixed / 65536 * (10 + float(np.mean(counts)))
+        ring_ins += r["expected"]
+    block_budget = max(0.0, instructions - walk_ins - ring_ins)
+    # the blocks carry all the near-data accesses in what is left of the instructions
+    for b in blocks:
+        b.main_per_insn = min(1.0, b.main_per_insn * instructions / max(1.0, block_budget))
     out = [
         f"    .globl clone_body_{spec.name}",
         f"    .type clone_body_{spec.name}, @function",
@@ -423,26 +635,21 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     ]
     out += [f"    pxor {x}, {x}" for x in XMM[:4]]
     expected = 12.0 + 4 + 8  # prologue above; epilogue: store r14, 6 pops, ret
-    regs = _Regs(rng, spec.dep_hist)
-    leaf = f".Lleaf_{spec.name}"
     carry = 0.0
-    far_scale = body_knob(knobs, "icode_far_scale", spec.name)
+    code_scale = knobs.get("code_scale", 1.0) * _code_fit(spec, blocks, block_budget, i1)
     for bi, b in enumerate(blocks):
         if b.weight <= 0:
             continue
-        far_code = False
         b.code_bytes = min(b.code_bytes, i1 // 2)
         if spec.chunk_insns > 0:
-            per_event_chunks = b.weight * instructions / spec.chunk_insns
-            if far_code:
-                chunks = max(1, round(b.code_bytes * knobs.get("code_scale", 1.0) / 64))
-            else:
-                want = max(1.0, min(b.code_bytes * knobs.get("code_scale", 1.0) / 64, per_event_chunks))
-                chunks = max(1, round(per_event_chunks / max(1, round(per_event_chunks / want))))
+            per_event_chunks = b.weight * block_budget / spec.chunk_insns
+            want = max(1.0, min(b.code_bytes * code_scale / 64, per_event_chunks))
+            chunks = max(1, round(per_event_chunks / max(1, round(per_event_chunks / want))))
             b.code_bytes = 64 * chunks
         lab = f".L{spec.name}_{bi}"
-        frac_off = STATE_BLOCKS + 16 * bi
-        cur_off = frac_off + 8
+        # the region cursor lives in the arena, shared by the threads that run this body (like
+        # the walkers'): per-thread cursors starting together re-touched each other's lines
+        cur_slot = BLOCK_SLOTS + 8 * (bi + 32 * spec.walk_base)
         pats = []
         for _ in range(2):
             bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
@@ -450,32 +657,20 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             r = min(1.0, r * body_knob(knobs, "branch_r_scale", spec.name))
             pats.append((p, r, _pattern(p, r, rng)))
         mema = _Mem(rng)
-        body, count = _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf)
+        mixb = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, max(1, b.code_bytes // 64), looped=True)
+        body, count = _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixb, cond, leaf)
         # per iteration: the body, two pattern rotations, the region cursor, the iteration counter
         k_iter = count + 2 + (4 if b.region_bytes else 0) + 1
-        passes_f = b.weight * instructions / max(1, k_iter + 2)
+        passes_f = b.weight * block_budget / max(1, k_iter + 2)
         setup = 8 + (2 if b.region_bytes else 0)
-        if far_code:
-            passes = passes_f * far_scale  # fractional: linear I1-miss control
-            mode = "frac"
-        else:
-            passes = max(1, round(passes_f + carry))
-            carry += passes_f - passes
-            mode = "once" if passes == 1 else "loop"
+        # the rounding left over by earlier blocks is carried in instructions (blocks differ in
+        # their instructions per pass)
+        per_pass = max(1, k_iter + 2)
+        passes = max(1, round(passes_f + carry / per_pass))
+        carry += (passes_f - passes) * per_pass
+        mode = "once" if passes == 1 else "loop"
         b.iters_per_event = passes
-        if mode == "frac":
-            fixed = max(1, round(passes * 65536))
-            head = [
-                f"    mov r12, [rdi + {frac_off}]",
-                f"    add r12, {fixed}" if fixed < 2**31 else f"    mov rax, {fixed}\n    add r12, rax",
-                "    mov rax, r12",
-                "    and eax, 65535",
-                f"    mov [rdi + {frac_off}], rax",
-                "    shr r12, 16",
-                f"    jz {lab}_done",
-            ]
-            expected += 7 + passes * (setup + k_iter + 2)
-        elif mode == "loop":
+        if mode == "loop":
             head = [f"    mov r12d, {passes}"]
             expected += 1 + setup + passes * (k_iter + 2)
         else:
@@ -483,7 +678,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             expected += setup + k_iter
         out += head
         if b.region_bytes:
-            out.append(f"    mov r13, [rdi + {cur_off}]")
+            out.append(f"    mov r13, [r15 + {cur_slot}]")
         out += [
             f"    mov r11, {pats[0][2] or 0x5555555555555555}",
             f"    mov r10, {pats[1][2] or 0x3333333333333333}",
@@ -515,11 +710,11 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         if mode != "once":
             out += ["    dec r12", f"    jnz {lab}"]
         if b.region_bytes:
-            out.append(f"    mov [rdi + {cur_off}], r13")
+            out.append(f"    mov [r15 + {cur_slot}], r13")
         out.append(f"{lab}_done:")
         b.insns = round(k_iter)
     far_lines, far_expected = _far_function(
-        spec, rng, regs, knobs, i1, ll_lines, len(blocks), far_off, far_bytes, keys, mixp, cond, leaf
+        spec, rng, regs, knobs, i1, walkers, rings, len(blocks), keys, mixp, cond, leaf
     )
     out.append(f"    call clone_far_{spec.name}")
     expected += 1 + far_expected
@@ -549,15 +744,16 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     return out, blocks, arena
 
 
-def _far_function(spec, rng, regs, knobs, i1, ll_lines, bi, far_off, far_bytes, keys, mixp, cond, leaf):
+def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, cond, leaf):
     """clone_far_<name>: what the tuning loop controls linearly, in a function of its own so that
     callgrind reports its costs apart from the rest of the body.
 
     - far code: a block of code larger than the I1 (`i1_bytes` + 1/4), in cache-line chunks like
       the body, run at a fractional number of passes per event: every fetch of a line misses that
       I1 (and any smaller one), so the I1 misses are linear in `icode_far_scale`;
-    - far data: LL_LINES_PER_PASS new lines per pass of a region 8x the LL, at a fractional
-      number of passes per event: the LL misses are linear in `data_ll_scale`.
+    - the data walkers (plan_walkers): per working-set bin beyond NEAR_MAX, new lines of a region
+      sized in that bin, at a fractional number of passes per event: their misses are linear in
+      `data_far_scale` (within the LL) and `data_ll_scale` (beyond it).
     Returns the function's lines and its expected instructions per event."""
     name = spec.name
     out = [
@@ -566,65 +762,68 @@ def _far_function(spec, rng, regs, knobs, i1, ll_lines, bi, far_off, far_bytes, 
         f"clone_far_{name}:",
     ]
     expected = 1.0  # ret
-    lines_code = 0
-    if spec.chunk_insns > 0 and spec.far_entries > 0:
-        code = i1 + i1 // 4
-        lines_code = code // 64
-        rate = spec.far_entries * body_knob(knobs, "icode_far_scale", name) / lines_code
-        fixed = max(1, round(rate * 65536))
-        lab = f".L{name}_fc"
-        frac_off = STATE_BLOCKS + 16 * bi
-        # the accumulator is stored inverted, so the first event (in the warm-up) runs a pass
+    tables, variants = [], []
+    for r in rings:
+        lab = f".L{name}_r{r['slot']}"
+        slot = _slot(spec, r["slot"])
         out += [
-            f"    mov r12, [rdi + {frac_off}]",
-            "    xor r12d, 65535",
+            f"    mov r12, [r15 + {slot}]",
+            f"    add r12, {r['fixed']}",
+            "    mov rax, r12",
+            "    and eax, 65535",
+            f"    mov [r15 + {slot}], rax",
+            "    shr r12, 16",
+            f"    jz {lab}_done",
+            f"    mov r13, [r15 + {slot + 8}]",
+            "    lea rax, [r13 + 1]",
+            "    xor r12d, r12d",
+            f"    cmp rax, {r['M']}",
+            "    cmovae rax, r12",
+            f"    mov [r15 + {slot + 8}], rax",
+            f"    lea rax, [rip + {lab}_tab]",
+            "    lea rax, [rax + r13 * 4]",
+            "    movsxd r13, dword ptr [rax]",
+            "    add rax, r13",
+            "    call rax",
+            f"{lab}_done:",
+        ]
+        expected += r["expected"]
+        tables += ["    .p2align 2", f"{lab}_tab:", *[f"    .long {lab}_v{j} - ." for j in range(r["M"])]]
+        variants += r["text"]
+    for w in walkers:
+        lab = f".L{name}_w{w['slot']}"
+        slot = _slot(spec, w["slot"])
+        fixed = max(1, round(w["lines"] / w["per_pass"] * 65536))
+        lp = w["per_pass"]
+        out += [
+            f"    mov r12, [r15 + {slot}]",
             f"    add r12, {fixed}",
             "    mov rax, r12",
             "    and eax, 65535",
-            "    xor eax, 65535",
-            f"    mov [rdi + {frac_off}], rax",
+            f"    mov [r15 + {slot}], rax",
             "    shr r12, 16",
             f"    jz {lab}_done",
-            "    .p2align 6",
+            f"    mov r13, [r15 + {slot + 8}]",
             f"{lab}:",
         ]
-        fb = Block(weight=0.0, code_bytes=code, region_bytes=0, main_per_insn=0.0)
-        pats = [(0.5, 0.5, None), (0.5, 0.5, None)]
-        body, count = _block_body(spec, fb, lab, pats, regs, _Mem(rng), rng, keys, mixp, cond, leaf)
-        out += body
-        out += ["    dec r12", f"    jnz {lab}", f"{lab}_done:"]
-        expected += 9 + (fixed / 65536) * (count + 2)
-    if ll_lines > 0:
-        lab = f".L{name}_far"
-        frac_off = STATE_BLOCKS + 16 * (bi + 1)
-        cur_off = frac_off + 8
-        fixed = max(1, round(ll_lines / LL_LINES_PER_PASS * 65536))
+        out += [f"    add rax, qword ptr [r15 + r13 + {w['off'] + 64 * j}]" for j in range(lp)]
+        span = w["bytes"] - 64 * lp
         out += [
-            f"    mov r12, [rdi + {frac_off}]",
-            f"    add r12, {fixed}",
-            "    mov rax, r12",
-            "    and eax, 65535",
-            f"    mov [rdi + {frac_off}], rax",
-            "    shr r12, 16",
-            f"    jz {lab}_done",
-            f"    mov r13, [rdi + {cur_off}]",
-            f"{lab}:",
-        ]
-        out += [f"    add rax, qword ptr [r15 + r13 + {far_off + 64 * j}]" for j in range(LL_LINES_PER_PASS)]
-        span = far_bytes - 64 * LL_LINES_PER_PASS
-        out += [
-            f"    add r13, {64 * LL_LINES_PER_PASS}",
+            f"    add r13, {64 * lp}",
             f"    cmp r13, {span}",
             f"    jb {lab}_nw",
             "    xor r13d, r13d",
             f"{lab}_nw:",
             "    dec r12",
             f"    jnz {lab}",
-            f"    mov [rdi + {cur_off}], r13",
+            f"    mov [r15 + {slot + 8}], r13",
             f"{lab}_done:",
         ]
-        expected += 8 + (fixed / 65536) * (LL_LINES_PER_PASS + 3 + 2)
-    out += ["    ret", f"    .size clone_far_{name}, .-clone_far_{name}"]
+        rate = fixed / 65536
+        expected += 7 + 2 * min(1.0, rate) + rate * (lp + 3 + 2)
+    out += ["    ret", *variants, f"    .size clone_far_{name}, .-clone_far_{name}"]
+    if tables:
+        out += ["    .section .rodata", *tables, "    .text"]
     return out, expected
 
 
@@ -641,11 +840,73 @@ def _layer_regions(blocks: list[Block], ll: int) -> None:
         below += b.region_bytes
 
 
+def _draw_cost(keys: list[str], rep_len: int) -> np.ndarray:
+    """Dynamic instructions one draw of each class emits (rep iterations, div setup, call + ret)."""
+    return np.array(
+        [
+            (rep_len + 6)
+            if k.startswith("rep/")
+            else 3
+            if k.startswith("div/")
+            else 2
+            if k in ("branch/store", "branch/load", "branch/rmw")
+            else 1
+            for k in keys
+        ],
+        dtype=float,
+    )
+
+
+LOOP_SCAFFOLD = {"arith/reg": 7.0, "mov/reg": 1.0, "branch/reg": 1.0}  # per block iteration
+
+
+def _draw_mix(
+    keys: list[str], f: np.ndarray, cost: np.ndarray, cond: float, chunk_insns: int, n_chunks: int, looped=False
+) -> np.ndarray:
+    """Draw probabilities for the mix instructions of a block, so that the block *as executed*
+    follows the profiled mix `f` (fractions per instruction, conditional branches removed).
+
+    Every chunk also executes scaffolding the mix does not choose: its closing `jmp`, a `bt` per
+    conditional branch, and per iteration the loop control (pattern rotations, cursor, counter).
+    With the short chunks that reproduce the original's I-cache line entries (5-8 instructions),
+    that is a third to a half of the chunk, all register-only: drawn in proportion to `f`, the
+    body executed ~0.15 data references per instruction where the original had 0.43-0.53, so
+    every per-request data miss count was half the original's (the miss *rates* per access could
+    still match at one hierarchy, but not the working-set curve). The scaffolding is subtracted
+    from its own classes first, and the room left goes to the memory-operand classes up to their
+    target share, then to the register classes in proportion."""
+    sc = np.zeros(len(keys))
+    idx = {k: i for i, k in enumerate(keys)}
+    per = max(1, chunk_insns)
+    if chunk_insns > 0:
+        sc[idx["branch/reg"]] += 1.0 / per  # the chunk's closing jmp
+    sc[idx["arith/reg"]] += cond  # bt before each conditional branch
+    if looped:
+        for k, v in LOOP_SCAFFOLD.items():
+            sc[idx[k]] += v / (per * max(1, n_chunks))
+    room = max(0.05, 1.0 - cond - sc.sum())
+    want = np.maximum(0.0, f - sc)
+    mem = np.array([not k.endswith("/reg") for k in keys])
+    g = np.zeros(len(keys))
+    mem_want = want[mem].sum()
+    if mem_want > 0:
+        g[mem] = want[mem] * min(1.0, room / mem_want)
+    left = room - g.sum()
+    reg_want = want[~mem].sum()
+    if left > 0 and reg_want > 0:
+        g[~mem] = want[~mem] * (left / reg_want)
+    if g.sum() <= 0:
+        g = f.copy()
+    p = g / cost
+    return p / p.sum() if p.sum() > 0 else np.full(len(keys), 1 / len(keys))
+
+
 def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> tuple[list[str], int]:
     """One iteration's instructions of block b and their dynamic count (rep iterations and the
     leaf's ret included)."""
     body: list[str] = []
     state = {"count": 0, "skipped": 0.0}
+    tiny = _Mem(rng)  # main_left 0: tiny-region addresses only
     k_target = 0
 
     def emit_mix():
@@ -678,7 +939,14 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
             body.extend([f"    bt {reg}, {int(rng.integers(0, 64))}", f"    jc {skip}"])
         state["count"] += 2
         regs.tick(2)
-        body.extend(f"    {ln}" for ln in _emit("arith", "reg", regs, mema, rng, spec.rep_len))
+        # the instruction a taken branch skips: one drawn from the mix (single-instruction
+        # classes), its memory operand in the tiny region (a skipped region access would break
+        # the walk)
+        k = int(rng.choice(len(keys), p=mixp))
+        cls, mem = keys[k].split("/")
+        if cls in ("rep", "div", "branch", "lock"):
+            cls, mem = "arith", "reg"
+        body.extend(f"    {ln}" for ln in _emit(cls, mem, regs, tiny, rng, spec.rep_len))
         state["count"] += 1
         regs.tick()
         # a taken branch (probability p) skips that instruction, and at a chunk's end the jump too
@@ -798,20 +1066,6 @@ def spread_chunks(text: str, seed: int, workdir) -> str:
     return "\n".join(out)
 
 
-def _apply_knobs(blocks: list[Block], knobs: dict) -> None:
-    """Tuning knob for the D1: the density of accesses to regions that can miss the D1 the knobs
-    name (`d1_bytes`: regions whose layer reaches past half of it), or to all regions if none does."""
-    d1 = knobs.get("d1_bytes", 32768)
-    scale = knobs.get("data_far_scale", 1.0)
-    below, far = 0, []
-    for b in sorted((b for b in blocks if b.region_bytes), key=lambda x: x.region_bytes):
-        below += b.region_bytes
-        if below > d1 // 2:
-            far.append(b)
-    for b in far or [b for b in blocks if b.region_bytes]:
-        b.main_per_insn = min(1.0, b.main_per_insn * scale)
-
-
 def harness_c(name: str, arena: int, calls: int, max_blocks: int = 64) -> str:
     """A standalone C driver that calls clone_body_<name> `calls` times (tests, offline checks)."""
     return f"""/* harness for clone_body_{name}: generated by tailscope */
@@ -825,6 +1079,7 @@ int main(int argc, char **argv) {{
 	struct body_state st = {{0}};
 	st.data = mmap(NULL, {arena}, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (st.data == MAP_FAILED) return 1;
+	for (long off = 0; off + 64 <= {arena - COLD_BYTES - 4096}; off += 64) st.data[off] = 0;
 	*(uint32_t *)(st.data + {DIVISOR_OFF}) = 7;
 	for (long i = 0; i < n; i++) clone_body_{name}(&st);
 	return 0;

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import asmgen
+from . import asmgen, workingset
 from .errors import CloneError
 from .profile import PROTOCOLS
 
@@ -30,9 +30,9 @@ TEMPLATES = Path(__file__).resolve().parent / "templates"
 # ended for memcached and redis (the generated footprint and far-data density overshoot at 1.0)
 DEFAULT_KNOBS = {
     "instr_scale": 1.0,
-    "code_scale": 0.3,
+    "code_scale": 1.0,
     "icode_far_scale": 1.0,
-    "data_far_scale": 0.12,
+    "data_far_scale": 1.0,
     "data_ll_scale": 1.0,
     "branch_r_scale": 1.0,
     "cond_scale": 1.0,
@@ -65,13 +65,25 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         mix = {k: max(0.0, b["mix"].get(k, 0) * ir - skel["mix"].get(k, 0) * skel_ir) for k in b["mix"]}
         tot = sum(mix.values()) or 1.0
         mix = {k: v / tot for k, v in mix.items()}
-    ibins, dbins, main_frac, chunk, far_entries = [(256, 1.0)], [(0, 1.0)], 0.0, 0, 0.0
+    ibins, dbins, main_frac, chunk, far_entries, cold_bin = [(256, 1.0)], [(0, 1.0)], 0.0, 0, 0.0, 0
+    skel_lines, hot_bytes = 0.0, 0.0
     dref = b.get("data_refs_per_event", 0.0)
     if b.get("I_bins"):
         i_bins = [list(x) for x in b["I_bins"]]
         d_bins = [list(x) for x in b["D_bins"]]
+        # the footprint the body's blocks must run per event: the original's crossing less the
+        # skeleton's (workingset.footprint_crossing)
+        hot_bytes = workingset.footprint_crossing([tuple(x) for x in b["I_bins"]])
         if skel and skel.get("I_bins"):
-            i_bins = _subtract(i_bins, skel["I_bins"])
+            # measured (redis): in the whole clone the skeleton adds about a third of
+            # its own crossing to the footprint (its loop and libc stubs are a few lines; alone,
+            # its crossing also counts what an idle thread touches between requests)
+            hot_bytes -= 0.35 * workingset.footprint_crossing([tuple(x) for x in skel["I_bins"]])
+        if skel and skel.get("I_bins"):
+            skel_lines = sum(n for s, n in skel["I_bins"] if s > 128)
+            # beyond the profiled I1 the skeleton alone shows misses that the whole clone does not
+            # (measured: ~1 per request at A against 119 alone, redis): keep the original's tail
+            i_bins = _subtract(i_bins, [(s, n) for s, n in skel["I_bins"] if s <= 32768])
             d_bins = _subtract(d_bins, skel["D_bins"])
             dref = max(0.0, dref - skel.get("data_refs_per_event", 0.0))
         # line entries: fetches that miss even a 128-byte cache; the clone starts a new line
@@ -85,6 +97,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
             i_bins = i_bins[:-1]
         cap = max(4096, int(b.get("code_footprint_bytes", 1 << 20)) * 2)
         i_bins = [[min(s, cap), n] for s, n in i_bins]
+        cold_bin = int(d_bins[-1][0])  # workingset.bins: the last bin misses at the largest size
         far = [(s, n) for s, n in i_bins[1:] if n > 0]
         entries = sum(n for _, n in far)
         chunk = int(min(24, max(3, round(body_ir / entries)))) if entries > 0 else 0
@@ -107,6 +120,9 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         main_fraction=main_frac,
         chunk_insns=chunk,
         far_entries=far_entries,
+        cold_bin=cold_bin,
+        skel_code_lines=skel_lines,
+        hot_code_bytes=max(0.0, hot_bytes),
     )
 
 
@@ -144,13 +160,19 @@ def generate(
     arenas: dict[int, int] = {}
     max_blocks = 1
     targets = {}
+    specs: dict[int, asmgen.BodySpec] = {}
     for ci, c in enumerate(clusters):
         b = bodies.get(str(ci))
         if c["role"] not in BODY_ROLES or b is None:
             continue
         name = {"worker": "worker", "acceptor+worker": "worker", "acceptor": "acceptor"}.get(c["role"], f"bg{ci}")
-        skel = (skeleton or {}).get(name)
-        spec = body_spec(name, b, skel)
+        specs[ci] = body_spec(name, b, (skeleton or {}).get(name))
+        specs[ci].walk_base = len(specs) - 1
+        req = max(1, (prof.get("valgrind") or {}).get("requests") or 1)
+        specs[ci].events_per_request = b.get("events", req) / req
+    asmgen.layer_walkers(list(specs.values()), knobs)
+    for ci, spec in specs.items():
+        name = spec.name
         if empty_body:
             spec.instructions = 0.0
         sub_rng = np.random.default_rng([seed, ci])
@@ -211,8 +233,8 @@ def generate(
         "CLONE_N_REQ_REPLAY": len(net["extra_per_request"]),
         "CLONE_N_TICK_REPLAY": len(net["tick_per_second"]),
         "CLONE_MAX_BG_REPLAY": 8,
-        # the far-data region at the end of each arena that uses one (asmgen: 8x the LL + 4 KiB)
-        "CLONE_FAR_BYTES": asmgen.LL_REGION_FACTOR * int(knobs["ll_bytes"]) + 4096,
+        # the cold region at the end of every arena (asmgen.COLD_BYTES + 4 KiB): never pre-touched
+        "CLONE_FAR_BYTES": asmgen.COLD_BYTES + 4096,
     }
     _ = v
     hdr = [

@@ -47,3 +47,31 @@ def bins(size_list: list[int], hits: list[float], accesses: float) -> list[tuple
 def misses_at(bin_list: list[tuple[int, float]], size: int) -> float:
     """Misses in a cache of `size` bytes predicted by the bins (all bins with S > size)."""
     return sum(n for s, n in bin_list if s > size)
+
+
+def footprint_crossing(bin_list: list[tuple[int, float]], line: int = 64) -> float:
+    """The cache size S at which the misses per event, as bytes of lines, equal S.
+
+    Code (or data) that an event runs every time is reused at the distance of everything the
+    event touches: its footprint F. In a cache smaller than F every one of its F/64 lines
+    misses, in a larger one none does, so a stream of such code has misses(S) x 64 = F exactly
+    at S = F. Measured curves fall through that diagonal once (misses x 64 falls, S grows); the
+    crossing (log-interpolated between swept sizes) is the footprint a clone must run per event
+    for its step to sit where the original's curve falls. Returns 0 if the curve starts below."""
+    import math
+
+    pts = sorted(bin_list)
+    prev = None
+    for s, _ in pts:
+        m = misses_at(pts, s)
+        r = m * line / s
+        if r <= 1.0:
+            if prev is None:
+                return 0.0
+            s0, r0 = prev
+            if r <= 0:
+                return float(s)
+            t = math.log(r0) / (math.log(r0) - math.log(r))
+            return s0 * 2**t
+        prev = (s, r)
+    return float(pts[-1][0]) if pts else 0.0
