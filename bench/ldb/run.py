@@ -118,7 +118,33 @@ def micro(runs: int) -> dict:
     empty = next(r for r in rows if r["variant"].startswith("empty"))["cost_ns"]
     for r in rows:
         r["cost_vs_empty_hooks"] = (r["cost_ns"] / empty) if r["cost_ns"] is not None and empty else None
-    return {"rows": rows, "calls": n, "batches": reps, "uftrace_calls": n_uftrace}
+    return {"rows": rows, "calls": n, "batches": reps, "uftrace_calls": n_uftrace, "locks": lock_micro(runs)}
+
+
+LOCK_VARIANTS = {  # (binary, mode, env)
+    "glibc (no shim)": ("lock-plain", "off", {}),
+    "shim, not recording": ("lock-tailscope", "off", {}),
+    "shim, recording (TSC stamps, the default)": ("lock-tailscope", "on", {}),
+    "shim, recording (clock_gettime stamps)": ("lock-tailscope", "on", {"TAILSCOPE_LOCK_CLOCK": "mono"}),
+}
+
+
+def lock_micro(runs: int) -> dict:
+    """One uncontended pthread_mutex_lock + unlock pair (bench/ldb/lockbench.c): glibc alone,
+    the lock shim idle, and the shim's recording path with each time source; interleaved runs,
+    each the best of its batches, pinned to CPU 1; the table: medians over runs."""
+    n, reps = 2_000_000, 9
+    pin = ["taskset", "-c", "1"] if (os.cpu_count() or 1) > 1 else []
+    times: dict[str, list[float]] = {k: [] for k in LOCK_VARIANTS}
+    for _ in range(runs):
+        for name, (binary, mode, env) in LOCK_VARIANTS.items():
+            out = subprocess.run([*pin, str(BUILD / binary), str(n), str(reps), mode], capture_output=True,
+                                 text=True, env={**os.environ, **env}, check=True)
+            times[name].append(float(out.stdout.split()[0]))
+    base = med(times["glibc (no shim)"])
+    return {"pairs": n, "batches": reps,
+            "rows": [{"variant": k, "ns_per_pair": med(v), "cost_ns": med(v) - base, "runs": v}
+                     for k, v in times.items()]}
 
 
 # ---- 2. the toy under perf and LDB ------------------------------------------------------------
@@ -465,6 +491,15 @@ def render(res: dict, command: str) -> str:
     for r in res["micro"]["rows"]:
         out.append(f"| {r['variant']} | {fmt(r['ns_per_call'], '.2f')} | {fmt(r['cost_ns'], '.2f')} | "
                    f"{fmt(r['cost_vs_empty_hooks'], '.2f')} |")
+    lk = res["micro"].get("locks")
+    if lk:
+        out += ["", "## Per lock + unlock pair (uncontended, bench/ldb/lockbench.c)", "",
+                f"Each run: the best of {lk['batches']} batches of {lk['pairs']} pairs, pinned to CPU 1; "
+                "medians over the interleaved runs. Recording: the shim's path while an agent records "
+                "(trylock, a stamp after acquiring and after releasing; holds far below the threshold).", "",
+                "| variant | ns/pair | cost over glibc (ns) |", "|---|---|---|"]
+        for r in lk["rows"]:
+            out.append(f"| {r['variant']} | {fmt(r['ns_per_pair'], '.2f')} | {fmt(r['cost_ns'], '.2f')} |")
     t = res.get("toy") or {}
     if t:
         out += ["", "## LDB Fig. 3.1 toy: perf against LDB", "",
