@@ -176,6 +176,47 @@ def test_target_exit_finalises_recording(tmp_path):
     assert t is not None and t.num_rows > 500
 
 
+# --- several agents at once ---------------------------------------------------
+
+def test_two_agents_record_at_once(tmp_path, redis):
+    """Each agent has its own kernel-counter array: one records redis by
+    inference while another records a marked server, both with counters;
+    a third agent on the marked server is refused (one agent per process)."""
+    if not SERVER.exists():
+        pytest.skip("test server not built")
+    srv, port = redis
+    rec_a, rec_b = tmp_path / "a", tmp_path / "b"
+    a = subprocess.Popen([str(AGENT), "record", "-o", str(rec_a), "-p", str(srv.pid),
+                          "--sample", "100%", "--quiet"], stderr=subprocess.PIPE)
+    wait_meta(rec_a, a)
+    mport = free_port()
+    b = subprocess.Popen([str(AGENT), "record", "-o", str(rec_b), "--sample", "100%", "--quiet",
+                          "--mode", "marker", "--", str(SERVER), "--port", str(mport), "--cpu", "0",
+                          "--work-us", "20", "--inject", "none", "--seed", "1"],
+                         stderr=subprocess.PIPE)
+    wait_port(mport)
+    wait_meta(rec_b, b)
+    assert a.poll() is None, a.stderr.read().decode()
+    load(port, 1000, 1.0)
+    load(mport, 1000, 1.0, protocol="line")
+    out = subprocess.run(["pgrep", "-P", str(b.pid)], capture_output=True, text=True)
+    marked = int(out.stdout.split()[0])
+    res = subprocess.run([str(AGENT), "record", "-o", str(tmp_path / "c"), "-p", str(marked),
+                          "--mode", "marker"], capture_output=True, text=True)
+    err = one_line_error(res)
+    assert f"pid {b.pid}" in err and "another tailscope agent" in err, err
+    for p in (a, b):
+        p.send_signal(signal.SIGINT)
+    assert a.wait(timeout=30) == 0, a.stderr.read().decode()
+    assert b.wait(timeout=30) == 0, b.stderr.read().decode()
+    for rec, mode in ((rec_a, "infer"), (rec_b, "marker")):
+        meta, t = read_rec(rec)
+        assert meta["mode"] == mode
+        assert t is not None and t.num_rows > 500, (mode, t and t.num_rows)
+        valid = sum(t.column("counters_valid").to_pylist())
+        assert valid >= 0.9 * t.num_rows, (mode, valid, t.num_rows)
+
+
 # --- bad input ---------------------------------------------------------------
 
 def test_no_such_pid(tmp_path):

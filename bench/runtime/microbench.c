@@ -198,14 +198,15 @@ int main(int argc, char **argv)
 		run_case("sampled_100pct_fake_kc_selfdrain", TS_PPM, 1);
 		self_drain = 0;
 		fake_kc_destroy(fake);
-		ts_kc_pin_path = TS_KC_PIN_PATH;
+		ts_kc_pin_path = NULL;
 	} else {
 		printf("{\"case\":\"sampled_100pct_fake_kc\",\"skipped\":\"cannot create a BPF "
 		       "array\"}\n");
 	}
-	if (access(TS_KC_PIN_PATH, F_OK) == 0) {
+	if (use_any_agent_kc()) {
 		usleep(150000);
 		run_case("sampled_100pct_kcounters", TS_PPM, 1);
+		ts_kc_pin_path = NULL;
 	} else {
 		printf(
 		    "{\"case\":\"sampled_100pct_kcounters\",\"skipped\":\"no agent running\"}\n");

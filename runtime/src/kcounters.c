@@ -1,6 +1,7 @@
 /* kcounters.c — this thread's entry in the agent's kernel-counter array.
  *
- * The agent pins a BPF_F_MMAPABLE array at TS_KC_PIN_PATH; its eBPF
+ * Each agent pins a BPF_F_MMAPABLE array at TS_KC_PIN_PREFIX<its pid>; the
+ * region header's agent_pid says which agent is this process's. Its eBPF
  * programs add each thread's on-CPU time, waits, irq/softirq time, faults
  * and switches into the thread's entry. The runtime maps the array (raw
  * bpf(BPF_OBJ_GET) + mmap, no libbpf) the first time a sampled request
@@ -10,13 +11,15 @@
  *
  * Failed opens are retried at most every TS_KC_RETRY_NS. When the agent
  * exits it clears `live` in entry 0; the runtime then forgets the mapping
- * and opens the new one when an agent comes back. Mappings are never
+ * and opens the new one when an agent comes back (so it does when another
+ * agent takes over the region). Mappings are never
  * unmapped (another thread may be mid-snapshot), so at most TS_KC_MAX_MAPS
  * of them (8 MiB of address space each) are ever made.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <linux/bpf.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
@@ -31,9 +34,9 @@
 _Static_assert(sizeof(struct ts_kcounters) == TS_KC_ENTRY_SIZE, "kc entry");
 _Static_assert(sizeof(struct ts_kc_header) == TS_KC_ENTRY_SIZE, "kc header");
 
-/* Where the map is pinned. Tests and benchmarks that link the static
- * library point it at a map they made themselves (hidden, not an API). */
-const char *ts_kc_pin_path TS_HIDDEN = TS_KC_PIN_PATH;
+/* Tests and benchmarks that link the static library point this at a map
+ * they made themselves (hidden, not an API). NULL: the agent's own pin. */
+const char *ts_kc_pin_path TS_HIDDEN = NULL;
 
 static struct ts_kc_header *kc_header(struct ts_kcounters *kc)
 {
@@ -47,17 +50,30 @@ static int kc_header_ok(struct ts_kc_header *h)
 	       __atomic_load_n(&h->live, __ATOMIC_ACQUIRE) == 1;
 }
 
-/* Open and map the pinned array. Called under kc_lock. */
-static struct ts_kcounters *kc_map_open(void)
+static int kc_obj_get(const char *path)
 {
 	union bpf_attr attr;
 	memset(&attr, 0, sizeof(attr));
-	attr.pathname = (uint64_t)(uintptr_t)ts_kc_pin_path;
+	attr.pathname = (uint64_t)(uintptr_t)path;
 	int fd = (int)syscall(__NR_bpf, BPF_OBJ_GET, &attr, sizeof(attr));
-	if (fd < 0) {
-		ts_debug("kcounters: BPF_OBJ_GET %s: %s", ts_kc_pin_path, strerror(errno));
-		return NULL;
+	if (fd < 0)
+		ts_debug("kcounters: BPF_OBJ_GET %s: %s", path, strerror(errno));
+	return fd;
+}
+
+/* Open and map agent's pinned array. Called under kc_lock. */
+static struct ts_kcounters *kc_map_open(uint32_t agent)
+{
+	char path[sizeof(TS_KC_PIN_PREFIX) + 16];
+	int fd;
+	if (ts_kc_pin_path) {
+		fd = kc_obj_get(ts_kc_pin_path);
+	} else {
+		snprintf(path, sizeof(path), TS_KC_PIN_PREFIX "%u", agent);
+		fd = kc_obj_get(path);
 	}
+	if (fd < 0)
+		return NULL;
 	void *p = mmap(NULL, TS_KC_MAP_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
 	if (p == MAP_FAILED) {
@@ -69,15 +85,18 @@ static struct ts_kcounters *kc_map_open(void)
 		munmap(p, TS_KC_MAP_SIZE);
 		return NULL;
 	}
-	ts_debug("kcounters: mapped %s", ts_kc_pin_path);
+	ts_debug("kcounters: mapped the array of agent %u", agent);
 	return p;
 }
 
-/* Make ts_proc.kc a live mapping if we can, without ever blocking. */
+/* Make ts_proc.kc a live mapping of the attached agent's array if we can,
+ * without ever blocking. */
 static struct ts_kcounters *kc_current(uint64_t now)
 {
 	struct ts_kcounters *kc = __atomic_load_n(&ts_proc.kc, __ATOMIC_ACQUIRE);
-	if (TS_LIKELY(kc && __atomic_load_n(&kc_header(kc)->live, __ATOMIC_RELAXED)))
+	uint32_t agent = __atomic_load_n(&ts_proc.hdr->agent_pid, __ATOMIC_RELAXED);
+	if (TS_LIKELY(kc && __atomic_load_n(&kc_header(kc)->live, __ATOMIC_RELAXED) &&
+	              __atomic_load_n(&ts_proc.kc_agent, __ATOMIC_RELAXED) == agent))
 		return kc;
 	if (now < __atomic_load_n(&ts_proc.kc_next_try_ns, __ATOMIC_RELAXED) ||
 	    ts_proc.kc_maps >= TS_KC_MAX_MAPS)
@@ -89,8 +108,14 @@ static struct ts_kcounters *kc_current(uint64_t now)
 		ts_debug("kcounters: agent gone (live=0), dropping mapping");
 		kc = NULL;
 	}
+	if (kc && ts_proc.kc_agent != agent) {
+		ts_debug("kcounters: agent %u replaced by %u, dropping mapping", ts_proc.kc_agent,
+		         agent);
+		kc = NULL;
+	}
 	if (!kc) {
-		kc = kc_map_open();
+		kc = kc_map_open(agent);
+		__atomic_store_n(&ts_proc.kc_agent, agent, __ATOMIC_RELAXED);
 		if (kc)
 			ts_proc.kc_maps++;
 		else

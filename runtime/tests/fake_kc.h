@@ -5,6 +5,7 @@
 #ifndef TS_FAKE_KC_H
 #define TS_FAKE_KC_H
 
+#include <dirent.h>
 #include <linux/bpf.h>
 #include <stdio.h>
 #include <string.h>
@@ -63,6 +64,28 @@ static inline struct ts_kcounters *fake_kc_create(void)
 	}
 	ts_kc_pin_path = fake_kc_path;
 	return p;
+}
+
+/* Point the runtime at some running agent's real array (any agent's: the
+ * caller is not its target, so nothing is counted, but mapping and claiming
+ * entries are real). Returns 0 if no agent is running. */
+static inline int use_any_agent_kc(void)
+{
+	static char path[300];
+	DIR *d = opendir(TS_KC_PIN_DIR);
+	int found = 0;
+	for (struct dirent *e; d && (e = readdir(d));) {
+		if (strncmp(e->d_name, "kcounters-", 10) == 0) {
+			snprintf(path, sizeof(path), "%s/%s", TS_KC_PIN_DIR, e->d_name);
+			found = 1;
+			break;
+		}
+	}
+	if (d)
+		closedir(d);
+	if (found)
+		ts_kc_pin_path = path;
+	return found;
 }
 
 static inline void fake_kc_destroy(struct ts_kcounters *kc)

@@ -14,10 +14,15 @@ pub mod shadow;
 pub mod synth;
 
 pub const TS_ABI_MAGIC: u64 = 0x3130_504f_4353_5354;
-pub const TS_ABI_VERSION: u32 = 3;
+pub const TS_ABI_VERSION: u32 = 4;
 
 pub const TS_KC_PIN_DIR: &str = "/sys/fs/bpf/tailscope";
-pub const TS_KC_PIN_PATH: &str = "/sys/fs/bpf/tailscope/kcounters";
+pub const TS_KC_PIN_PREFIX: &str = "/sys/fs/bpf/tailscope/kcounters-";
+
+/// Where the agent with this pid pins its kcounters array.
+pub fn kc_pin_path(agent_pid: u32) -> String {
+    format!("{TS_KC_PIN_PREFIX}{agent_pid}")
+}
 pub const TS_KC_ENTRIES: u32 = 65536;
 pub const TS_KC_PROBE: u32 = 4;
 pub const TS_KC_ENTRY_SIZE: u32 = 128;

@@ -148,7 +148,7 @@ fn probe_source() -> String {
         c += &format!("  printf(\"const {k} %llu\\n\", (unsigned long long)({k}));\n");
     }
     c += "  printf(\"str TS_KC_PIN_DIR %s\\n\", TS_KC_PIN_DIR);\n";
-    c += "  printf(\"str TS_KC_PIN_PATH %s\\n\", TS_KC_PIN_PATH);\n";
+    c += "  printf(\"str TS_KC_PIN_PREFIX %s\\n\", TS_KC_PIN_PREFIX);\n";
     c += "  printf(\"str TS_REGION_PATH_FMT \" TS_REGION_PATH_FMT \"\\n\", 1234);\n";
     c += "  return 0;\n}\n";
     c
@@ -255,7 +255,7 @@ fn rust_mirror_matches_c_header() {
         assert_eq!(v, c_consts[k], "#define {k} Rust vs C");
     }
     assert_eq!(c_strs["TS_KC_PIN_DIR"], TS_KC_PIN_DIR);
-    assert_eq!(c_strs["TS_KC_PIN_PATH"], TS_KC_PIN_PATH);
+    assert_eq!(c_strs["TS_KC_PIN_PREFIX"], TS_KC_PIN_PREFIX);
     assert_eq!(
         c_strs["TS_REGION_PATH_FMT"],
         format!("{TS_REGION_PATH_PREFIX}1234")
@@ -274,7 +274,7 @@ fn every_define_is_checked() {
     let known: Vec<&str> = constants().iter().map(|c| c.0).collect();
     let strings = [
         "TS_KC_PIN_DIR",
-        "TS_KC_PIN_PATH",
+        "TS_KC_PIN_PREFIX",
         "TS_REGION_PATH_FMT",
         "TAILSCOPE_ABI_H",
     ];

@@ -51,7 +51,7 @@ use crate::launch::{spawn_gated, Launched};
 use crate::meta::{AgentCost, Drops, Meta, Sampling, TargetInfo};
 use crate::observer::{ObserverConfig, ObserverReport, ObserverThread};
 use crate::progress::{drops_text, Progress, Snapshot};
-use crate::region::{MappedRegion, MarkerSource};
+use crate::region::{MappedRegion, MarkerSource, RegionMemory};
 use crate::sys;
 use crate::tracer::{agent_error, Tracer, TracerError, TracerOptions};
 use crate::writer::{RequestWriter, WriterPolicy};
@@ -238,6 +238,30 @@ impl burst::Windows for MarkerWindows<'_> {
     }
 }
 
+/// Maps `pid`'s region and attaches to it as its agent. Each agent has its
+/// own kcounters array, so agents can record different processes at once;
+/// but a process's region has one agent: refuse if another live agent is
+/// attached (its pid in the header and its process named tailscope-agent;
+/// anything else was left by an agent that is gone).
+fn attach_region(
+    pid: u32,
+    agent_pid: u32,
+    sample: Option<u32>,
+    start_mono: u64,
+) -> std::result::Result<MarkerSource<MappedRegion>, String> {
+    let m = MappedRegion::open(pid).map_err(|e| e.to_string())?;
+    let other = m.load_u32(tailscope_abi::region::header_offsets::AGENT_PID);
+    if other != 0
+        && other != agent_pid
+        && sys::process_comm(other).as_deref() == Some("tailscope-agent")
+    {
+        return Err(format!(
+            "another tailscope agent (pid {other}) is recording process {pid}; stop it first"
+        ));
+    }
+    MarkerSource::attach(m, agent_pid, sample, start_mono).map_err(|e| e.to_string())
+}
+
 /// The longest the agent sleeps between drains.
 const MAX_WAIT: Duration = Duration::from_millis(16);
 
@@ -408,11 +432,7 @@ impl State {
         else {
             return Ok(());
         };
-        let attempt = MappedRegion::open(self.target_pid)
-            .map_err(|e| e.to_string())
-            .and_then(|m| {
-                MarkerSource::attach(m, agent_pid, sample, start_mono).map_err(|e| e.to_string())
-            });
+        let attempt = attach_region(self.target_pid, agent_pid, sample, start_mono);
         match attempt {
             Ok(m) => {
                 self.inferred_discarded += pending.len() as u64;
@@ -601,18 +621,12 @@ pub fn run(args: RecordArgs) -> Result<()> {
     let source = match (&args.target, mode, region_now) {
         (Target::Pid(_), Mode::Infer, _) | (Target::Pid(_), Mode::Auto, false) => Source::Infer,
         (Target::Pid(p), _, _) => {
-            let m = MappedRegion::open(*p)
-                .map_err(|e| e.to_string())
-                .and_then(|m| {
-                    MarkerSource::attach(m, agent_pid, args.sample_ppm, start_mono)
-                        .map_err(|e| e.to_string())
-                })
-                .map_err(|e| {
-                    AgentError::new(
-                        exit::REGION,
-                        format!("{}: {e}", MappedRegion::path(*p).display()),
-                    )
-                })?;
+            let m = attach_region(*p, agent_pid, args.sample_ppm, start_mono).map_err(|e| {
+                AgentError::new(
+                    exit::REGION,
+                    format!("{}: {e}", MappedRegion::path(*p).display()),
+                )
+            })?;
             Source::Marker(Box::new(m))
         }
         (Target::Launch(_), Mode::Infer, _) => Source::Infer,

@@ -3,8 +3,10 @@
 //! Two BPF objects are embedded (compiled from `bpf/` by build.rs):
 //! - `kcounters` — per-thread cumulative kernel-event counters (on-CPU,
 //!   runnable, blocked, irq, softirq, faults, switches, migrations) in the
-//!   mmap-able array pinned at [`TS_KC_PIN_PATH`], which the runtime maps
-//!   and snapshots at request begin/end. Always loaded.
+//!   mmap-able array pinned at [`kc_pin_path`]`(agent pid)`, which the
+//!   runtime maps and snapshots at request begin/end. Always loaded. Each
+//!   agent has its own array and programs (they count only its targets),
+//!   so several agents can record different processes at once.
 //! - `infer` — zero-instrumentation requests inferred from socket syscalls,
 //!   emitted as [`ts_request_record`]s on a ringbuf. Loaded and attached
 //!   only with [`TracerOptions::infer`], since syscall tracepoints cost
@@ -26,8 +28,8 @@ use std::time::Duration;
 
 use libbpf_rs::{Link, MapCore, Object, ObjectBuilder, OpenObject, PrintLevel};
 use tailscope_abi::{
-    ts_kc_header, ts_kcounters, ts_request_record, RECORD_SIZE, TS_ABI_MAGIC, TS_ABI_VERSION,
-    TS_DEFAULT_SAMPLE_PPM, TS_KC_ENTRIES, TS_KC_ENTRY_SIZE, TS_KC_PIN_DIR, TS_KC_PIN_PATH,
+    kc_pin_path, ts_kc_header, ts_kcounters, ts_request_record, RECORD_SIZE, TS_ABI_MAGIC,
+    TS_ABI_VERSION, TS_DEFAULT_SAMPLE_PPM, TS_KC_ENTRIES, TS_KC_ENTRY_SIZE, TS_KC_PIN_DIR,
     TS_KC_PROBE, TS_PPM,
 };
 
@@ -139,6 +141,8 @@ impl std::error::Error for TracerError {}
 
 /// Loaded programs, their links, and the mapped kcounters array.
 pub struct Tracer {
+    /// Where this tracer's kcounters array is pinned (one per agent).
+    pin_path: String,
     kc_mem: *mut u8,
     kc_len: usize,
     kc_fd: OwnedFd,
@@ -562,32 +566,46 @@ fn attach_all(
     Ok(())
 }
 
-/// If the pinned map belongs to another live agent, refuse; else remove it.
-fn remove_stale_pin() -> Result<(), TracerError> {
-    if !Path::new(TS_KC_PIN_PATH).exists() {
+/// Whether the array pinned at `path` belongs to a live agent other than
+/// this process (its header says live, and its agent process exists).
+fn pin_owned_by_live_agent(path: &str) -> bool {
+    let Ok(fd) = libbpf_rs::MapHandle::from_pinned_path(path) else {
+        return false;
+    };
+    let key = 0u32.to_ne_bytes();
+    let Ok(Some(v)) = fd.lookup(&key, libbpf_rs::MapFlags::ANY) else {
+        return false;
+    };
+    if v.len() < std::mem::size_of::<ts_kc_header>() {
+        return false;
+    }
+    let h: ts_kc_header = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
+    h.magic == TS_ABI_MAGIC
+        && h.live == 1
+        && h.agent_pid != std::process::id()
+        && Path::new(&format!("/proc/{}", h.agent_pid)).exists()
+}
+
+/// Removes the arrays that agents which are gone left pinned (killed with
+/// SIGKILL, they could not unpin: each holds 8 MiB of kernel memory), and
+/// this pid's own leftover. Other live agents' pins stay: each agent has its
+/// own array, so several can record at once.
+fn remove_stale_pins(own: &str) -> Result<(), TracerError> {
+    let Ok(dir) = std::fs::read_dir(TS_KC_PIN_DIR) else {
         return Ok(());
-    }
-    if let Ok(fd) = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH) {
-        let key = 0u32.to_ne_bytes();
-        if let Ok(Some(v)) = fd.lookup(&key, libbpf_rs::MapFlags::ANY) {
-            if v.len() >= std::mem::size_of::<ts_kc_header>() {
-                let h: ts_kc_header = unsafe { std::ptr::read_unaligned(v.as_ptr().cast()) };
-                let me = std::process::id();
-                if h.magic == TS_ABI_MAGIC
-                    && h.live == 1
-                    && h.agent_pid != me
-                    && Path::new(&format!("/proc/{}", h.agent_pid)).exists()
-                {
-                    return Err(TracerError::Io(format!(
-                        "another tailscope agent (pid {}) owns {TS_KC_PIN_PATH}",
-                        h.agent_pid
-                    )));
-                }
-            }
+    };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        let path = format!("{TS_KC_PIN_DIR}/{name}");
+        let ours = name == "kcounters" || name.starts_with("kcounters-");
+        if !ours || (path != own && pin_owned_by_live_agent(&path)) {
+            continue;
         }
+        std::fs::remove_file(&path)
+            .map_err(|e| TracerError::Io(format!("remove stale {path}: {e}")))?;
     }
-    std::fs::remove_file(TS_KC_PIN_PATH)
-        .map_err(|e| TracerError::Io(format!("remove stale {TS_KC_PIN_PATH}: {e}")))
+    Ok(())
 }
 
 unsafe extern "C" fn on_record(
@@ -652,6 +670,7 @@ impl Tracer {
             )));
         }
         let mut t = Tracer {
+            pin_path: kc_pin_path(opts.agent_pid),
             kc_mem: mem.cast(),
             kc_len,
             kc_fd,
@@ -692,16 +711,17 @@ impl Tracer {
         std::fs::create_dir_all(TS_KC_PIN_DIR)
             .map_err(|e| TracerError::Io(format!("mkdir {TS_KC_PIN_DIR}: {e}")))?;
         let _ = std::fs::set_permissions(TS_KC_PIN_DIR, std::fs::Permissions::from_mode(0o755));
-        remove_stale_pin()?;
-        let path = CString::new(TS_KC_PIN_PATH).unwrap();
+        remove_stale_pins(&t.pin_path)?;
+        let path = CString::new(t.pin_path.as_str()).unwrap();
         if unsafe { libbpf_sys::bpf_obj_pin(t.kc_fd.as_raw_fd(), path.as_ptr()) } != 0 {
             return Err(TracerError::Io(format!(
-                "pin {TS_KC_PIN_PATH}: {}",
+                "pin {}: {}",
+                t.pin_path,
                 std::io::Error::last_os_error()
             )));
         }
-        std::fs::set_permissions(TS_KC_PIN_PATH, std::fs::Permissions::from_mode(0o666))
-            .map_err(|e| TracerError::Io(format!("chmod {TS_KC_PIN_PATH}: {e}")))?;
+        std::fs::set_permissions(&t.pin_path, std::fs::Permissions::from_mode(0o666))
+            .map_err(|e| TracerError::Io(format!("chmod {}: {e}", t.pin_path)))?;
 
         let mut links = Vec::new();
         attach_all(&t._kc_obj, &mut links, &mut t.skipped, &|_| true)?;
@@ -1182,8 +1202,8 @@ impl Drop for Tracer {
             std::ptr::write_volatile(std::ptr::addr_of_mut!((*h).live), 0);
         }
         // Unpin only if the pin is still ours (same map id).
-        if pinned_map_is(self.kc_fd.as_raw_fd()) {
-            let _ = std::fs::remove_file(TS_KC_PIN_PATH);
+        if pinned_map_is(&self.pin_path, self.kc_fd.as_raw_fd()) {
+            let _ = std::fs::remove_file(&self.pin_path);
         }
         unsafe { libc::munmap(self.kc_mem.cast(), self.kc_len) };
     }
@@ -1198,8 +1218,8 @@ fn map_id(fd: c_int) -> Option<u32> {
     (rc == 0).then_some(info.id)
 }
 
-fn pinned_map_is(fd: c_int) -> bool {
-    let path = CString::new(TS_KC_PIN_PATH).unwrap();
+fn pinned_map_is(path: &str, fd: c_int) -> bool {
+    let path = CString::new(path).unwrap();
     let pfd = unsafe { libbpf_sys::bpf_obj_get(path.as_ptr()) };
     if pfd < 0 {
         return false;

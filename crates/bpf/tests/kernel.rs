@@ -2,8 +2,8 @@
 //! things, and check what its kcounters entry says.
 //!
 //! Needs root (or CAP_BPF+CAP_PERFMON); skips with a message otherwise.
-//! The tests share the pinned kcounters map, so they serialize on LOCK
-//! (no need for --test-threads=1).
+//! The tests of this process share one pin (the agent pid is the test
+//! process's), so they serialize on LOCK (no need for --test-threads=1).
 
 use std::io::{Read, Write};
 use std::sync::Mutex;
@@ -41,6 +41,11 @@ fn infer_tracer(ppm: u32) -> Tracer {
         ..Default::default()
     })
     .unwrap_or_else(|e| panic!("{e}\n{}", last_libbpf_log()))
+}
+
+/// Where a tracer of this process pins its array.
+fn own_pin() -> String {
+    kc_pin_path(std::process::id())
 }
 
 fn gettid() -> u32 {
@@ -118,16 +123,57 @@ fn within(x: f64, want: f64, frac: f64) -> bool {
     (x - want).abs() <= want * frac
 }
 
+/// Each agent pins its own array, so two can record at once; an array left
+/// by an agent that is gone (SIGKILL) is removed by the next agent to load.
+#[test]
+fn agents_pin_side_by_side_and_stale_pins_go() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // "Another agent": a tracer whose header names a live child process.
+    let mut child = std::process::Command::new("sleep")
+        .arg("30")
+        .spawn()
+        .unwrap();
+    let other_pid = child.id();
+    let other = Tracer::load(&TracerOptions {
+        agent_pid: other_pid,
+        ..Default::default()
+    })
+    .unwrap_or_else(|e| panic!("{e}\n{}", last_libbpf_log()));
+    let other_pin = kc_pin_path(other_pid);
+    assert!(std::path::Path::new(&other_pin).exists());
+    // This process's agent loads beside it and leaves its pin alone.
+    let me = tracer(TracerOptions::default());
+    assert!(std::path::Path::new(&own_pin()).exists());
+    assert!(
+        std::path::Path::new(&other_pin).exists(),
+        "a live agent's pin was removed"
+    );
+    drop(me);
+    assert!(!std::path::Path::new(&own_pin()).exists());
+    assert!(std::path::Path::new(&other_pin).exists());
+    // The other agent dies without unpinning: the next load removes it.
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let me = tracer(TracerOptions::default());
+    assert!(
+        !std::path::Path::new(&other_pin).exists(),
+        "the stale pin of a dead agent stayed"
+    );
+    drop(me);
+    drop(other);
+}
+
 #[test]
 fn header_and_pin() {
     require_root!();
     let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
     let t = tracer(TracerOptions::default());
-    let meta = std::fs::metadata(TS_KC_PIN_PATH).expect("kcounters pinned");
+    let meta = std::fs::metadata(own_pin()).expect("kcounters pinned");
     use std::os::unix::fs::PermissionsExt;
     assert_eq!(meta.permissions().mode() & 0o777, 0o666);
     // read the header through the pin, as a runtime would
-    let h = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
+    let h = libbpf_rs::MapHandle::from_pinned_path(own_pin()).unwrap();
     use libbpf_rs::MapCore;
     let v = h
         .lookup(&0u32.to_ne_bytes(), libbpf_rs::MapFlags::ANY)
@@ -143,7 +189,7 @@ fn header_and_pin() {
     eprintln!("skipped programs: {:?}", t.skipped_programs());
     drop(t);
     assert!(
-        !std::path::Path::new(TS_KC_PIN_PATH).exists(),
+        !std::path::Path::new(&own_pin()).exists(),
         "unpinned on drop"
     );
     let v = h
@@ -578,7 +624,7 @@ fn exit_and_gc_free_entries() {
     // An entry the exit handler missed (e.g. claimed by a runtime) is
     // reclaimed by gc: plant one for the dead tid through the pin.
     use libbpf_rs::MapCore;
-    let m = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
+    let m = libbpf_rs::MapHandle::from_pinned_path(own_pin()).unwrap();
     let idx = (tid & (TS_KC_ENTRIES - 1)).max(1);
     let kc = ts_kcounters {
         tid,
@@ -764,7 +810,7 @@ struct Sampled {
 }
 
 fn sampled(tid: u32) -> Sampled {
-    let m = libbpf_rs::MapHandle::from_pinned_path(TS_KC_PIN_PATH).unwrap();
+    let m = libbpf_rs::MapHandle::from_pinned_path(own_pin()).unwrap();
     let len = TS_KC_ENTRIES as usize * TS_KC_ENTRY_SIZE as usize;
     let mem = unsafe {
         libc::mmap(

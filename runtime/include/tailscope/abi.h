@@ -9,7 +9,10 @@
  * There are two shared regions.
  *
  * 1. The kernel-counter array ("kcounters"). A BPF_F_MMAPABLE array map
- *    created by the agent and pinned at TS_KC_PIN_PATH. Entry 0 is a
+ *    created by the agent and pinned at TS_KC_PIN_PREFIX followed by the
+ *    agent's pid in decimal (each agent has its own, so several agents
+ *    can record different processes at once; the region header's
+ *    agent_pid tells the runtime which one is its agent's). Entry 0 is a
  *    struct ts_kc_header; entries 1..TS_KC_ENTRIES-1 are struct
  *    ts_kcounters, one per traced thread, found by hashing the tid:
  *        idx(tid, i) = (tid + i) & (TS_KC_ENTRIES - 1),  i = 0..TS_KC_PROBE-1,
@@ -47,6 +50,10 @@
  * exited slots back); burst_gate (the runtime starts sampled requests only
  * inside the agent's burst windows). A version-2 runtime would ignore the
  * gate and record requests whose counters the agent had stopped keeping.
+ * 4 (same layout): each agent pins its own kcounters array at
+ * TS_KC_PIN_PREFIX<agent pid> instead of one per machine at
+ * .../kcounters, and the header's sample_ppm_effective. A version-3
+ * runtime would look for the old pin and record without counters.
  */
 #ifndef TAILSCOPE_ABI_H
 #define TAILSCOPE_ABI_H
@@ -56,12 +63,12 @@
 #endif
 
 #define TS_ABI_MAGIC 0x3130504f43535354ULL /* "TSSCOP01" little-endian */
-#define TS_ABI_VERSION 3
+#define TS_ABI_VERSION 4
 
 /* ---- 1. kernel-counter array (BPF map, pinned) ------------------------ */
 
 #define TS_KC_PIN_DIR "/sys/fs/bpf/tailscope"
-#define TS_KC_PIN_PATH "/sys/fs/bpf/tailscope/kcounters"
+#define TS_KC_PIN_PREFIX "/sys/fs/bpf/tailscope/kcounters-" /* + agent pid (bpffs: no dots) */
 #define TS_KC_ENTRIES 65536 /* power of two; entry 0 is the header */
 #define TS_KC_PROBE 4       /* linear-probe length for tid hashing */
 #define TS_KC_ENTRY_SIZE 128
