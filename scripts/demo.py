@@ -147,6 +147,9 @@ def main() -> None:
     lat = load_stats.get("latency_us", {})
     print(f"\nclient view: {load_stats.get('completed')} requests, "
           f"p50 {lat.get('p50')} µs, p99 {lat.get('p99')} µs (timed from intended send)")
+    print("  (tailscope's percentiles below are the server side of each request, per connection; "
+          "requests that queue\n   together on one connection during a stall are read at once and "
+          "count as one, so its p99\n   is lower than the clients'. See docs/zero-instrumentation.md.)")
 
     step("ranking the causes of tail latency")
     rep = subprocess.run([*TAILSCOPE, "report", str(REC)], check=False)
