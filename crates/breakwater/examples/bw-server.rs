@@ -20,7 +20,7 @@ use breakwater::control::{ControlKind, ControlSpec};
 use breakwater::http::serve;
 use breakwater::policy::none::NoControl;
 use breakwater::rng::SplitMix64;
-use breakwater::server::{BoxError, Server, ServerConfig, ServerLayer};
+use breakwater::server::{BoxError, Server, ServerConfig, ServerLayer, WorkerPriority};
 use breakwater::sim::ServiceDist;
 use bytes::Bytes;
 use clap::Parser;
@@ -95,6 +95,11 @@ struct Args {
     stats: Option<String>,
     #[arg(long, default_value = "1")]
     seed: u64,
+    /// Worker threads' scheduling class: `normal`, or `idle` (SCHED_IDLE:
+    /// the I/O thread preempts a busy worker at once, so admission, rejects
+    /// and replies do not wait for the worker's time slice).
+    #[arg(long, default_value = "normal")]
+    worker_priority: String,
     /// Print the stats as a JSON line on stderr every this many ms (0: never).
     #[arg(long, default_value = "0")]
     trace_ms: u64,
@@ -176,8 +181,18 @@ fn run(args: Args) -> Result<(), String> {
         spec.service_reserve_ns = Some(r * 1000);
     }
     let policy = spec.server().map_err(|e| e.to_string())?;
+    let worker_priority = match args.worker_priority.as_str() {
+        "normal" => WorkerPriority::Normal,
+        "idle" => WorkerPriority::Idle,
+        other => {
+            return Err(format!(
+                "--worker-priority must be normal or idle, got {other:?}"
+            ))
+        }
+    };
     let config = ServerConfig {
         workers: args.workers,
+        worker_priority,
         ..ServerConfig::default()
     };
     let mean_ns = args.mean_us as f64 * 1000.0;

@@ -40,4 +40,4 @@ pub use policy::{
     Acquire, Arrival, ClientPolicy, Completion, ConfigError, Feedback, Kind, Nanos, Policy,
     QueueView, RejectReason, Release, Verdict,
 };
-pub use server::{ServerConfig, ServerLayer};
+pub use server::{ServerConfig, ServerLayer, WorkerPriority};

@@ -4,7 +4,7 @@
 use breakwater::client::ClientLayer;
 use breakwater::control::{ControlKind, ControlSpec};
 use breakwater::policy::none::NoControl;
-use breakwater::server::{BoxError, Server, ServerConfig, ServerLayer};
+use breakwater::server::{BoxError, Server, ServerConfig, ServerLayer, WorkerPriority};
 use breakwater::wire;
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode};
@@ -240,6 +240,47 @@ async fn tower_stock_limit_sheds() {
         }
     }
     assert!(shed >= 5, "shed {shed}");
+}
+
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn idle_priority_workers_run_in_sched_idle() {
+    // The handler reports its own scheduling class: with
+    // `WorkerPriority::Idle` every request must run in SCHED_IDLE (so the
+    // I/O thread preempts it), with the default in the normal class.
+    let class = tower::service_fn(|_req: Request<Body>| async move {
+        // SAFETY: queries the calling thread's policy; touches no memory.
+        let policy = unsafe { libc::sched_getscheduler(0) };
+        let status = if policy == libc::SCHED_IDLE {
+            StatusCode::OK
+        } else {
+            StatusCode::ACCEPTED
+        };
+        let mut r = Response::new(Body::default());
+        *r.status_mut() = status;
+        Ok::<_, BoxError>(r)
+    });
+    for (priority, want) in [
+        (WorkerPriority::Idle, StatusCode::OK),
+        (WorkerPriority::Normal, StatusCode::ACCEPTED),
+    ] {
+        let config = ServerConfig {
+            workers: 2,
+            worker_priority: priority,
+            ..ServerConfig::default()
+        };
+        let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), config)
+            .unwrap()
+            .layer(class.clone());
+        for _ in 0..4 {
+            let r = server
+                .clone()
+                .oneshot(Request::new(Body::default()))
+                .await
+                .unwrap();
+            assert_eq!(r.status(), want, "{priority:?}");
+        }
+    }
 }
 
 #[test]
