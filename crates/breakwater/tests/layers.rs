@@ -271,7 +271,7 @@ async fn idle_priority_workers_run_in_sched_idle() {
         };
         let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), config)
             .unwrap()
-            .layer(class.clone());
+            .layer(class);
         for _ in 0..4 {
             let r = server
                 .clone()
