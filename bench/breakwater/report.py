@@ -161,6 +161,21 @@ def render_md(r: dict) -> str:
         "timings are noisy).",
         "",
     ]
+    if s.get("worker_priority"):
+        lines += [
+            f"Worker thread scheduling: `{s['worker_priority']}` (bw-server `--worker-priority`; see "
+            "docs/breakwater.md, session 5).",
+            "",
+        ]
+    if r.get("parts_run"):
+        lines += ["Parts and when they ran (each against the capacity measured just before it):", ""]
+        for part, info in r["parts_run"].items():
+            capx = info.get("capacity_rps", {}).get("exponential")
+            extra = f", capacity {capx:.0f} req/s" if capx else ""
+            load = info.get("load")
+            extra += f", load {', '.join(f'{x:.2f}' for x in load)}" if load else ""
+            lines.append(f"- {part}: {info.get('at', '?')}{extra}")
+        lines.append("")
     if "sweep" in r:
         cap = r["capacity_rps"]
         lines += [

@@ -50,6 +50,13 @@ CLIENTS = 1000
 CONNECTIONS = 8
 CONTROLS = ["none", "breakwater", "seda", "dagor", "gradient", "tower"]
 TOWER_LIMIT = 8
+# The worker thread shares CPU 0 with the I/O thread that admits, refuses
+# and replies. In SCHED_IDLE it yields the core as soon as the I/O thread
+# wakes, instead of finishing its time slice first (up to ~1.5 ms: the
+# reject latency and the p99 tail). Every control runs on the same server,
+# so every control gets it (docs/breakwater.md, session 5).
+WORKER_PRIORITY = "idle"
+PARTS = ["overhead", "sweep", "bimodal", "shift", "ablation", "lock", "sim"]
 
 
 def die(msg: str) -> None:
@@ -101,6 +108,8 @@ class Server:
             str(workers),
             "--tower-limit",
             str(TOWER_LIMIT),
+            "--worker-priority",
+            WORKER_PRIORITY,
             "--stats",
             str(self.stats_path),
             *extra,
@@ -287,7 +296,18 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true", help="short runs (smoke test)")
     ap.add_argument("--runs", type=int, default=None, help="repeats of the 2x headline runs (default 3; quick 1)")
     ap.add_argument("--skip-real", action="store_true", help="simulator only")
+    ap.add_argument(
+        "--parts",
+        default=",".join(PARTS),
+        help="comma-separated subset of " + ",".join(PARTS) + " (default: all). With a subset, the other parts "
+        "are kept from the existing bench/results/breakwater.json, so a long bench can run in several "
+        "short exclusive-lock pieces; each part records when it ran and the capacity it was measured against",
+    )
     args = ap.parse_args()
+    parts = [p.strip() for p in args.parts.split(",") if p.strip()]
+    bad = [p for p in parts if p not in PARTS]
+    if bad or not parts:
+        die(f"--parts: unknown part(s) {', '.join(bad) or '(none)'}; choose from {', '.join(PARTS)}")
     runs = args.runs if args.runs is not None else (1 if args.quick else 3)
     if runs < 1:
         die("--runs must be at least 1")
@@ -298,6 +318,13 @@ def main() -> int:
     build()
     dur = 1.0 if args.quick else 2.0
     warm = 0.3 if args.quick else 0.5
+    subset = set(parts) != set(PARTS)
+    previous: dict = {}
+    if subset and (RESULTS / "breakwater.json").exists():
+        try:
+            previous = json.loads((RESULTS / "breakwater.json").read_text())
+        except ValueError:
+            previous = {}
     result: dict = {
         "command": "make bench BENCH=breakwater  (or: .venv/bin/python bench/breakwater/run.py"
         + (" --quick" if args.quick else "")
@@ -315,17 +342,25 @@ def main() -> int:
             "headline_runs": runs,
             "tower_limit": TOWER_LIMIT,
             "load": os.getloadavg(),
+            "worker_priority": WORKER_PRIORITY,
         },
     }
-    real_ok = not args.skip_real and have_two_cpus()
-    if not real_ok and not args.skip_real:
+    part_log = dict(previous.get("parts_run", {}))
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    real_parts = [p for p in parts if p != "sim"]
+    real_ok = bool(real_parts) and not args.skip_real and have_two_cpus()
+    if real_parts and not real_ok and not args.skip_real:
         print("bench breakwater: fewer than 2 CPUs; skipping the real runs (simulator only)")
     if real_ok:
         print("measuring capacity (closed loop, no control)...", flush=True)
         cap = {"exponential": capacity("exponential"), "bimodal": capacity("bimodal")}
-        result["capacity_rps"] = cap
         c = cap["exponential"]
         print(f"  capacity: exponential {c:.0f} req/s, bimodal {cap['bimodal']:.0f} req/s", flush=True)
+        for p in real_parts:
+            part_log[p] = {"at": stamp, "capacity_rps": cap, "load": result["setup"]["load"]}
+    if real_ok and "sweep" in parts:
+        result["capacity_rps"] = cap
+    if real_ok and "overhead" in parts:
         # Overhead at capacity: a closed loop through Breakwater (both
         # halves) against no control, interleaved, medians. 8 requests in
         # flight (one per connection): enough to keep the server saturated,
@@ -344,6 +379,7 @@ def main() -> int:
             + ", ".join(f"{k} {v['median']:.0f} req/s" for k, v in result["closed_loop_max"].items()),
             flush=True,
         )
+    if real_ok and "sweep" in parts:
         demands = [0.5, 1.0, 2.0] if args.quick else [0.1, 0.5, 0.9, 1.0, 1.5, 2.0]
         sweep: dict[str, list[dict]] = {k: [] for k in CONTROLS}
         for ctl in CONTROLS:
@@ -362,6 +398,7 @@ def main() -> int:
                     flush=True,
                 )
         result["sweep"] = sweep
+    if real_ok and "bimodal" in parts:
         print("bimodal at 2x...", flush=True)
         cb = cap["bimodal"]
         result["bimodal_2x"] = {}
@@ -369,6 +406,7 @@ def main() -> int:
             r = run_one(ctl, 2 * cb, service="bimodal", duration=dur, warmup=warm, capacity=cb)
             r.pop("timeseries", None)
             result["bimodal_2x"][ctl] = r
+    if real_ok and "shift" in parts:
         print("load shift 0.5 -> 0.9 -> 1.4 -> 0.9 -> 0.5x...", flush=True)
         phase = 0.5 if args.quick else 1.0
         steps = ",".join(f"{x}x:{phase}" for x in (0.5, 0.9, 1.4, 0.9, 0.5))
@@ -379,6 +417,7 @@ def main() -> int:
             shift[ctl] = r
             print(f"  {ctl:>10}: settles {r['settle_ms_after_1_4x']} ms after the step to 1.4x", flush=True)
         result["shift"] = {"phase_s": phase, "runs": shift}
+    if real_ok and "ablation" in parts:
         print("ablation...", flush=True)
         abl = {}
         variants = {
@@ -400,6 +439,7 @@ def main() -> int:
                 r["demand_x"] = d
                 abl[name].append(r)
         result["ablation"] = abl
+    if real_ok and "lock" in parts:
         print("lock-bound microbenchmark (2 mutex paths, p = 20%, 1 ms holds)...", flush=True)
         lock_slo = 10_000
         lock_cap = 1000 / 0.8  # path B (80%) saturates at 1/(0.8 x 1 ms)
@@ -432,13 +472,36 @@ def main() -> int:
                     flush=True,
                 )
         result["lock"] = {"capacity_rps": lock_cap, "slo_us": lock_slo, "runs": lock}
-    print("simulator (10 µs service, 10 cores, 1000 clients)...", flush=True)
-    sim_json = Path(tempfile.mkstemp(prefix="bw-sim-", suffix=".json")[1])
-    cmd = [str(SIM), "--experiment", "all", "--json", str(sim_json)] + (["--quick"] if args.quick else [])
-    if subprocess.run(cmd).returncode != 0:
-        die("bw-sim failed")
-    result["sim"] = json.loads(sim_json.read_text())
-    sim_json.unlink(missing_ok=True)
+    if "sim" in parts:
+        print("simulator (10 µs service, 10 cores, 1000 clients)...", flush=True)
+        sim_json = Path(tempfile.mkstemp(prefix="bw-sim-", suffix=".json")[1])
+        cmd = [str(SIM), "--experiment", "all", "--json", str(sim_json)] + (["--quick"] if args.quick else [])
+        if subprocess.run(cmd).returncode != 0:
+            die("bw-sim failed")
+        result["sim"] = json.loads(sim_json.read_text())
+        sim_json.unlink(missing_ok=True)
+        part_log["sim"] = {"at": stamp}
+    # Parts not run this time come from the previous results.
+    for key, part in [
+        ("closed_loop_max", "overhead"),
+        ("capacity_rps", "sweep"),
+        ("sweep", "sweep"),
+        ("bimodal_2x", "bimodal"),
+        ("shift", "shift"),
+        ("ablation", "ablation"),
+        ("lock", "lock"),
+        ("sim", "sim"),
+    ]:
+        if key not in result and key in previous and part not in parts:
+            result[key] = previous[key]
+    result["parts_run"] = part_log
+    if subset:
+        result["command"] = (
+            "flock -x /tmp/ts-quiet.lock .venv/bin/python bench/breakwater/run.py --parts "
+            + ",".join(parts)
+            + "  (the other parts kept from earlier pieces: see the part list below; "
+            "all at once: make bench BENCH=breakwater)"
+        )
     result["elapsed_s"] = round(time.time() - t0, 1)
     from report import render_html, render_md, verdicts
 
