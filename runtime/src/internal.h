@@ -82,7 +82,6 @@ struct ts_process {
 	pthread_mutex_t kind_lock;
 	/* kernel-counter array, mapped on demand */
 	struct ts_kcounters *kc; /* NULL until mapped; never unmapped */
-	uint32_t kc_agent;       /* the agent (pid) whose array kc is */
 	uint32_t kc_maps;        /* mappings made so far (bounded) */
 	uint64_t kc_next_try_ns; /* rate limit for failed opens */
 	pthread_mutex_t kc_lock; /* only ever trylock'ed */

@@ -89,33 +89,41 @@ static struct ts_kcounters *kc_map_open(uint32_t agent)
 	return p;
 }
 
+/* A mapping serves while its agent is alive (live: an agent that exits
+ * clears it, and one that loads removes a dead agent's pin only after
+ * clearing it) and is the region's agent: the array's own header names it,
+ * fixed for the mapping's life. Tests that pin an array of their own
+ * (ts_kc_pin_path) are not checked against the region. */
+static int kc_usable(struct ts_kcounters *kc, uint32_t agent)
+{
+	return __atomic_load_n(&kc_header(kc)->live, __ATOMIC_RELAXED) &&
+	       (ts_kc_pin_path || kc_header(kc)->agent_pid == agent);
+}
+
 /* Make ts_proc.kc a live mapping of the attached agent's array if we can,
  * without ever blocking. */
 static struct ts_kcounters *kc_current(uint64_t now)
 {
 	struct ts_kcounters *kc = __atomic_load_n(&ts_proc.kc, __ATOMIC_ACQUIRE);
 	uint32_t agent = __atomic_load_n(&ts_proc.hdr->agent_pid, __ATOMIC_RELAXED);
-	if (TS_LIKELY(kc && __atomic_load_n(&kc_header(kc)->live, __ATOMIC_RELAXED) &&
-	              __atomic_load_n(&ts_proc.kc_agent, __ATOMIC_RELAXED) == agent))
+	if (TS_LIKELY(kc && kc_usable(kc, agent)))
 		return kc;
 	if (now < __atomic_load_n(&ts_proc.kc_next_try_ns, __ATOMIC_RELAXED) ||
 	    ts_proc.kc_maps >= TS_KC_MAX_MAPS)
 		return NULL;
 	if (pthread_mutex_trylock(&ts_proc.kc_lock) != 0)
 		return NULL;
+	/* Again under the lock: another thread may have moved on already. */
+	agent = __atomic_load_n(&ts_proc.hdr->agent_pid, __ATOMIC_RELAXED);
 	kc = ts_proc.kc;
-	if (kc && !kc_header(kc)->live) {
-		ts_debug("kcounters: agent gone (live=0), dropping mapping");
-		kc = NULL;
-	}
-	if (kc && ts_proc.kc_agent != agent) {
-		ts_debug("kcounters: agent %u replaced by %u, dropping mapping", ts_proc.kc_agent,
-		         agent);
+	if (kc && !kc_usable(kc, agent)) {
+		ts_debug("kcounters: agent gone or replaced (live=%u, array of %u, region's %u), "
+		         "dropping mapping",
+		         kc_header(kc)->live, kc_header(kc)->agent_pid, agent);
 		kc = NULL;
 	}
 	if (!kc) {
 		kc = kc_map_open(agent);
-		__atomic_store_n(&ts_proc.kc_agent, agent, __ATOMIC_RELAXED);
 		if (kc)
 			ts_proc.kc_maps++;
 		else

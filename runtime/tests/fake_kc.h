@@ -7,6 +7,7 @@
 
 #include <dirent.h>
 #include <linux/bpf.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -24,8 +25,8 @@ static inline long fake_bpf(int cmd, union bpf_attr *a)
 	return syscall(__NR_bpf, cmd, a, sizeof(*a));
 }
 
-/* Create, map and pin; point the runtime at it. NULL if bpf() fails. */
-static inline struct ts_kcounters *fake_kc_create(void)
+/* Create, map and pin at path, as agent `agent` would. NULL if bpf() fails. */
+static inline struct ts_kcounters *fake_kc_create_at(const char *path, __u32 agent)
 {
 	union bpf_attr a;
 	memset(&a, 0, sizeof(a));
@@ -48,13 +49,11 @@ static inline struct ts_kcounters *fake_kc_create(void)
 	h->abi_version = TS_ABI_VERSION;
 	h->entry_size = TS_KC_ENTRY_SIZE;
 	h->entries = TS_KC_ENTRIES;
-	h->agent_pid = (__u32)getpid();
+	h->agent_pid = agent;
 	h->live = 1;
-	snprintf(fake_kc_path, sizeof(fake_kc_path),
-	         "/sys/fs/bpf/tailscope-test-kc-%d" /* bpffs rejects dots */, (int)getpid());
-	unlink(fake_kc_path);
+	unlink(path);
 	memset(&a, 0, sizeof(a));
-	a.pathname = (__u64)(unsigned long)fake_kc_path;
+	a.pathname = (__u64)(unsigned long)path;
 	a.bpf_fd = (__u32)fd;
 	long rc = fake_bpf(BPF_OBJ_PIN, &a);
 	close(fd);
@@ -62,7 +61,17 @@ static inline struct ts_kcounters *fake_kc_create(void)
 		munmap(p, (size_t)TS_KC_ENTRIES * TS_KC_ENTRY_SIZE);
 		return NULL;
 	}
-	ts_kc_pin_path = fake_kc_path;
+	return p;
+}
+
+/* Create, map and pin at a test path; point the runtime at it. */
+static inline struct ts_kcounters *fake_kc_create(void)
+{
+	snprintf(fake_kc_path, sizeof(fake_kc_path),
+	         "/sys/fs/bpf/tailscope-test-kc-%d" /* bpffs rejects dots */, (int)getpid());
+	struct ts_kcounters *p = fake_kc_create_at(fake_kc_path, (__u32)getpid());
+	if (p)
+		ts_kc_pin_path = fake_kc_path;
 	return p;
 }
 
@@ -74,12 +83,26 @@ static inline int use_any_agent_kc(void)
 	static char path[300];
 	DIR *d = opendir(TS_KC_PIN_DIR);
 	int found = 0;
-	for (struct dirent *e; d && (e = readdir(d));) {
-		if (strncmp(e->d_name, "kcounters-", 10) == 0) {
-			snprintf(path, sizeof(path), "%s/%s", TS_KC_PIN_DIR, e->d_name);
-			found = 1;
-			break;
-		}
+	for (struct dirent *e; d && !found && (e = readdir(d));) {
+		if (strncmp(e->d_name, "kcounters-", 10) != 0)
+			continue;
+		snprintf(path, sizeof(path), "%s/%s", TS_KC_PIN_DIR, e->d_name);
+		/* only a live agent's (a dead one's may linger until the next load) */
+		union bpf_attr a;
+		memset(&a, 0, sizeof(a));
+		a.pathname = (__u64)(unsigned long)path;
+		int fd = (int)fake_bpf(BPF_OBJ_GET, &a);
+		if (fd < 0)
+			continue;
+		struct ts_kc_header h;
+		__u32 key = 0;
+		memset(&a, 0, sizeof(a));
+		a.map_fd = (__u32)fd;
+		a.key = (__u64)(unsigned long)&key;
+		a.value = (__u64)(unsigned long)&h;
+		found = fake_bpf(BPF_MAP_LOOKUP_ELEM, &a) == 0 && h.live == 1 &&
+		        kill((pid_t)h.agent_pid, 0) == 0;
+		close(fd);
 	}
 	if (d)
 		closedir(d);

@@ -279,7 +279,8 @@ static void test_end_without_begin(void)
 static void *overflow_thread(void *arg)
 {
 	(void)arg;
-	for (int i = 1; i <= 600; i++) {
+	const int n = TS_RING_CAPACITY + 88;
+	for (int i = 1; i <= n; i++) {
 		tailscope_request_begin(i);
 		tailscope_request_end(i);
 	}
@@ -288,7 +289,7 @@ static void *overflow_thread(void *arg)
 	if (!s)
 		return NULL;
 	CHECK(s->ring_head - s->ring_tail == TS_RING_CAPACITY);
-	CHECK(s->dropped_ring_full == 600 - TS_RING_CAPACITY);
+	CHECK(s->dropped_ring_full == 88);
 	CHECK(s->ring[0].request_id == 1 &&
 	      s->ring[TS_RING_CAPACITY - 1].request_id == TS_RING_CAPACITY);
 	drain(s);
@@ -546,6 +547,71 @@ static void test_fake_kcounters(void)
 	ts_kc_pin_path = NULL;
 }
 
+/* A thread with one sampled request; *arg gets its tid. */
+static void *claim_thread(void *arg)
+{
+	tailscope_request_begin(1);
+	tailscope_request_end(1);
+	struct ts_thread_slot *s = slot_of(gettid());
+	if (s)
+		drain(s);
+	*(pid_t *)arg = gettid();
+	return NULL;
+}
+
+static int claimed(struct ts_kcounters *kc, pid_t tid)
+{
+	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
+		__u32 idx = ((__u32)tid + i) & (TS_KC_ENTRIES - 1);
+		if (idx && kc[idx].tid == (__u32)tid)
+			return 1;
+	}
+	return 0;
+}
+
+/* The runtime uses the array of its region's agent (kcounters-<pid>), and
+ * moves when another agent takes over or when a dead agent's array (live
+ * cleared by the next agent to load) is replaced at the same path. */
+static void test_agent_change(void)
+{
+	const __u32 A = 3999001, B = 3999002;
+	char pa[64], pb[64];
+	snprintf(pa, sizeof(pa), TS_KC_PIN_PREFIX "%u", A);
+	snprintf(pb, sizeof(pb), TS_KC_PIN_PREFIX "%u", B);
+	mkdir(TS_KC_PIN_DIR, 0755);
+	struct ts_kcounters *ka = fake_kc_create_at(pa, A), *kb = fake_kc_create_at(pb, B);
+	if (!ka || !kb) {
+		printf("  skip agent change: cannot create BPF arrays (not root?)\n");
+		unlink(pa);
+		unlink(pb);
+		return;
+	}
+	usleep(150000); /* earlier failed opens back off 100 ms */
+	pid_t t1 = 0, t2 = 0, t3 = 0;
+	attach(TS_PPM);
+	hdr->agent_pid = A;
+	on_thread(claim_thread, &t1);
+	CHECK(claimed(ka, t1) && !claimed(kb, t1));
+	hdr->agent_pid = B; /* another agent took the region over */
+	on_thread(claim_thread, &t2);
+	CHECK(claimed(kb, t2) && !claimed(ka, t2));
+	/* B was killed; a new agent with B's pid clears the old array's live,
+	 * then pins its own at the same path. */
+	((struct ts_kc_header *)kb)->live = 0;
+	struct ts_kcounters *kb2 = fake_kc_create_at(pb, B);
+	CHECK(kb2 != NULL);
+	if (kb2) {
+		on_thread(claim_thread, &t3);
+		CHECK(claimed(kb2, t3) && !claimed(kb, t3));
+	}
+	detach();
+	((struct ts_kc_header *)ka)->live = 0;
+	if (kb2)
+		((struct ts_kc_header *)kb2)->live = 0;
+	unlink(pa);
+	unlink(pb);
+}
+
 /* With a real agent's array. */
 static void test_kcounters(void)
 {
@@ -577,6 +643,7 @@ int main(int argc, char **argv)
 	test_sampling();
 	test_no_agent();
 	test_effective_rate();
+	test_agent_change();
 	test_end_without_begin();
 	test_ring_overflow();
 	test_consumer();

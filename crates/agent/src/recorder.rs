@@ -241,8 +241,9 @@ impl burst::Windows for MarkerWindows<'_> {
 /// Maps `pid`'s region and attaches to it as its agent. Each agent has its
 /// own kcounters array, so agents can record different processes at once;
 /// but a process's region has one agent: refuse if another live agent is
-/// attached (its pid in the header and its process named tailscope-agent;
-/// anything else was left by an agent that is gone).
+/// attached (the header names it and its array is pinned and live; anything
+/// else was left by an agent that is gone). The claim is a compare-and-swap,
+/// so two agents starting at once cannot both attach.
 fn attach_region(
     pid: u32,
     agent_pid: u32,
@@ -250,14 +251,16 @@ fn attach_region(
     start_mono: u64,
 ) -> std::result::Result<MarkerSource<MappedRegion>, String> {
     let m = MappedRegion::open(pid).map_err(|e| e.to_string())?;
-    let other = m.load_u32(tailscope_abi::region::header_offsets::AGENT_PID);
-    if other != 0
-        && other != agent_pid
-        && sys::process_comm(other).as_deref() == Some("tailscope-agent")
-    {
-        return Err(format!(
-            "another tailscope agent (pid {other}) is recording process {pid}; stop it first"
-        ));
+    let off = tailscope_abi::region::header_offsets::AGENT_PID;
+    let other = m.load_u32(off);
+    let busy = |who: u32| {
+        format!("another tailscope agent (pid {who}) is recording process {pid}; stop it first")
+    };
+    if other != 0 && other != agent_pid && tailscope_bpf::agent_is_live(other) {
+        return Err(busy(other));
+    }
+    if !m.cas_u32(off, other, agent_pid) {
+        return Err(busy(m.load_u32(off)));
     }
     MarkerSource::attach(m, agent_pid, sample, start_mono).map_err(|e| e.to_string())
 }
@@ -391,8 +394,10 @@ impl State {
                 if let Some(p) = p {
                     // closed until the first window (Burst::new)
                     m.set_burst_gate(TS_BURST_CLOSED);
-                    m.set_sample_ppm(p.in_window_ppm);
+                    // the overall rate first: tailscope_sample_ppm() never
+                    // sees the in-window rate alone
                     m.set_effective_ppm(self.sampling.rate_ppm);
+                    m.set_sample_ppm(p.in_window_ppm);
                 }
                 p
             }

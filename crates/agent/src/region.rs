@@ -413,13 +413,17 @@ impl<M: RegionMemory> MarkerSource<M> {
 
     /// Leaves the header as it was before attach: no agent, no override,
     /// no burst windows.
+    /// Only while this agent still owns the region: another may have taken
+    /// it over (after deciding this one was gone), and its settings stay.
     pub fn detach(&mut self) {
-        if self.mem.load_u32(header_offsets::AGENT_PID) == self.agent_pid {
-            self.mem.store_u32(header_offsets::AGENT_PID, 0);
+        if self.mem.load_u32(header_offsets::AGENT_PID) != self.agent_pid {
+            return;
         }
+        self.mem.store_u32(header_offsets::SAMPLE_PPM_EFFECTIVE, 0);
         self.mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, 0);
         self.mem.store_u32(header_offsets::BURST_GATE, 0);
-        self.mem.store_u32(header_offsets::SAMPLE_PPM_EFFECTIVE, 0);
+        self.mem
+            .cas_u32(header_offsets::AGENT_PID, self.agent_pid, 0);
     }
 
     /// Slots with a sampled request in progress (`cur_active`), read

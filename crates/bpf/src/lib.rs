@@ -586,13 +586,39 @@ fn pin_owned_by_live_agent(path: &str) -> bool {
         && Path::new(&format!("/proc/{}", h.agent_pid)).exists()
 }
 
+/// Whether the agent with this pid is alive and recording: its array is
+/// pinned, says live, and its process exists.
+pub fn agent_is_live(pid: u32) -> bool {
+    pin_owned_by_live_agent(&kc_pin_path(pid))
+}
+
+/// Marks a stale array dead (`live = 0`) before its pin goes. A runtime may
+/// still map it: a SIGKILLed agent left `live = 1`, and the next agent with
+/// the same pid pins a new array at the same path, so without this the
+/// runtime would keep snapshotting the dead array, whose counters never move.
+fn mark_dead(path: &str) {
+    let Ok(fd) = libbpf_rs::MapHandle::from_pinned_path(path) else {
+        return;
+    };
+    let key = 0u32.to_ne_bytes();
+    let Ok(Some(mut v)) = fd.lookup(&key, libbpf_rs::MapFlags::ANY) else {
+        return;
+    };
+    let off = std::mem::offset_of!(ts_kc_header, live);
+    if v.len() >= off + 4 {
+        v[off..off + 4].copy_from_slice(&0u32.to_ne_bytes());
+        let _ = fd.update(&key, &v, libbpf_rs::MapFlags::ANY);
+    }
+}
+
 /// Removes the arrays that agents which are gone left pinned (killed with
 /// SIGKILL, they could not unpin: each holds 8 MiB of kernel memory), and
 /// this pid's own leftover. Other live agents' pins stay: each agent has its
-/// own array, so several can record at once.
-fn remove_stale_pins(own: &str) -> Result<(), TracerError> {
+/// own array, so several can record at once. Best effort: another agent
+/// may be removing the same pins at the same moment.
+fn remove_stale_pins(own: &str) {
     let Ok(dir) = std::fs::read_dir(TS_KC_PIN_DIR) else {
-        return Ok(());
+        return;
     };
     for e in dir.flatten() {
         let name = e.file_name();
@@ -602,10 +628,13 @@ fn remove_stale_pins(own: &str) -> Result<(), TracerError> {
         if !ours || (path != own && pin_owned_by_live_agent(&path)) {
             continue;
         }
-        std::fs::remove_file(&path)
-            .map_err(|e| TracerError::Io(format!("remove stale {path}: {e}")))?;
+        mark_dead(&path);
+        match std::fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => eprintln!("tailscope: warning: cannot remove stale {path}: {e}"),
+        }
     }
-    Ok(())
 }
 
 unsafe extern "C" fn on_record(
@@ -711,7 +740,7 @@ impl Tracer {
         std::fs::create_dir_all(TS_KC_PIN_DIR)
             .map_err(|e| TracerError::Io(format!("mkdir {TS_KC_PIN_DIR}: {e}")))?;
         let _ = std::fs::set_permissions(TS_KC_PIN_DIR, std::fs::Permissions::from_mode(0o755));
-        remove_stale_pins(&t.pin_path)?;
+        remove_stale_pins(&t.pin_path);
         let path = CString::new(t.pin_path.as_str()).unwrap();
         if unsafe { libbpf_sys::bpf_obj_pin(t.kc_fd.as_raw_fd(), path.as_ptr()) } != 0 {
             return Err(TracerError::Io(format!(
