@@ -263,16 +263,23 @@ def main() -> None:
                       if have_marked or not ("marker" in s or s in ("none-marked", "none-plain"))]
             if not have_marked and workload == "memcached":
                 log("bench: build/memcached-marked or -plain missing (bench/memcached/build.sh); marker rows skipped")
-            # Untraced max throughput first: it sets the 80% open-loop rate.
-            base = []
-            for _ in range(3):
-                port += 1
-                base.append(measure(workload, "none", port, args.seconds, None, tmp)["max_rps"])
-            rate80 = 0.8 * statistics.median(base)
-            log(f"bench: {workload}: untraced max {statistics.median(base):.0f} req/s; open-loop rate {rate80:.0f}")
+            # Untraced max throughput first: it sets the 80% open-loop rate,
+            # for each baseline (a setup runs at 80% of its own baseline's).
+            rate80 = {}
+            for b in sorted({baseline_of(s, setups) for s in setups}):
+                base = []
+                for _ in range(3):
+                    port += 1
+                    base.append(measure(workload, b, port, args.seconds, None, tmp)["max_rps"])
+                rate80[b] = 0.8 * statistics.median(base)
+                log(f"bench: {workload}: {b} max {statistics.median(base):.0f} req/s; "
+                    f"open-loop rate {rate80[b]:.0f}")
             runs: dict = {s: [] for s in setups}
             for r in range(args.runs):
-                for s in setups:
+                # Rotate the order each repetition: pairing cancels drift
+                # between repetitions, rotation the drift within one.
+                k = r % len(setups)
+                for s in setups[k:] + setups[:k]:
                     port += 1
                     trace = tmp / "trace"
                     if trace.is_dir():
@@ -280,13 +287,13 @@ def main() -> None:
                     elif trace.exists():
                         trace.unlink()
                     try:
-                        runs[s].append({**measure(workload, s, port, args.seconds, rate80, tmp),
-                                        "round": r})
+                        res = measure(workload, s, port, args.seconds, rate80[baseline_of(s, setups)], tmp)
                     except Exception as e:
                         log(f"bench: {workload}/{s} run {r}: {e}")
-                    log(f"bench: {workload} run {r + 1}/{args.runs} {s}: "
-                        f"{runs[s][-1]['max_rps'] if runs[s] else 'failed'}")
-            table[workload] = {"rate80": rate80, "runs": runs, "command": command}
+                        res = {"failed": str(e)[-300:]}
+                    runs[s].append({**res, "round": r})
+                    log(f"bench: {workload} run {r + 1}/{args.runs} {s}: {res.get('max_rps', 'failed')}")
+            table[workload] = {"rate80": rate80, "runs": runs, "command": command, "repetitions": args.runs}
     if args.keep_others:
         # Workloads measured by an earlier invocation stay (each keeps its own command).
         try:
@@ -315,12 +322,14 @@ def med(xs):
 
 
 def paired_ratios(rs: list[dict], base: list[dict], key: str) -> list[float]:
-    """setup/baseline for each repetition that has both (the setups of a
-    repetition run back to back, so slow drift in the machine's speed, which
-    shifts whole repetitions, cancels out)."""
-    by_round = {r.get("round"): r.get(key) for r in base}
+    """setup/baseline for each repetition where both were measured (the
+    setups of a repetition run back to back, so slow drift in the machine's
+    speed, which shifts whole repetitions, cancels out). A measured 0 counts
+    (a 100% loss); a failed run, or a failed baseline, leaves its pair out,
+    and the caller reports how many pairs remain."""
+    by_round = {r.get("round"): r.get(key) for r in base if not r.get("failed")}
     return [r[key] / by_round[r.get("round")] for r in rs
-            if r.get(key) and by_round.get(r.get("round"))]
+            if not r.get("failed") and r.get(key) is not None and by_round.get(r.get("round"))]
 
 
 def paired(rs: list[dict], base: list[dict], key: str):
@@ -333,7 +342,9 @@ def summarise(table: dict) -> list[dict]:
     rows = []
     for workload, t in table.items():
         runs = t["runs"]
-        for s, rs in runs.items():
+        reps = t.get("repetitions") or max((len(v) for v in runs.values()), default=0)
+        for s, all_rs in runs.items():
+            rs = [r for r in all_rs if not r.get("failed")]
             if not rs:
                 rows.append({"workload": workload, "setup": s, "failed": True})
                 continue
@@ -346,11 +357,15 @@ def summarise(table: dict) -> list[dict]:
             per_req = med([r["bytes"] / r["recorded"] for r in rs if r.get("recorded")])
             cpu_ratio = paired(rs, base, "cpu_ns_per_req")
             losses = [100 * (1 - x) for x in paired_ratios(rs, base, "max_rps")]
+            # Fewer than half the repetitions paired: not a measurement.
+            if len(losses) * 2 < reps:
+                tput = None
             rows.append({
                 "workload": workload, "setup": s, "baseline": base_name, "max_rps": mx, "p99_us": p99,
                 "throughput_ratio": tput,
                 "throughput_loss_pct": 100 * (1 - tput) if tput else None,
                 "loss_range_pct": [min(losses), max(losses)] if losses else None,
+                "pairs": len(losses), "repetitions": reps,
                 "p99_ratio": paired(rs, base, "p99_us"),
                 "rate80_ratio": paired(rs, base, "rate80_achieved"),
                 "trace_MB_per_s": mbps, "bytes_per_recorded_request": per_req,
@@ -408,11 +423,12 @@ def render(rows: list[dict], command: str) -> str:
             continue
         loss = r.get("throughput_loss_pct")
         ok = loss is not None and loss <= goal
+        verdict = "unmeasured" if loss is None else "met" if ok else "NOT met"
         cpu_up = 100 * (r["cpu_ratio"] - 1) if r.get("cpu_ratio") else None
         spread = r.get("loss_range_pct")
-        rng = f" ({spread[0]:.1f} to {spread[1]:.1f})" if spread else ""
+        rng = f" ({spread[0]:.1f} to {spread[1]:.1f}; {r['pairs']}/{r['repetitions']} pairs)" if spread else ""
         lines.append(f"| {r['workload']} | {r['setup']} | {r['baseline']} | throughput loss ≤ {goal:g}% | "
-                     f"{fmt(loss, '.1f')}%{rng} | {fmt(cpu_up, '+.1f')}% | {'met' if ok else 'NOT met'} |")
+                     f"{fmt(loss, '.1f')}%{rng} | {fmt(cpu_up, '+.1f')}% | {verdict} |")
     per_req = [r["bytes_per_recorded_request"] for r in rows
                if r["setup"].startswith("tailscope") and r.get("bytes_per_recorded_request")]
     if per_req:
