@@ -586,6 +586,38 @@ fn pin_owned_by_live_agent(path: &str) -> bool {
         && Path::new(&format!("/proc/{}", h.agent_pid)).exists()
 }
 
+/// Creates the pin directory, or checks the one that is there. bpffs is
+/// world-writable (sticky), so a local user could have made it, or a symlink
+/// in its place, before the first agent: whoever owns it could swap the
+/// pins a runtime maps. Refuse anything but a root-owned real directory that
+/// only root can write.
+fn ensure_pin_dir() -> Result<(), TracerError> {
+    let io =
+        |what: &str, e: std::io::Error| TracerError::Io(format!("{what} {TS_KC_PIN_DIR}: {e}"));
+    match std::fs::create_dir(TS_KC_PIN_DIR) {
+        Ok(()) => std::fs::set_permissions(TS_KC_PIN_DIR, std::fs::Permissions::from_mode(0o755))
+            .map_err(|e| io("chmod", e))?,
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io("mkdir", e)),
+    }
+    check_pin_dir(TS_KC_PIN_DIR)
+}
+
+fn check_pin_dir(dir: &str) -> Result<(), TracerError> {
+    use std::os::unix::fs::MetadataExt;
+    let m =
+        std::fs::symlink_metadata(dir).map_err(|e| TracerError::Io(format!("stat {dir}: {e}")))?;
+    if !m.file_type().is_dir() || m.uid() != 0 || m.mode() & 0o022 != 0 {
+        return Err(TracerError::Io(format!(
+            "{dir} is not a root-owned directory that only root can write \
+             (uid {}, mode {:o}); remove it and run again",
+            m.uid(),
+            m.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
 /// Whether the agent with this pid is alive and recording: its array is
 /// pinned, says live, and its process exists.
 pub fn agent_is_live(pid: u32) -> bool {
@@ -737,9 +769,7 @@ impl Tracer {
             );
         }
 
-        std::fs::create_dir_all(TS_KC_PIN_DIR)
-            .map_err(|e| TracerError::Io(format!("mkdir {TS_KC_PIN_DIR}: {e}")))?;
-        let _ = std::fs::set_permissions(TS_KC_PIN_DIR, std::fs::Permissions::from_mode(0o755));
+        ensure_pin_dir()?;
         remove_stale_pins(&t.pin_path);
         let path = CString::new(t.pin_path.as_str()).unwrap();
         if unsafe { libbpf_sys::bpf_obj_pin(t.kc_fd.as_raw_fd(), path.as_ptr()) } != 0 {
@@ -1261,6 +1291,44 @@ fn pinned_map_is(path: &str, fd: c_int) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pin_dir_must_be_roots_and_private() {
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skip: needs root to make a root-owned directory");
+            return;
+        }
+        let base = std::env::temp_dir().join(format!("ts-pindir-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&base);
+        let ok = base.join("ok");
+        std::fs::create_dir_all(&ok).unwrap();
+        std::fs::set_permissions(&ok, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(check_pin_dir(ok.to_str().unwrap()).is_ok());
+        let open = base.join("open");
+        std::fs::create_dir(&open).unwrap();
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let e = check_pin_dir(open.to_str().unwrap())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("only root can write") && e.contains("1777"),
+            "{e}"
+        );
+        let link = base.join("link");
+        std::os::unix::fs::symlink(&ok, &link).unwrap();
+        assert!(
+            check_pin_dir(link.to_str().unwrap()).is_err(),
+            "a symlink passed"
+        );
+        let other = base.join("other");
+        std::fs::create_dir(&other).unwrap();
+        std::os::unix::fs::chown(&other, Some(65534), None).unwrap();
+        assert!(
+            check_pin_dir(other.to_str().unwrap()).is_err(),
+            "nobody's dir passed"
+        );
+        std::fs::remove_dir_all(&base).unwrap();
+    }
 
     #[test]
     fn verifier_reason_is_the_last_meaningful_line() {
