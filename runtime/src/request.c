@@ -39,6 +39,9 @@ static __attribute__((noinline)) void request_begin_sampled(struct ts_thread *t,
                                                             int kind)
 {
 	uint64_t now = ts_now_ns();
+	uint64_t hb = __atomic_load_n(&ts_proc.hdr->agent_heartbeat_ns, __ATOMIC_RELAXED);
+	if (hb && now > hb + TS_AGENT_STALE_NS)
+		return; /* the agent stopped draining: gone, or stopped */
 	t->snap_state = TS_SNAP_NONE;
 	if (ts_kc_begin(t, now)) {
 		/* BPF accounts this thread's irq, softirq and fault events only

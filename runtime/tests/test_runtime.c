@@ -240,6 +240,39 @@ static void test_effective_rate(void)
 	hdr->sample_ppm_effective = 0;
 }
 
+/* An agent that stopped draining (killed with SIGKILL: it could not
+ * detach) gets no more sampled requests once its heartbeat is stale. */
+static void *heartbeat_thread(void *arg)
+{
+	int *made = arg;
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	uint64_t now = (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+	const uint64_t beats[3] = {0, now, now - TS_AGENT_STALE_NS - 1000000000ull};
+	for (int i = 0; i < 3; i++) {
+		hdr->agent_heartbeat_ns = beats[i];
+		tailscope_request_begin(100 + i);
+		tailscope_request_end(100 + i);
+		struct ts_thread_slot *s = slot_of(gettid());
+		made[i] = s ? (int)(s->ring_head - s->ring_tail) : -1;
+		if (s)
+			drain(s);
+	}
+	hdr->agent_heartbeat_ns = 0;
+	return NULL;
+}
+
+static void test_agent_heartbeat(void)
+{
+	int made[3] = {-1, -1, -1};
+	attach(TS_PPM);
+	on_thread(heartbeat_thread, made);
+	detach();
+	CHECK(made[0] == 1); /* no heartbeat kept (tools, tests): sampled */
+	CHECK(made[1] == 1); /* fresh */
+	CHECK(made[2] == 0); /* stale: the agent is gone */
+}
+
 static void test_no_agent(void)
 {
 	hdr->sample_ppm_agent = TS_PPM;
@@ -645,6 +678,7 @@ int main(int argc, char **argv)
 	test_sampling();
 	test_no_agent();
 	test_effective_rate();
+	test_agent_heartbeat();
 	test_agent_change();
 	test_end_without_begin();
 	test_ring_overflow();

@@ -56,6 +56,7 @@ pub const TS_LDB_LOCKS: u32 = 0x1;
 pub const TS_LDB_REQUESTS: u32 = 0x2;
 pub const TS_LDB_SLOTS: u32 = 0x4;
 
+pub const TS_AGENT_STALE_NS: u64 = 3_000_000_000;
 pub const TS_BURST_CLOSED: u32 = 0x1;
 pub const TS_BURST_DETACHED: u32 = 0x2;
 pub const TS_BURST_WINDOW_SHIFT: u32 = 2;
@@ -228,7 +229,8 @@ pub struct ts_region_header {
     pub mutex_thresh_ns: u64,
     pub burst_gate: u32,
     pub sample_ppm_effective: u32,
-    pub _reserved: [u8; 408],
+    pub agent_heartbeat_ns: u64,
+    pub _reserved: [u8; 400],
 }
 
 /// Byte offsets and sizes the rest of the agent relies on.

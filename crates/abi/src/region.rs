@@ -184,6 +184,7 @@ pub mod header_offsets {
     pub const MUTEX_THRESH_NS: usize = offset_of!(ts_region_header, mutex_thresh_ns);
     pub const BURST_GATE: usize = offset_of!(ts_region_header, burst_gate);
     pub const SAMPLE_PPM_EFFECTIVE: usize = offset_of!(ts_region_header, sample_ppm_effective);
+    pub const AGENT_HEARTBEAT_NS: usize = offset_of!(ts_region_header, agent_heartbeat_ns);
 }
 
 /// Parses and validates a region header.

@@ -63,7 +63,8 @@ fn all_fields() -> Vec<Field> {
             magic, abi_version, header_size, slot_size, max_slots, ring_capacity, record_size,
             pid, slots_used, sample_ppm_runtime, sample_ppm_agent, agent_pid, kinds_count,
             created_ns, slots_exhausted, kinds, shadow_depth, event_ring_capacity, features,
-            ldb_flags, mutex_thresh_ns, burst_gate, sample_ppm_effective, _reserved,
+            ldb_flags, mutex_thresh_ns, burst_gate, sample_ppm_effective, agent_heartbeat_ns,
+            _reserved,
         }
     }
 }
@@ -114,6 +115,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("TS_LDB_LOCKS", TS_LDB_LOCKS as u64),
         ("TS_LDB_REQUESTS", TS_LDB_REQUESTS as u64),
         ("TS_LDB_SLOTS", TS_LDB_SLOTS as u64),
+        ("TS_AGENT_STALE_NS", TS_AGENT_STALE_NS),
         ("TS_BURST_CLOSED", TS_BURST_CLOSED as u64),
         ("TS_BURST_DETACHED", TS_BURST_DETACHED as u64),
         ("TS_BURST_WINDOW_SHIFT", TS_BURST_WINDOW_SHIFT as u64),

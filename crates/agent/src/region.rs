@@ -262,6 +262,10 @@ impl<M: RegionMemory> MarkerSource<M> {
         );
         mem.store_u32(header_offsets::BURST_GATE, 0);
         mem.store_u32(header_offsets::SAMPLE_PPM_EFFECTIVE, 0);
+        mem.store_u64_release(
+            header_offsets::AGENT_HEARTBEAT_NS,
+            crate::sys::monotonic_ns(),
+        );
         mem.store_u32(header_offsets::AGENT_PID, agent_pid);
         let mut src = MarkerSource {
             exhausted_baseline: header.slots_exhausted,
@@ -326,6 +330,11 @@ impl<M: RegionMemory> MarkerSource<M> {
         E: Emit,
     {
         self.refresh_header();
+        // Alive and draining (abi.h agent_heartbeat_ns).
+        self.mem.store_u64_release(
+            header_offsets::AGENT_HEARTBEAT_NS,
+            crate::sys::monotonic_ns(),
+        );
         let mut n = 0;
         let mut rec_buf = [0u8; RECORD_SIZE];
         self.busiest = 0;
@@ -422,6 +431,8 @@ impl<M: RegionMemory> MarkerSource<M> {
         self.mem.store_u32(header_offsets::SAMPLE_PPM_EFFECTIVE, 0);
         self.mem.store_u32(header_offsets::SAMPLE_PPM_AGENT, 0);
         self.mem.store_u32(header_offsets::BURST_GATE, 0);
+        self.mem
+            .store_u64_release(header_offsets::AGENT_HEARTBEAT_NS, 0);
         self.mem
             .cas_u32(header_offsets::AGENT_PID, self.agent_pid, 0);
     }
@@ -545,6 +556,10 @@ mod tests {
         ));
         assert_eq!(drain_all(&mut src).len(), TS_RING_CAPACITY as usize);
         assert_eq!(src.stats().ring_full, 1);
+        assert!(
+            src.mem.load_u64(header_offsets::AGENT_HEARTBEAT_NS) > 0,
+            "heartbeat"
+        );
         src.set_effective_ppm(10_000);
         assert_eq!(
             src.mem.load_u32(header_offsets::SAMPLE_PPM_EFFECTIVE),
@@ -554,6 +569,7 @@ mod tests {
         assert_eq!(src.mem.load_u32(header_offsets::AGENT_PID), 0);
         assert_eq!(src.mem.load_u32(header_offsets::SAMPLE_PPM_AGENT), 0);
         assert_eq!(src.mem.load_u32(header_offsets::SAMPLE_PPM_EFFECTIVE), 0);
+        assert_eq!(src.mem.load_u64(header_offsets::AGENT_HEARTBEAT_NS), 0);
     }
 
     #[test]

@@ -54,7 +54,8 @@
  * TS_KC_PIN_PREFIX<agent pid> instead of one per machine at
  * .../kcounters, and the header's sample_ppm_effective; rings of 2048
  * records (512 before: at 100% sampling an agent kept off the CPU for
- * 9 ms by a busy machine lost records at 60k requests/s per thread). A
+ * 9 ms by a busy machine lost records at 60k requests/s per thread); the
+ * agent's heartbeat (agent_heartbeat_ns). A
  * version-3 runtime would look for the old pin and record without
  * counters.
  */
@@ -193,6 +194,8 @@ struct ts_request_record {
  * agent detaches the interrupt and fault programs, so a sampled request
  * that began in a window and ends after its DETACHED (or in another
  * window) carries no counters. */
+#define TS_AGENT_STALE_NS 3000000000ull /* see agent_heartbeat_ns */
+
 #define TS_BURST_CLOSED 0x1
 #define TS_BURST_DETACHED 0x2
 #define TS_BURST_WINDOW_SHIFT 2
@@ -296,7 +299,12 @@ struct ts_region_header {
 	 * is the overall rate they add up to (tailscope_sample_ppm() returns it).
 	 * 0: no bursts (agents before it leave it 0). */
 	__u32 sample_ppm_effective;
-	__u8 _reserved[408];
+	/* CLOCK_MONOTONIC of the agent's latest drain (0: not kept). A runtime
+	 * whose agent's heartbeat is older than TS_AGENT_STALE_NS starts no
+	 * sampled request: an agent killed with SIGKILL cannot detach, and
+	 * nobody would drain what it sampled. */
+	__u64 agent_heartbeat_ns;
+	__u8 _reserved[400];
 };
 
 #endif /* TAILSCOPE_ABI_H */
