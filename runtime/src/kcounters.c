@@ -12,9 +12,13 @@
  * Failed opens are retried at most every TS_KC_RETRY_NS. When the agent
  * exits it clears `live` in entry 0; the runtime then forgets the mapping
  * and opens the new one when an agent comes back (so it does when another
- * agent takes over the region). Mappings are never
- * unmapped (another thread may be mid-snapshot), so at most TS_KC_MAX_MAPS
- * of them (8 MiB of address space each) are ever made.
+ * agent takes over the region). A forgotten mapping is not unmapped
+ * (another thread may be mid-snapshot): it is replaced in place by
+ * anonymous zero pages, which releases the agent's array (8 MiB of kernel
+ * memory) while its addresses stay readable; a snapshot that reads zeros
+ * finds no entry and the request keeps no counters. Each replaced mapping
+ * keeps 8 MiB of address space and no memory, so a process can be recorded
+ * TS_KC_MAX_MAPS times.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -28,7 +32,7 @@
 #include "internal.h"
 
 #define TS_KC_RETRY_NS 100000000ull /* 100 ms */
-#define TS_KC_MAX_MAPS 16
+#define TS_KC_MAX_MAPS 4096         /* 32 GiB of address space, no memory */
 #define TS_KC_MAP_SIZE ((size_t)TS_KC_ENTRIES * TS_KC_ENTRY_SIZE)
 
 _Static_assert(sizeof(struct ts_kcounters) == TS_KC_ENTRY_SIZE, "kc entry");
@@ -118,8 +122,12 @@ static struct ts_kcounters *kc_current(uint64_t now)
 	kc = ts_proc.kc;
 	if (kc && !kc_usable(kc, agent)) {
 		ts_debug("kcounters: agent gone or replaced (live=%u, array of %u, region's %u), "
-		         "dropping mapping",
+		         "releasing mapping",
 		         kc_header(kc)->live, kc_header(kc)->agent_pid, agent);
+		__atomic_store_n(&ts_proc.kc, NULL, __ATOMIC_RELEASE);
+		if (mmap(kc, TS_KC_MAP_SIZE, PROT_READ | PROT_WRITE,
+		         MAP_FIXED | MAP_PRIVATE | MAP_ANONYMOUS, -1, 0) == MAP_FAILED)
+			ts_debug("kcounters: cannot release mapping: %s", strerror(errno));
 		kc = NULL;
 	}
 	if (!kc) {

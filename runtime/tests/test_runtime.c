@@ -604,6 +604,19 @@ static int claimed(struct ts_kcounters *kc, pid_t tid)
 	return 0;
 }
 
+/* Mappings of BPF arrays in this process. */
+static int bpf_map_mappings(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512];
+	int n = 0;
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, "bpf-map") != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
 /* The runtime uses the array of its region's agent (kcounters-<pid>), and
  * moves when another agent takes over or when a dead agent's array (live
  * cleared by the next agent to load) is replaced at the same path. */
@@ -625,11 +638,15 @@ static void test_agent_change(void)
 	pid_t t1 = 0, t2 = 0, t3 = 0;
 	attach(TS_PPM);
 	hdr->agent_pid = A;
+	int maps0 = bpf_map_mappings();
 	on_thread(claim_thread, &t1);
 	CHECK(claimed(ka, t1) && !claimed(kb, t1));
+	CHECK(bpf_map_mappings() == maps0 + 1);
 	hdr->agent_pid = B; /* another agent took the region over */
 	on_thread(claim_thread, &t2);
 	CHECK(claimed(kb, t2) && !claimed(ka, t2));
+	/* A's mapping was released (replaced by zero pages), B's made */
+	CHECK(bpf_map_mappings() == maps0 + 1);
 	/* B was killed; a new agent with B's pid clears the old array's live,
 	 * then pins its own at the same path. */
 	((struct ts_kc_header *)kb)->live = 0;
