@@ -66,6 +66,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=1000)
     ap.add_argument("--out", default="/tmp/curve")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--tune", type=int, default=0, help="run the tuning loop (at A) this many iterations first")
     args = ap.parse_args()
     d = Path(args.dir)
     prof = json.loads((d / "private" / "profile.json").read_text())
@@ -77,6 +78,10 @@ def main() -> int:
     else:
         knobs = {**gen.DEFAULT_KNOBS, **json.loads(args.knobs)}
     out = Path(args.out)
+    if args.tune:
+        tu = tune.tune(prof, out, lambda m: print(m, flush=True), seed=args.seed, max_iter=args.tune, skeleton=skel)
+        knobs = tu["knobs"]
+        print(f"# tuned: best iteration {tu['best_iteration']}, knobs {json.dumps(knobs)}")
     meta = gen.generate(prof, out, seed=args.seed, knobs=knobs, skeleton=skel)
     gen.build(out)
     for name, t in meta["targets"].items():

@@ -41,6 +41,7 @@ XMM = [f"xmm{i}" for i in range(8)]
 TINY_BYTES = 128  # the always-hit region (two lines)
 PATTERN_OFF = 0  # unused; patterns are immediates
 DIVISOR_OFF = 120  # a constant divisor kept in the tiny region
+ZERO_OFF = 112  # a qword the mix never writes (its tiny-region slots end below 112): always 0
 STATE_DATA, STATE_ITER, STATE_BLOCKS = 0, 8, 16  # struct body_state offsets
 EST_INSN_BYTES = 4.6  # average encoded size of the generated instructions (measured)
 
@@ -334,11 +335,11 @@ def _emit(cls: str, mem: str, regs: _Regs, mema: _Mem, rng, rep_len: int) -> lis
     return ["nop"]
 
 
-NEAR_MAX = 16384  # data bins up to this size are walked inside the blocks; larger ones by walkers
+NEAR_MAX = 1024  # data bins up to this size are walked inside the blocks; larger ones by walkers
 COLD_BYTES = 8 << 20  # every arena ends with a region never touched before the body walks it
 WALK_LINES = 8  # lines per pass of a walker (fewer when it walks fewer lines per event)
 BLOCK_SLOTS = 4096  # arena offset of the blocks' shared region cursors (8 B each, 32 per body)
-RING_SLOT0 = 12  # per body, slots 0-11 are the data walkers', 12-23 the code rings'
+RING_SLOT0 = 20  # per body, slots 0-19 are the data walkers', 20-31 the code rings'
 WALK_SLOTS = 128  # arena offset of the walkers' shared accumulators and cursors (16 B each)
 WALK_MID = 0.71  # a region of 2^-0.5 S: the log-middle of the bin (S/2, S]
 
@@ -346,6 +347,12 @@ WALK_MID = 0.71  # a region of 2^-0.5 S: the log-middle of the bin (S/2, S]
 def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:
     """A knob for one body (`key:name`) or for all bodies (`key`)."""
     return float(knobs.get(f"{key}:{name}", knobs.get(key, default)))
+
+
+def _walk_split(lines: float) -> tuple[int, float]:
+    """A walker's lines per event as whole lines and a fraction (at most 256 whole lines)."""
+    whole = min(256, int(lines))
+    return whole, (lines - whole if whole < 256 else 0.0)
 
 
 def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, off: int) -> tuple[list[dict], int]:
@@ -375,7 +382,7 @@ def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, o
         lines = m / tot * main_acc * scale
         if lines <= 1e-4:
             continue
-        per_pass = max(1, min(WALK_LINES, round(lines)))
+        per_pass = _walk_split(lines)[0] + 1  # loads per event
         if cold:
             size = COLD_BYTES
         elif spec.walk_sizes and s in spec.walk_sizes:
@@ -383,6 +390,8 @@ def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, o
         else:
             size = max(2 * 64 * per_pass, (int(WALK_MID * s) - below) // 64 * 64)
             below += size
+        if not cold:  # a whole number of events' loads per cycle (see _far_function)
+            size = 64 * max(2, round(size / 64 / per_pass)) * per_pass
         out.append({"bin": s, "lines": lines, "per_pass": per_pass, "bytes": size, "cold": cold, "slot": i})
     for w in out:
         if not w["cold"]:
@@ -422,8 +431,8 @@ def _near_blocks(spec: BodySpec, ll: int, i1: int = 32768) -> list[Block]:
 
 
 def _slot(spec: BodySpec, i: int) -> int:
-    """Arena offset of a body's i-th walker/ring slot (accumulator, cursor): 24 per body."""
-    return WALK_SLOTS + 16 * (i + 24 * spec.walk_base)
+    """Arena offset of a body's i-th walker/ring slot (accumulator, cursor): 32 per body."""
+    return WALK_SLOTS + 16 * (i + 32 * spec.walk_base)
 
 
 def plan_rings(spec: BodySpec, instructions: float, knobs: dict) -> list[dict]:
@@ -442,15 +451,20 @@ def plan_rings(spec: BodySpec, instructions: float, knobs: dict) -> list[dict]:
     entries = instructions / spec.chunk_insns
     out = []
     for k, (s, m) in enumerate(sorted(x for x in spec.icode_bins if x[0] > i1)):
-        if k >= 24 - RING_SLOT0:
+        if k >= 32 - RING_SLOT0:
             break
-        c = m * entries * (body_knob(knobs, "icode_far_scale", spec.name) if s > i1 else 1.0)
+        c = m * entries
         if c < 1e-3:
             continue
+        # the knob scales the calls, not the variants: a larger variant would add to the code
+        # every event runs (measured: icode_far_scale 50 made every line miss a 32 KiB I1)
         v = max(1, math.ceil(c))
+        scale = body_knob(knobs, "icode_far_scale", spec.name) if s > i1 else 1.0
         size = (spec.ring_sizes or {}).get(s, WALK_MID * s)
-        m_var = max(2, round(size / (64 * v)))
-        out.append({"bin": s, "lines": c, "v": v, "calls": c / v, "M": m_var, "slot": RING_SLOT0 + k})
+        # at least one variant more than the calls of one event: a variant called twice in an
+        # event is reused at the ring's size, whatever the ring's period
+        m_var = max(2, math.ceil(c * scale / v) + 1, round(size / (64 * v)))
+        out.append({"bin": s, "lines": c * scale, "v": v, "calls": c * scale / v, "M": m_var, "slot": RING_SLOT0 + k})
     return out
 
 
@@ -485,13 +499,18 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     code = []
     for i, sp in enumerate(specs):
         ins = sp.instructions * body_knob(knobs, "instr_scale", sp.name)
-        hot = sp.skel_code_lines + sum(
-            max(64, b.code_bytes * knobs.get("code_scale", 1.0)) / 64
-            for b in _near_blocks(sp, ll, knobs.get("i1_bytes", 32768))
-            if b.weight > 0
-        )
+        if sp.hot_code_bytes > 0:  # the footprint _code_fit gives the blocks
+            blocks_lines = sp.hot_code_bytes * knobs.get("code_scale", 1.0) / 64
+        else:
+            i1 = knobs.get("i1_bytes", 32768)
+            blocks_lines = sum(
+                max(64, min(b.code_bytes, i1 // 2) * knobs.get("code_scale", 1.0)) / 64
+                for b in _near_blocks(sp, ll, i1)
+                if b.weight > 0
+            )
+        hot = sp.skel_code_lines + blocks_lines
         code.append([i, "hot", 0, hot, hot * sp.events_per_request, 0.0])
-        for r in plan_rings(sp, ins, knobs):
+        for r in plan_rings(sp, ins, {**knobs, "icode_far_scale": 1.0}):  # sized at the profiled rate
             a = r["lines"] * sp.events_per_request
             code.append([i, "ring", r["bin"], r["M"] * r["v"], max(1e-6, a), WALK_MID * r["bin"]])
     for group in (items, code):
@@ -573,10 +592,12 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         if w["cold"]:
             w["off"] = off
     # the walkers' instructions (see _far_function) come out of the blocks' budget
-    walk_ins = 0.0
+    walk_ins = walk_refs = 0.0
     for w in walkers:
-        rate = max(1, round(w["lines"] / w["per_pass"] * 65536)) / 65536
-        walk_ins += 7 + 2 * min(1.0, rate) + rate * (w["per_pass"] + 5)
+        whole, frac = _walk_split(w["lines"])
+        n_loads = whole + (1 if frac > 0 else 0)
+        walk_ins += 13 + n_loads
+        walk_refs += 4 + n_loads
     rings = plan_rings(spec, instructions, knobs)
     arena = off + COLD_BYTES + 4096
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
@@ -588,6 +609,16 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     cond = min(0.45, spec.cond_per_insn * body_knob(knobs, "cond_scale", spec.name))
     if mixf[br_idx].sum() > 0:
         mixf[br_idx] *= max(0.0, mixf[br_idx].sum() - cond) / mixf[br_idx].sum()
+    # the walkers make data references of their own: the rest of the body draws fewer memory
+    # operands, so the body's references per instruction stay the profiled ones
+    mem = np.array([not k.endswith("/reg") for k in keys])
+    mu = mixf[mem].sum()
+    rest = max(1.0, instructions - walk_ins)
+    mu_want = min(0.9, max(0.0, (spec.mem_per_insn * instructions - walk_refs) / rest))
+    if 0 < mu and mixf[~mem].sum() > 0:
+        reg_total = mixf[~mem].sum()
+        mixf[mem] *= mu_want / mu
+        mixf[~mem] *= max(0.0, reg_total + mu - mu_want) / reg_total
     cost = _draw_cost(keys, spec.rep_len)
     mixp = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, 1)
     bw = np.array([b[2] for b in spec.branches], dtype=float) if spec.branches else np.array([1.0])
@@ -611,9 +642,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             body, count = _block_body(spec, fb, f"{lab}_v{j}", pats, regs, _Mem(rng), rng, keys, mixr, cond, leaf)
             r["text"] += [f"    .p2align 6\n{lab}_v{j}:", *body, "    ret"]
             counts.append(count + 1)
-        fixed = max(1, round(min(1.0, r["calls"]) * 65536))
+        fixed = max(1, round(r["calls"] * 65536))
         r["fixed"] = fixed
-        r["expected"] = 7 + fixed / 65536 * (10 + float(np.mean(counts)))
+        r["expected"] = 7 + fixed / 65536 * (12 + float(np.mean(counts)))
         ring_ins += r["expected"]
     block_budget = max(0.0, instructions - walk_ins - ring_ins)
     # the blocks carry all the near-data accesses in what is left of the instructions
@@ -666,7 +697,10 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         # the rounding left over by earlier blocks is carried in instructions (blocks differ in
         # their instructions per pass)
         per_pass = max(1, k_iter + 2)
-        passes = max(1, round(passes_f + carry / per_pass))
+        last_block = not any(x.weight > 0 for x in blocks[bi + 1 :])
+        # the last block rounds down: the straight-line filler makes up a shortfall, nothing an excess
+        rnd = math.floor if last_block and passes_f + carry / per_pass >= 1 else round
+        passes = max(1, rnd(passes_f + carry / per_pass))
         carry += (passes_f - passes) * per_pass
         mode = "once" if passes == 1 else "loop"
         b.iters_per_event = passes
@@ -774,53 +808,53 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
             f"    mov [r15 + {slot}], rax",
             "    shr r12, 16",
             f"    jz {lab}_done",
+            f"{lab}_call:",
             f"    mov r13, [r15 + {slot + 8}]",
             "    lea rax, [r13 + 1]",
-            "    xor r12d, r12d",
             f"    cmp rax, {r['M']}",
-            "    cmovae rax, r12",
+            f"    cmovae rax, qword ptr [r15 + {ZERO_OFF}]",
             f"    mov [r15 + {slot + 8}], rax",
             f"    lea rax, [rip + {lab}_tab]",
             "    lea rax, [rax + r13 * 4]",
             "    movsxd r13, dword ptr [rax]",
             "    add rax, r13",
             "    call rax",
+            "    dec r12",
+            f"    jnz {lab}_call",
             f"{lab}_done:",
         ]
         expected += r["expected"]
         tables += ["    .p2align 2", f"{lab}_tab:", *[f"    .long {lab}_v{j} - ." for j in range(r["M"])]]
         variants += r["text"]
     for w in walkers:
-        lab = f".L{name}_w{w['slot']}"
         slot = _slot(spec, w["slot"])
-        fixed = max(1, round(w["lines"] / w["per_pass"] * 65536))
-        lp = w["per_pass"]
+        whole, frac = _walk_split(w["lines"])
+        n_loads = whole + (1 if frac > 0 else 0)
+        last = max(0, w["bytes"] - 64 * n_loads)  # the last cursor whose lines stay in the region
+        # branchless: the whole lines are new every event; one more line is touched every event and
+        # becomes new when the accumulator overflows (a fractional rate with no branch to mispredict);
+        # the cursor restarts at 0 when the next event's lines would leave the region (the region is
+        # a whole number of events' lines, so the walk is a cycle over all of it: subtracting the
+        # span instead, as the first version did, re-walked the same lines shifted by one)
         out += [
             f"    mov r12, [r15 + {slot}]",
-            f"    add r12, {fixed}",
+            f"    add r12, {round(frac * 65536)}",
             "    mov rax, r12",
-            "    and eax, 65535",
-            f"    mov [r15 + {slot}], rax",
-            "    shr r12, 16",
-            f"    jz {lab}_done",
+            "    shr rax, 16",
+            "    and r12d, 65535",
+            f"    mov [r15 + {slot}], r12",
             f"    mov r13, [r15 + {slot + 8}]",
-            f"{lab}:",
         ]
-        out += [f"    add rax, qword ptr [r15 + r13 + {w['off'] + 64 * j}]" for j in range(lp)]
-        span = w["bytes"] - 64 * lp
+        out += [f"    add r12, qword ptr [r15 + r13 + {w['off'] + 64 * j}]" for j in range(n_loads)]
         out += [
-            f"    add r13, {64 * lp}",
-            f"    cmp r13, {span}",
-            f"    jb {lab}_nw",
-            "    xor r13d, r13d",
-            f"{lab}_nw:",
-            "    dec r12",
-            f"    jnz {lab}",
+            "    shl rax, 6",
+            f"    lea r13, [r13 + rax + {64 * whole}]",
+            "    xor eax, eax",
+            f"    cmp r13, {last + 1}",
+            "    cmovae r13, rax",
             f"    mov [r15 + {slot + 8}], r13",
-            f"{lab}_done:",
         ]
-        rate = fixed / 65536
-        expected += 7 + 2 * min(1.0, rate) + rate * (lp + 3 + 2)
+        expected += 13 + n_loads
     out += ["    ret", *variants, f"    .size clone_far_{name}, .-clone_far_{name}"]
     if tables:
         out += ["    .section .rodata", *tables, "    .text"]
@@ -960,6 +994,7 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
         k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
     main_n = round(b.main_per_insn * k_target) if b.region_bytes else 0
     main_n = min(main_n, max(1, b.region_bytes // 128)) if b.region_bytes else 0
+    b.main_n = main_n
     mema.main_left, mema.main_j, mema.region_off = main_n, 0, b.region_off
     if spec.chunk_insns > 0:
         n_chunks = max(1, b.code_bytes // 64)

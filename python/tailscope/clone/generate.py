@@ -96,7 +96,10 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
             i_bins[-2][1] += i_bins[-1][1]
             i_bins = i_bins[:-1]
         cap = max(4096, int(b.get("code_footprint_bytes", 1 << 20)) * 2)
-        i_bins = [[min(s, cap), n] for s, n in i_bins]
+        capped: dict[int, float] = {}
+        for s_, n in i_bins:  # bins beyond the cap merge into one (a ring per bin: no duplicates)
+            capped[min(int(s_), cap)] = capped.get(min(int(s_), cap), 0.0) + n
+        i_bins = [[s_, n] for s_, n in sorted(capped.items())]
         cold_bin = int(d_bins[-1][0])  # workingset.bins: the last bin misses at the largest size
         far = [(s, n) for s, n in i_bins[1:] if n > 0]
         entries = sum(n for _, n in far)
