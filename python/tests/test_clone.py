@@ -300,7 +300,6 @@ def test_generated_instructions_per_event_are_exact(tmp_path, instructions, chun
         data_bins=[(0, 0.5), (8192, 0.3), (65536, 0.2)],
         mem_per_insn=0.4,
         main_fraction=0.5,
-        far_entries=2.0 if chunk else 0.0,
     )
     calls = 400
     asmgen.write_standalone(spec, tmp_path, seed=3, calls=calls)

@@ -77,7 +77,6 @@ class BodySpec:
     rep_len: int = 32
     chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
     expected: float = 0.0  # set by generate_body: the body's exact instructions per event
-    far_entries: float = 0.0  # I-cache line entries per event that miss the profiled I1
     cold_bin: int = 0  # the data bin of accesses that miss at the largest swept size (0: none)
     walk_sizes: dict | None = None  # bin -> walker region bytes (layer_walkers: all bodies at once)
     near_sizes: dict | None = None  # region bytes of each near block (layer_walkers)

@@ -26,8 +26,8 @@ from .errors import CloneError
 from .profile import PROTOCOLS
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
-# the starting point of the tuning loop: code_scale and data_far_scale start where the loop
-# ended for memcached and redis (the generated footprint and far-data density overshoot at 1.0)
+# the starting point of the tuning loop: every knob neutral (the cache curves' shape comes from
+# the profile's sweep; the knobs scale whole groups, see tune.py)
 DEFAULT_KNOBS = {
     "instr_scale": 1.0,
     "code_scale": 1.0,
@@ -65,7 +65,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         mix = {k: max(0.0, b["mix"].get(k, 0) * ir - skel["mix"].get(k, 0) * skel_ir) for k in b["mix"]}
         tot = sum(mix.values()) or 1.0
         mix = {k: v / tot for k, v in mix.items()}
-    ibins, dbins, main_frac, chunk, far_entries, cold_bin = [(256, 1.0)], [(0, 1.0)], 0.0, 0, 0.0, 0
+    ibins, dbins, main_frac, chunk, cold_bin = [(256, 1.0)], [(0, 1.0)], 0.0, 0, 0
     skel_lines, hot_bytes = 0.0, 0.0
     dref = b.get("data_refs_per_event", 0.0)
     if b.get("I_bins"):
@@ -90,8 +90,6 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         # every `chunk` instructions, and each working-set bin gets its share of line entries
         # fetches that miss even at the largest swept size (cold code, run once per window)
         # join the largest swept bin: a block larger than the swept range would be huge and rare
-        # line entries that miss the profiled I1 (a 32 KiB one): the far-code block's share
-        far_entries = sum(n for s, n in i_bins if s > 32768)
         if len(i_bins) >= 3:
             i_bins[-2][1] += i_bins[-1][1]
             i_bins = i_bins[:-1]
@@ -122,7 +120,6 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         mem_per_insn=mem_per_insn,
         main_fraction=main_frac,
         chunk_insns=chunk,
-        far_entries=far_entries,
         cold_bin=cold_bin,
         skel_code_lines=skel_lines,
         hot_code_bytes=max(0.0, hot_bytes),

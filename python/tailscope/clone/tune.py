@@ -8,13 +8,16 @@ metric, multiplicatively (the relations are close to linear, and the groups are 
 orthogonal, as the paper observes):
 
     instructions per request  -> instr_scale
-    I1 miss rate              -> icode_far_scale   (weight of code blocks larger than I1)
-    D1 miss rate              -> data_far_scale    (density of accesses to regions beyond D1)
-    LL miss rate              -> data_ll_scale     (density of accesses to regions beyond LL)
+    I1 miss rate              -> icode_far_scale   (calls per event of the rings beyond A's I1)
+    D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL)
+    LL miss rate              -> data_ll_scale     (lines per event of the walkers at/beyond the LL)
     branch mispredictions     -> branch_r_scale    (transition rates of the patterns)
 
-It stops when every metric is within TOLERANCE, and keeps the best iteration (smallest
-sum of errors, each capped at 200%). The held-out configuration (CONFIG_B) is never used here.
+Each knob is one factor on a whole group, so it moves the level of a cache curve, not its shape:
+the shape (which bins, how many lines per event, region and ring sizes, the hot code footprint)
+comes from the profile's cache-size sweep (asmgen.layer_walkers, workingset.footprint_crossing).
+It stops when every metric is within TOLERANCE, and keeps the best iteration (smallest sum of
+errors, each capped at 10 tolerances). The held-out configuration (CONFIG_B) is never used here.
 """
 
 from __future__ import annotations
@@ -189,8 +192,8 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
     ir = m.get("instructions_per_request", 0.0)
     refs = ir + m.get("data_refs_per_request", 0.0)
     far = split["far"]
-    # I1: misses beyond the far-code block come from the body's footprint; when they alone exceed
-    # the target, shrink the footprint (damped: the response is a step), else set the far block's
+    # I1: misses outside the rings (clone_far_) come from the body's footprint; when they alone
+    # exceed the target, shrink the footprint (damped: the response is a step), else set the rings'
     # rate by a Newton step (its misses are linear in it)
     t_i1 = target.get("I1_miss_rate", 0.0) * ir
     c_i1 = m.get("I1_miss_rate", 0.0) * ir
