@@ -174,13 +174,11 @@ def main() -> int:
     for name in also:
         results[name] = load_service(name, work)
     results = {n: results[n] for n in sorted(results, key=lambda n: list(SERVICES).index(n))}
-    command = ".venv/bin/python bench/ditto/run.py --services " + args.services + (" --quick" if args.quick else "")
-    if also:
-        command += (
-            f" --also {args.also}  (each service run on its own: "
-            + ", then ".join(f"--services {n}" for n in results)
-            + ")"
-        )
+    quick = " --quick" if args.quick else ""
+    command = f".venv/bin/python bench/ditto/run.py --services {args.services}{quick}"
+    if also:  # the services were run one per locked run: the earlier ones first, then this one
+        earlier = "; ".join(f".venv/bin/python bench/ditto/run.py --services {n}{quick}" for n in also)
+        command = f"{earlier}; {command} --also {args.also}"
     out_dir = ROOT / "bench" / "results"
     report.write_html(out_dir / "ditto.html", results, command=command)
     summary = {
