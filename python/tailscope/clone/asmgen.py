@@ -42,6 +42,7 @@ TINY_BYTES = 128  # the always-hit region (two lines)
 PATTERN_OFF = 0  # unused; patterns are immediates
 DIVISOR_OFF = 120  # a constant divisor kept in the tiny region
 ZERO_OFF = 112  # a qword the mix never writes (its tiny-region slots end below 112): always 0
+SINK_OFF = 0  # where the walkers store the sum of their loads (a tiny-region slot the mix writes too)
 STATE_DATA, STATE_ITER, STATE_BLOCKS = 0, 8, 16  # struct body_state offsets
 EST_INSN_BYTES = 4.6  # average encoded size of the generated instructions (measured)
 
@@ -87,7 +88,7 @@ class BodySpec:
     walk_base: int = 0  # which 16 walker slots of the arena this body uses (bodies sharing an arena)
 
 
-def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
+def couple(icode_bins, data_bins, min_mass: float = 0.05) -> list[tuple[float, int, int]]:
     """Comonotone coupling of the instruction and data working-set distributions.
 
     Both lists are (size, mass) with masses summing to 1; walking both CDFs in size order
@@ -116,12 +117,16 @@ def couple(icode_bins, data_bins) -> list[tuple[float, int, int]]:
             i += 1
         if b[j][1] <= 1e-9:
             j += 1
-    return _merge_small(out)
+    return _merge_small(out, min_mass)
 
 
 def _merge_small(segs: list[tuple[float, int, int]], min_mass: float = 0.05) -> list[tuple[float, int, int]]:
     """Fold segments lighter than min_mass into a neighbour: each block costs a loop whose exit
-    mispredicts, so dozens of tiny blocks would inflate the branch misprediction rate."""
+    mispredicts, so dozens of tiny blocks would inflate the branch misprediction rate. The
+    bodies use 15% (BLOCK_MIN_MASS): the blocks hold only the code bins up to the I1 and the
+    data bins up to 1 KiB (the rest are rings and walkers), and at 5% memcached's timer body had
+    6 looping blocks, ~6 mispredictions per wakeup at 2.5 wakeups per request: 15 of the
+    clone's 27 per request."""
     out: list[list] = []
     for m, w, r in segs:
         if out and (m < min_mass or out[-1][0] < min_mass):
@@ -334,6 +339,7 @@ def _emit(cls: str, mem: str, regs: _Regs, mema: _Mem, rng, rep_len: int) -> lis
     return ["nop"]
 
 
+BLOCK_MIN_MASS = 0.15  # blocks lighter than this merge into a neighbour (_merge_small)
 NEAR_MAX = 1024  # data bins up to this size are walked inside the blocks; larger ones by walkers
 COLD_BYTES = 8 << 20  # every arena ends with a region never touched before the body walks it
 WALK_LINES = 8  # lines per pass of a walker (fewer when it walks fewer lines per event)
@@ -382,6 +388,25 @@ def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, o
         if lines <= 1e-4:
             continue
         per_pass = _walk_split(lines)[0] + 1  # loads per event
+        lines0 = m / tot * main_acc  # at the profiled rate (the mode must not flip with a knob)
+        if not cold and lines0 >= WALK_MID * s / 64:
+            # more accesses per event than the bin's lines: a region walked by a cursor would need
+            # 2 events' lines and land far beyond the bin (memcached's 2 KiB bin: 77 accesses
+            # per event in a 22-line region). These are reuses within the event: a static walker
+            # cycles a region of the bin's size (fixed addresses, no cursor) round(lines) times
+            size = max(128, int(WALK_MID * s) // 64 * 64)
+            out.append(
+                {
+                    "bin": s,
+                    "lines": lines,
+                    "per_pass": max(1, round(lines)),
+                    "bytes": size,
+                    "cold": False,
+                    "slot": i,
+                    "static": True,
+                }
+            )
+            continue
         if cold:
             size = COLD_BYTES
         elif spec.walk_sizes and s in spec.walk_sizes:
@@ -410,7 +435,7 @@ def _near_blocks(spec: BodySpec, ll: int, i1: int = 32768) -> list[Block]:
     code_bins = spec.icode_bins
     if spec.chunk_insns > 0:
         code_bins = [(s, m) for s, m in spec.icode_bins if s <= i1] or [(256, 1.0)]
-    for i, (mass, w, r) in enumerate(couple(code_bins, near_bins or [(0, 1.0)])):
+    for i, (mass, w, r) in enumerate(couple(code_bins, near_bins or [(0, 1.0)], BLOCK_MIN_MASS)):
         # a bin (S/2, S] is only known as a whole; assume sizes log-uniform inside it and place
         # alternate blocks at its quartiles 2^-0.75 S and 2^-0.25 S
         frac = 0.59 if i % 2 == 0 else 0.84
@@ -492,6 +517,11 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
                 items.append([i, "near", bi, b.region_bytes / 64, max(1e-6, a), b.region_bytes])
         for s, m in sp.data_bins:
             if s > NEAR_MAX and m > 0 and s != sp.cold_bin:
+                lines_ev = m / tot * sp.mem_per_insn * sp.main_fraction * sp.instructions
+                if lines_ev >= WALK_MID * s / 64:  # a static walker (plan_walkers): fixed, every event
+                    fixed_lines = WALK_MID * s / 64
+                    items.append([i, "fixed", s, fixed_lines, fixed_lines * sp.events_per_request, 0.0])
+                    continue
                 items.append([i, "walk", s, WALK_MID * s / 64, max(1e-6, m / tot * main), WALK_MID * s])
     # the code: per body, its blocks and the skeleton run every event (fixed), rings (solved);
     # the L1 caches are split, so code and data are separate stacks
@@ -515,7 +545,7 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     for group in (items, code):
         for _ in range(rounds):
             for it in group:
-                if it[1] == "hot":
+                if it[1] in ("hot", "fixed"):
                     continue
                 period = it[3] / it[4]
                 d = 64 * sum(min(q[3], period * q[4]) for q in group)
@@ -593,10 +623,14 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     # the walkers' instructions (see _far_function) come out of the blocks' budget
     walk_ins = walk_refs = 0.0
     for w in walkers:
+        if w.get("static"):
+            walk_ins += w["per_pass"] + 1
+            walk_refs += w["per_pass"] + 1
+            continue
         whole, frac = _walk_split(w["lines"])
         n_loads = whole + (1 if frac > 0 else 0)
-        walk_ins += 13 + n_loads
-        walk_refs += 4 + n_loads
+        walk_ins += 14 + n_loads
+        walk_refs += 5 + n_loads
     rings = plan_rings(spec, instructions, knobs)
     arena = off + COLD_BYTES + 4096
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
@@ -826,6 +860,12 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
         tables += ["    .p2align 2", f"{lab}_tab:", *[f"    .long {lab}_v{j} - ." for j in range(r["M"])]]
         variants += r["text"]
     for w in walkers:
+        if w.get("static"):
+            lines_r = w["bytes"] // 64
+            out += [f"    add r12, qword ptr [r15 + {w['off'] + 64 * (j % lines_r)}]" for j in range(w["per_pass"])]
+            out.append(f"    mov [r15 + {SINK_OFF}], r12")  # keep the loads live (see below)
+            expected += w["per_pass"] + 1
+            continue
         slot = _slot(spec, w["slot"])
         whole, frac = _walk_split(w["lines"])
         n_loads = whole + (1 if frac > 0 else 0)
@@ -845,6 +885,10 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
             f"    mov r13, [r15 + {slot + 8}]",
         ]
         out += [f"    add r12, qword ptr [r15 + r13 + {w['off'] + 64 * j}]" for j in range(n_loads)]
+        # the sum of the loads is stored: when the next walker overwrote r12 in the same
+        # superblock, valgrind's JIT removed every load of this one as dead code (two walkers
+        # measured the misses of one; 9 of redis's 10 walkers missed nothing)
+        out.append(f"    mov [r15 + {SINK_OFF}], r12")
         out += [
             "    shl rax, 6",
             f"    lea r13, [r13 + rax + {64 * whole}]",
@@ -853,7 +897,7 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
             "    cmovae r13, rax",
             f"    mov [r15 + {slot + 8}], r13",
         ]
-        expected += 13 + n_loads
+        expected += 14 + n_loads
     out += ["    ret", *variants, f"    .size clone_far_{name}, .-clone_far_{name}"]
     if tables:
         out += ["    .section .rodata", *tables, "    .text"]

@@ -215,6 +215,8 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
     if far_ll > 0:
         step = _clamp((t_ll - rest_ll) / far_ll, 0.05, 4.0)
         k["data_ll_scale"] = _clamp(k["data_ll_scale"] * step, 1e-4, 50.0)
+    elif t_ll > c_ll:  # the walkers beyond the LL missed nothing in this window: no slope to use
+        k["data_ll_scale"] = _clamp(k["data_ll_scale"] * 2.0, 1e-4, 50.0)
     # D1 and branches: damped multiplicative steps (monotone, sub-linear responses)
     for key, knob, power in (
         ("D1_miss_rate", "data_far_scale", 0.7),
