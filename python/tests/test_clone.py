@@ -190,6 +190,31 @@ def test_generated_working_set_mix_is_recovered(tmp_path):
         assert abs(got - want) <= 0.10, (size, got, want, bins)
 
 
+@needs_valgrind
+@needs_gcc
+def test_walkers_back_to_back_all_count(tmp_path):
+    """Two walkers run back to back, each summing its loads into the same register: every load
+    must reach the simulated cache (valgrind's JIT drops loads whose result is dead; before the
+    walkers stored their sums, the first walker's 38 misses per event vanished)."""
+    planted = [(131072, 0.48), (262144, 0.52)]
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=planted,
+        mem_per_insn=0.4,
+        main_fraction=0.05,
+        icode_bins=[(512, 1.0)],
+    )
+    asmgen.layer_walkers([spec], {})
+    asmgen.write_standalone(spec, tmp_path, seed=1, calls=300)
+    tc = _cg_run(tmp_path, tmp_path / "harness", 300, "w", ("--cache-sim=yes", "--D1=32768,8,64", "--I1=32768,8,64"))
+    want = 0.4 * 0.05 * 4000  # walker lines per event: all beyond a 32 KiB D1
+    got = tc.fn_total("D1mr", "clone_far_t") / 300
+    assert abs(got - want) <= 0.08 * want, (got, want)
+
+
 def test_coupling_preserves_both_marginals():
     segs = asmgen.couple([(256, 0.7), (4096, 0.3)], [(0, 0.5), (8192, 0.25), (65536, 0.25)])
     assert abs(sum(m for m, _, _ in segs) - 1) < 1e-9
