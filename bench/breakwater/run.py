@@ -51,11 +51,13 @@ CONNECTIONS = 8
 CONTROLS = ["none", "breakwater", "seda", "dagor", "gradient", "tower"]
 TOWER_LIMIT = 8
 # The worker thread shares CPU 0 with the I/O thread that admits, refuses
-# and replies. In SCHED_IDLE it yields the core as soon as the I/O thread
-# wakes, instead of finishing its time slice first (up to ~1.5 ms: the
-# reject latency and the p99 tail). Every control runs on the same server,
-# so every control gets it (docs/breakwater.md, session 5).
-WORKER_PRIORITY = "idle"
+# and replies. `idle` (SCHED_IDLE) lets the I/O thread preempt a busy worker
+# at once: on a quiet box it cut Breakwater's reject p99 at 2x from ~1.3 to
+# ~0.6 ms and its p99 by ~0.45 ms; but a SCHED_IDLE worker gets almost no
+# CPU while anything else runs on CPU 0, and on this shared box the whole
+# bench then collapsed (docs/breakwater.md, session 5). So the bench keeps
+# `normal`; BW_WORKER_PRIORITY=idle runs every control with idle workers.
+WORKER_PRIORITY = os.environ.get("BW_WORKER_PRIORITY", "normal")
 PARTS = ["overhead", "sweep", "bimodal", "shift", "ablation", "lock", "sim"]
 
 
