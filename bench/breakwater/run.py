@@ -53,10 +53,12 @@ TOWER_LIMIT = 8
 # The worker thread shares CPU 0 with the I/O thread that admits, refuses
 # and replies. `idle` (SCHED_IDLE) lets the I/O thread preempt a busy worker
 # at once: on a quiet box it cut Breakwater's reject p99 at 2x from ~1.3 to
-# ~0.6 ms and its p99 by ~0.45 ms; but a SCHED_IDLE worker gets almost no
-# CPU while anything else runs on CPU 0, and on this shared box the whole
-# bench then collapsed (docs/breakwater.md, session 5). So the bench keeps
-# `normal`; BW_WORKER_PRIORITY=idle runs every control with idle workers.
+# ~0.6 ms and its p99 by ~0.45 ms; but in the closed loop (every refusal
+# brings the next request at once) the I/O thread starves the worker and
+# the server livelocks (3.6k req/s with 20k refusals/s against 7.0k), and a
+# SCHED_IDLE worker gets almost no CPU while anything else runs on CPU 0
+# (docs/breakwater.md, session 5). So the bench keeps `normal`;
+# BW_WORKER_PRIORITY=idle runs every control with idle workers.
 WORKER_PRIORITY = os.environ.get("BW_WORKER_PRIORITY", "normal")
 PARTS = ["overhead", "sweep", "bimodal", "shift", "ablation", "lock", "sim"]
 

@@ -70,7 +70,10 @@ pub enum WorkerPriority {
     /// fair scheduler otherwise lets a busy worker finish its slice (up to
     /// ~1.5 ms) before the woken I/O thread runs, and every reject and
     /// admission decision waits behind it. Workers then only run when no
-    /// normal thread wants the core, so give the server cores of its own.
+    /// normal thread wants the core: give the server cores of its own, and
+    /// beware of refusal storms (clients that resend every refusal at
+    /// once): the I/O thread answering them starves the workers and the
+    /// server livelocks (docs/breakwater.md, session 5).
     Idle,
 }
 
