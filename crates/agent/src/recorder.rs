@@ -251,6 +251,10 @@ fn attach_region(
     start_mono: u64,
 ) -> std::result::Result<MarkerSource<MappedRegion>, String> {
     let m = MappedRegion::open(pid).map_err(|e| e.to_string())?;
+    // Nothing is written to a region of another version or a corrupt one.
+    let mut hdr = vec![0u8; tailscope_abi::REGION_HEADER_SIZE];
+    m.read(0, &mut hdr);
+    tailscope_abi::region::parse_region_header(&hdr, m.len()).map_err(|e| e.to_string())?;
     let off = tailscope_abi::region::header_offsets::AGENT_PID;
     let other = m.load_u32(off);
     let busy = |who: u32| {
