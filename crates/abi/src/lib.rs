@@ -33,7 +33,7 @@ pub const TS_WAIT_BLOCKED: u32 = 2;
 
 pub const TS_REGION_PATH_PREFIX: &str = "/dev/shm/tailscope.";
 pub const TS_MAX_SLOTS: u32 = 256;
-pub const TS_RING_CAPACITY: u32 = 2048;
+pub const TS_RING_CAPACITY: u32 = 512;
 pub const TS_MAX_KINDS: usize = 64;
 pub const TS_KIND_NAME_LEN: usize = 24;
 pub const TS_PPM: u32 = 1_000_000;

@@ -241,7 +241,7 @@ enum Cmd {
 /// The front the drain loop pushes rows into. Parquet encoding (zstd, a
 /// few tens of ms per 64 Ki-row group on this machine) runs on a writer
 /// thread, so that the drain loop never stalls long enough for a target's
-/// ring to fill (512 records then): at 40 k req/s and 100% sampling it did, once
+/// 512-record ring to fill: at 40 k req/s and 100% sampling it did, once
 /// per row group, before the encoding moved off the loop.
 pub struct RequestWriter {
     policy: WriterPolicy,

@@ -50,12 +50,10 @@
  * exited slots back); burst_gate (the runtime starts sampled requests only
  * inside the agent's burst windows). A version-2 runtime would ignore the
  * gate and record requests whose counters the agent had stopped keeping.
- * 4 (new layout: longer rings): each agent pins its own kcounters array at
+ * 4 (same layout): each agent pins its own kcounters array at
  * TS_KC_PIN_PREFIX<agent pid> instead of one per machine at
- * .../kcounters, and the header's sample_ppm_effective; rings of 2048
- * records (512 before: at 100% sampling an agent kept off the CPU for
- * 9 ms by a busy machine lost records at 60k requests/s per thread); the
- * agent's heartbeat (agent_heartbeat_ns). A
+ * .../kcounters; the header's sample_ppm_effective and the agent's
+ * heartbeat (agent_heartbeat_ns), from its reserved bytes. A
  * version-3 runtime would look for the old pin and record without
  * counters.
  */
@@ -130,7 +128,7 @@ struct ts_kcounters {
 
 #define TS_REGION_PATH_FMT "/dev/shm/tailscope.%d"
 #define TS_MAX_SLOTS 256             /* threads per process that can record */
-#define TS_RING_CAPACITY 2048        /* records per thread ring; power of two */
+#define TS_RING_CAPACITY 512         /* records per thread ring; power of two */
 #define TS_MAX_KINDS 64              /* distinct request kinds per process */
 #define TS_KIND_NAME_LEN 24          /* including the NUL */
 #define TS_PPM 1000000u              /* sampling rates are parts per million */
