@@ -163,6 +163,17 @@ def _pattern(p: float, r: float, rng: np.random.Generator | None = None) -> int 
     return v
 
 
+
+def _branch_patterns(spec, bw, knobs, rng) -> list:
+    """Two branch patterns drawn from the body's profiled (taken, transition) pairs."""
+    pats = []
+    for _ in range(2):
+        bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
+        p, r = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
+        r = min(1.0, r * body_knob(knobs, "branch_r_scale", spec.name))
+        pats.append((p, r, _pattern(p, r, rng)))
+    return pats
+
 def _mask_branch(p: float, r: float, target: str) -> list[str]:
     """`test r14d, M; jz/jnz` on the iteration counter: M = j ones shifted left by s.
 
@@ -662,12 +673,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     ring_ins = 0.0
     for r in rings:
         lab = f".L{spec.name}_r{r['slot']}"
-        pats = []
-        for _ in range(2):
-            bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
-            p, q = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
-            q = min(1.0, q * body_knob(knobs, "branch_r_scale", spec.name))
-            pats.append((p, q, _pattern(p, q, rng)))
+        pats = _branch_patterns(spec, bw, knobs, rng)
         mixr = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, r["v"])
         r["text"], counts = [], []
         for j in range(r["M"]):
@@ -714,12 +720,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         # the region cursor lives in the arena, shared by the threads that run this body (like
         # the walkers'): per-thread cursors starting together re-touched each other's lines
         cur_slot = BLOCK_SLOTS + 8 * (bi + 32 * spec.walk_base)
-        pats = []
-        for _ in range(2):
-            bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
-            p, r = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
-            r = min(1.0, r * body_knob(knobs, "branch_r_scale", spec.name))
-            pats.append((p, r, _pattern(p, r, rng)))
+        pats = _branch_patterns(spec, bw, knobs, rng)
         mema = _Mem(rng)
         mixb = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, max(1, b.code_bytes // 64), looped=True)
         body, count = _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixb, cond, leaf)
