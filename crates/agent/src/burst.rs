@@ -234,6 +234,13 @@ impl Burst {
     }
 
     /// At the end of the recording: count the open window's time.
+    /// Between windows: the gate is closed and the requests of the last
+    /// window have ended, so nothing new reaches the rings until the next
+    /// window opens.
+    pub fn between_windows(&self) -> bool {
+        matches!(self.phase, Phase::Closed)
+    }
+
     pub fn finish(&mut self, now: Instant) {
         if self.phase == Phase::Open {
             self.stats.open_s += now.duration_since(self.opened_at).as_secs_f64();

@@ -41,7 +41,7 @@ pub fn keep_record(
 }
 use tailscope_abi::{
     ts_request_record, TS_BURST_CLOSED, TS_BURST_DETACHED, TS_BURST_WINDOW_SHIFT,
-    TS_DEFAULT_SAMPLE_PPM, TS_RING_CAPACITY,
+    TS_DEFAULT_SAMPLE_PPM, TS_KC_ENTRIES, TS_RING_CAPACITY,
 };
 
 use crate::burst::{self, Burst};
@@ -269,6 +269,15 @@ fn attach_region(
     MarkerSource::attach(m, agent_pid, sample, start_mono).map_err(|e| e.to_string())
 }
 
+/// Seconds per full sweep of the kcounters array for entries of dead
+/// threads (see `Tracer::gc_dead_threads_step`).
+const GC_SWEEP_S: u32 = 64;
+
+/// The longest the agent sleeps between burst windows, when nothing is
+/// sampled: each wake-up costs a context switch on a CPU the target or its
+/// clients need. Bounded so that exits and signals are seen soon.
+const IDLE_WAIT: Duration = Duration::from_millis(50);
+
 /// The longest the agent sleeps between drains.
 const MAX_WAIT: Duration = Duration::from_millis(16);
 
@@ -333,7 +342,20 @@ impl State {
     /// One poll step. It may block for new records up to the adaptive
     /// period, which stays within [`min_wait`, max_wait(sampling rate)].
     fn poll(&mut self, tracer: &mut Tracer, min_wait: Duration, infer_loaded: bool) -> Result<()> {
-        let mut wait = self.wait.max(min_wait);
+        // In burst windows the rings fill at the in-window rate; between
+        // windows nothing is sampled, so the period may grow to IDLE_WAIT
+        // (the burst schedule's cap still wakes the agent for the next
+        // window, and the first poll of a window is back within max_wait).
+        let rate = self
+            .burst
+            .as_ref()
+            .map_or(self.sampling.rate_ppm, |b| b.plan.in_window_ppm);
+        let max = if self.burst.as_ref().is_some_and(|b| b.between_windows()) {
+            IDLE_WAIT
+        } else {
+            max_wait(rate, min_wait)
+        };
+        let mut wait = self.wait.max(min_wait).min(max.max(min_wait));
         if let Some(cap) = self.wait_cap.take() {
             wait = wait.min(cap.max(Duration::from_micros(100)));
         }
@@ -370,12 +392,6 @@ impl State {
             m.drain(|r: &ts_request_record, kind: &str| writer.push(pid, kind, r))?;
             busiest = busiest.max(m.last_busiest());
         }
-        // In burst windows the rings fill at the in-window rate.
-        let rate = self
-            .burst
-            .as_ref()
-            .map_or(self.sampling.rate_ppm, |b| b.plan.in_window_ppm);
-        let max = max_wait(rate, min_wait);
         self.wait = next_wait(wait, min_wait, max, busiest);
         Ok(())
     }
@@ -971,7 +987,8 @@ fn record_loop(
         }
         if now.duration_since(last_gc) >= Duration::from_secs(1) {
             last_gc = now;
-            tracer.gc_dead_threads();
+            // a full sweep every GC_SWEEP_S seconds, a slice each second
+            tracer.gc_dead_threads_step(TS_KC_ENTRIES / GC_SWEEP_S);
             rescans += 1;
             if rescans % 5 == 1 {
                 // reads every fd of the targets: every 5 s
