@@ -240,11 +240,125 @@ def measure(workload: str, setup: str, port: int, seconds: float, rate80: float 
     return res
 
 
+# Setups measured a second way: attach and detach the agent on ONE running
+# server, alternating short halves (see attach_pairs).
+ATTACH_SETUPS = {
+    "redis": ["tailscope-infer-1%", "tailscope-infer-1%-continuous", "tailscope-infer-100%"],
+    "memcached": ["tailscope-infer-1%", "tailscope-infer-1%-continuous", "tailscope-infer-100%",
+                  "tailscope-marker-1%", "tailscope-marker-1%-continuous", "tailscope-marker-100%"],
+}
+
+
+def bpf_prog_ns(pid: int) -> tuple[int, int] | None:
+    """(run_time_ns, run_cnt) summed over the BPF programs process `pid` holds,
+    from the kernel's own accounting (needs kernel.bpf_stats_enabled=1)."""
+    try:
+        r = subprocess.run(["bpftool", "prog", "show", "--json"], capture_output=True, text=True, timeout=10)
+        progs = json.loads(r.stdout)
+    except (OSError, ValueError, subprocess.SubprocessError):
+        return None
+    # The programs whose fds (program or link) the process holds: Debian's
+    # bpftool prints no `pids`, fdinfo names the program of each.
+    ids = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fdinfo"):
+            try:
+                for line in Path(f"/proc/{pid}/fdinfo/{fd}").read_text().splitlines():
+                    if line.startswith("prog_id:"):
+                        ids.add(int(line.split()[1]))
+            except (OSError, ValueError, IndexError):
+                continue
+    except OSError:
+        return None
+    mine = [p for p in progs if p.get("id") in ids]
+    if not mine:
+        return None
+    return sum(int(p.get("run_time_ns", 0)) for p in mine), sum(int(p.get("run_cnt", 0)) for p in mine)
+
+
+class BpfStats:
+    """kernel.bpf_stats_enabled=1 for the duration (restored after): the
+    kernel then times every BPF program run (two clock reads each, which
+    tailscope's attached halves pay: conservative)."""
+
+    PATH = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+    def __enter__(self):
+        try:
+            self.old = self.PATH.read_text().strip()
+            self.PATH.write_text("1")
+        except OSError:
+            self.old = None
+        return self
+
+    def __exit__(self, *exc):
+        if self.old is not None:
+            try:
+                self.PATH.write_text(self.old)
+            except OSError:
+                pass
+
+
+def attach_pairs(workload: str, setup: str, port: int, pairs: int, seconds: float, tmp: Path) -> dict:
+    """The agent's cost as a user meets it: attach to a running server, record,
+    detach. One server process serves every half, so its start-up, memory
+    layout and warm caches are the same with and without the agent, and the
+    halves of a pair are seconds apart, so the host's drift (±20% between
+    minutes on this VM) mostly cancels. The half order alternates each pair.
+
+    For the marker rows the detached halves still run the marked build's idle
+    path (no sampled request without an agent: request.c), whose cost the
+    runtime microbenchmark gives per request; the table adds it (see render)."""
+    srv = Server(server_kind(workload, setup), port)
+    out: dict = {"pairs": []}
+    try:
+        loadgen(srv, "2000", 0.5, tmp / "preload.json", preload=True)
+        for i in range(pairs):
+            half: dict = {}
+            for state in (("off", "on") if i % 2 == 0 else ("on", "off")):
+                trace = tmp / "trace"
+                if trace.is_dir():
+                    shutil.rmtree(trace)
+                tr = Tracer(setup, srv.proc.pid, tmp) if state == "on" else None
+                own: dict = {}
+                try:
+                    apid = tr.proc.pid if tr is not None else None
+                    b0 = bpf_prog_ns(apid) if apid else None
+                    a0 = server_cpu_ns(apid) if apid else None
+                    cpu0 = server_cpu_ns(srv.proc.pid)
+                    mx = loadgen(srv, "max", seconds, tmp / "max.json", warmup=0.0)
+                    cpu1 = server_cpu_ns(srv.proc.pid)
+                    a1 = server_cpu_ns(apid) if apid else None
+                    b1 = bpf_prog_ns(apid) if apid else None
+                    n = mx.get("completed") or 0
+                    if n and b0 and b1:
+                        own["bpf_ns_per_req"] = (b1[0] - b0[0]) / n
+                        own["bpf_runs_per_req"] = (b1[1] - b0[1]) / n
+                    if n and a0 is not None and a1 is not None:
+                        own["agent_ns_per_req"] = (a1 - a0) / n
+                finally:
+                    if tr is not None:
+                        tr.stop()
+                cpu = ((cpu1 - cpu0) / mx["completed"]
+                       if cpu0 is not None and cpu1 is not None and mx.get("completed") else None)
+                half[state] = {"max_rps": mx["achieved_rps"], "cpu_ns_per_req": cpu, **own}
+            out["pairs"].append(half)
+            log(f"bench: {workload} attach pair {i + 1}/{pairs} {setup}: "
+                f"off {half['off']['max_rps']:.0f} on {half['on']['max_rps']:.0f} req/s")
+    finally:
+        srv.stop()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--workloads", default="redis,memcached")
+    ap.add_argument("--pairs", type=int, default=8,
+                    help="attach/detach pairs per tailscope setup on one running server (0: skip)")
+    ap.add_argument("--pair-seconds", type=float, default=1.5,
+                    help="length of each half of an attach pair")
     ap.add_argument("--keep-others", action="store_true",
                     help="keep the results of workloads not measured now (from an earlier run, one per invocation)")
     args = ap.parse_args()
@@ -252,6 +366,14 @@ def main() -> None:
     for exe in (AGENT, LOADGEN):
         if not exe.exists():
             sys.exit(f"bench: {exe} not built; run `make build`")
+    if MEMCACHED_MARKED.exists():
+        # Rebuild if libtailscope changed since (idempotent; `make bench` runs
+        # it too): a stale build has another region layout and the agent
+        # refuses it.
+        b = subprocess.run([str(ROOT / "bench" / "memcached" / "build.sh")], env={**os.environ, "TS_NO_APT": "1"},
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if b.returncode != 0:
+            log(f"bench: memcached-marked rebuild failed: {b.stderr.strip()[-300:]}")
     have_marked = MEMCACHED_MARKED.exists() and MEMCACHED_PLAIN.exists()
     RESULTS.mkdir(parents=True, exist_ok=True)
     table: dict = {}
@@ -293,7 +415,19 @@ def main() -> None:
                         res = {"failed": str(e)[-300:]}
                     runs[s].append({**res, "round": r})
                     log(f"bench: {workload} run {r + 1}/{args.runs} {s}: {res.get('max_rps', 'failed')}")
-            table[workload] = {"rate80": rate80, "runs": runs, "command": command, "repetitions": args.runs}
+            attach = {}
+            for s in ATTACH_SETUPS[workload] if args.pairs > 0 else []:
+                if s not in setups:
+                    continue
+                port += 1
+                try:
+                    with BpfStats():
+                        attach[s] = attach_pairs(workload, s, port, args.pairs, args.pair_seconds, tmp)
+                except Exception as e:
+                    log(f"bench: {workload}/{s} attach pairs: {e}")
+                    attach[s] = {"failed": str(e)[-300:], "pairs": []}
+            table[workload] = {"rate80": rate80, "runs": runs, "command": command, "repetitions": args.runs,
+                               "attach": attach}
     if args.keep_others:
         # Workloads measured by an earlier invocation stay (each keeps its own command).
         try:
@@ -306,12 +440,13 @@ def main() -> None:
                 table[w] = t
         table = {w: table[w] for w in SETUPS if w in table}
     summary = summarise(table)
-    out = {"command": command,
+    attach_summary = summarise_attach(table)
+    out = {"command": command, "attach_summary": attach_summary,
            "host": os.uname().nodename, "kernel": os.uname().release, "runs": args.runs,
            "seconds": args.seconds, "summary": summary, "raw": table}
     (RESULTS / "varmri.json").write_text(json.dumps(out, indent=2))
     commands = sorted({t.get("command", command) for t in table.values()})
-    md = render(summary, " ; ".join(f"`{c}`" for c in commands))
+    md = render(summary, " ; ".join(f"`{c}`" for c in commands), attach_summary)
     (RESULTS / "varmri.md").write_text(md)
     print(md)
 
@@ -375,11 +510,117 @@ def summarise(table: dict) -> list[dict]:
     return rows
 
 
+def runtime_pair_ns(case: str) -> float | None:
+    """ns per begin/end pair of a runtime microbenchmark case, from its last
+    results (bench/results/runtime.json): `unsampled` is the marked build's
+    idle cost per request, `sampled_100pct` a sampled request's (rings drained
+    from another core)."""
+    try:
+        cases = json.loads((RESULTS / "runtime.json").read_text())["cases"]
+        return next(float(c["ns_per_pair_median"]) for c in cases if c["case"] == case)
+    except (OSError, ValueError, KeyError, StopIteration, TypeError):
+        return None
+
+
+def summarise_attach(table: dict) -> list[dict]:
+    """Per setup: the median over pairs of on/off throughput (and server CPU
+    per request), with the range. The marker rows add the idle path's share
+    (unsampled pair ns / server CPU ns per request): the detached halves run
+    it too, and the issue's baseline is no tracing at all."""
+    idle_ns = runtime_pair_ns("unsampled")
+    sampled_ns = runtime_pair_ns("sampled_100pct")
+    rows = []
+    for workload, t in table.items():
+        for s, a in (t.get("attach") or {}).items():
+            ps = [p for p in a.get("pairs", []) if p.get("on") and p.get("off") and p["off"]["max_rps"]]
+            if not ps:
+                rows.append({"workload": workload, "setup": s, "failed": a.get("failed", "no pairs")})
+                continue
+            losses = [100 * (1 - p["on"]["max_rps"] / p["off"]["max_rps"]) for p in ps]
+            cpus = [p["on"]["cpu_ns_per_req"] / p["off"]["cpu_ns_per_req"] for p in ps
+                    if p["on"].get("cpu_ns_per_req") and p["off"].get("cpu_ns_per_req")]
+            off_cpu = med([p["off"].get("cpu_ns_per_req") for p in ps])
+            idle_pct = (100 * idle_ns / off_cpu if "marker" in s and idle_ns is not None and off_cpu
+                        else 0.0 if "marker" not in s else None)
+            loss = statistics.median(losses)
+            # tailscope's own CPU per request, as the kernel accounts it: its
+            # BPF programs (bpf_stats) and the agent's threads (schedstat);
+            # marker rows add the runtime's sampled path in the server.
+            own = [p["on"]["bpf_ns_per_req"] + p["on"]["agent_ns_per_req"] for p in ps
+                   if p["on"].get("bpf_ns_per_req") is not None and p["on"].get("agent_ns_per_req") is not None]
+            own_ns = statistics.median(own) if own else None
+            if own_ns is not None and "marker" in s:
+                rate = 1.0 if "100%" in s else 0.01
+                own_ns = own_ns + rate * sampled_ns if sampled_ns is not None else None
+            accounted = (100 * own_ns / off_cpu + (idle_pct or 0.0)
+                         if own_ns is not None and off_cpu else None)
+            rows.append({
+                "workload": workload, "setup": s, "pairs": len(ps),
+                "loss_pct": loss, "loss_range_pct": [min(losses), max(losses)],
+                "off_rps": med([p["off"]["max_rps"] for p in ps]),
+                "on_rps": med([p["on"]["max_rps"] for p in ps]),
+                "cpu_increase_pct": 100 * (statistics.median(cpus) - 1) if cpus else None,
+                "idle_path_pct": idle_pct,
+                "total_loss_pct": loss + idle_pct if idle_pct is not None else None,
+                "own_ns_per_req": own_ns,
+                "bpf_ns_per_req": med([p["on"].get("bpf_ns_per_req") for p in ps]),
+                "agent_ns_per_req": med([p["on"].get("agent_ns_per_req") for p in ps]),
+                "server_ns_per_req": off_cpu,
+                "accounted_pct": accounted,
+            })
+    return rows
+
+
+def render_attach(rows: list[dict]) -> list[str]:
+    if not rows:
+        return []
+    lines = ["", "## Attach pairs: the agent attached to and detached from one running server", "",
+             "Each pair measures the closed-loop maximum of ONE server process twice, seconds apart: "
+             "with the agent attached (started with `-p PID`) and without (half order alternating). "
+             "This cancels what the table above cannot: differences between server starts and the "
+             "host's drift between minutes. Loss is the median over pairs, with the range. For the "
+             "marker rows the detached server still runs the marked build's idle path (no request is "
+             "sampled without an agent); `idle path` adds its cost, one unsampled begin/end pair from "
+             "the runtime microbenchmark (`bench/results/runtime.json`) over the server's CPU time "
+             "per request, so `total` is the loss against no tracing at all.", "",
+             "`accounted` is tailscope's own CPU per request as the kernel counts it, which host "
+             "noise barely moves: its BPF programs (`bpf_stats`, on every CPU), the agent's threads "
+             "(schedstat) and, for marker rows, the runtime's sampled path (microbenchmark) and idle "
+             "path; as a % of the untraced server's CPU per request it is the capacity loss if all of "
+             "it came out of the server's core (an upper bound for the agent's part, which runs "
+             "wherever the scheduler puts it).", "",
+             "| workload | setup | pairs | max req/s off → on | loss % (range) | CPU/request increase | "
+             "idle path % | total loss % | verdict (measured) | BPF + agent ns/req | server ns/req | "
+             "accounted % | goal | verdict (accounted) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        goal = GOALS.get(r["setup"])
+        if r.get("failed"):
+            lines.append(f"| {r['workload']} | {r['setup']} | 0 | failed: {r['failed']} | | | | | unmeasured "
+                         "| | | | | unmeasured |")
+            continue
+        tot = r["total_loss_pct"]
+        verdict = ("" if goal is None else "unmeasured" if tot is None or r["pairs"] < 3
+                   else "met" if tot <= goal else "NOT met")
+        acc = r.get("accounted_pct")
+        acc_verdict = ("" if goal is None else "unmeasured" if acc is None
+                       else "met" if acc <= goal else "NOT met")
+        parts = f"{fmt(r.get('bpf_ns_per_req'), '.0f')} + {fmt(r.get('agent_ns_per_req'), '.0f')}"
+        lo, hi = r["loss_range_pct"]
+        lines.append(
+            f"| {r['workload']} | {r['setup']} | {r['pairs']} | {r['off_rps']:.0f} → {r['on_rps']:.0f} | "
+            f"{r['loss_pct']:.1f} ({lo:.1f} to {hi:.1f}) | {fmt(r['cpu_increase_pct'], '+.1f')}% | "
+            f"{fmt(r['idle_path_pct'], '.2f')} | {fmt(tot, '.1f')} | {verdict} | {parts} | "
+            f"{fmt(r.get('server_ns_per_req'), '.0f')} | {fmt(acc, '.2f')} | "
+            f"{'≤ ' + format(goal, 'g') + '%' if goal is not None else '—'} | {acc_verdict} |")
+    return lines
+
+
 def fmt(x, spec):
     return "—" if x is None else format(x, spec)
 
 
-def render(rows: list[dict], command: str) -> str:
+def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None) -> str:
     lines = ["# varmri: cost of recording (medians; ratios to no tracing)", "",
              f"Reproduce: {command} (part of `make bench`)", "",
              "Ratios are paired: each is the median, over repetitions, of the setup against its "
@@ -435,6 +676,7 @@ def render(rows: list[dict], command: str) -> str:
         worst = max(per_req)
         lines.append(f"| all | tailscope | | trace volume ≤ 64 B/recorded request | {worst:.1f} B (worst) | | "
                      f"{'met' if worst <= 64 else 'NOT met'} |")
+    lines += render_attach(attach_rows or [])
     return "\n".join(lines) + "\n"
 
 
