@@ -60,6 +60,9 @@ TOWER_LIMIT = 8
 # (docs/breakwater.md, session 5). So the bench keeps `normal`;
 # BW_WORKER_PRIORITY=idle runs every control with idle workers.
 WORKER_PRIORITY = os.environ.get("BW_WORKER_PRIORITY", "normal")
+# The I/O thread's EEVDF time slice in µs (bw-server --io-slice-us; 0: the
+# kernel's default), the same for every control.
+IO_SLICE_US = int(os.environ.get("BW_IO_SLICE_US", "0"))
 PARTS = ["overhead", "sweep", "bimodal", "shift", "ablation", "lock", "sim"]
 
 
@@ -114,6 +117,7 @@ class Server:
             str(TOWER_LIMIT),
             "--worker-priority",
             WORKER_PRIORITY,
+            *([] if "--io-slice-us" in extra else ["--io-slice-us", str(IO_SLICE_US)]),
             "--stats",
             str(self.stats_path),
             *extra,
@@ -134,8 +138,28 @@ class Server:
         except (OSError, ValueError, IndexError):
             return 0.0
 
+    def thread_cpu_s(self) -> dict[str, float]:
+        """CPU time per thread name (bw-server = the I/O thread, bw-worker-N,
+        bw-ticker), summed over threads of the same name."""
+        out: dict[str, float] = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        try:
+            tasks = list(Path(f"/proc/{self.proc.pid}/task").iterdir())
+        except OSError:
+            return out
+        for t in tasks:
+            try:
+                head, rest = (t / "stat").read_text().rsplit(")", 1)
+                name = head.split("(", 1)[1]
+                f = rest.split()
+                out[name] = out.get(name, 0.0) + (int(f[11]) + int(f[12])) / tick
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
     def stop(self) -> dict:
         cpu = self.cpu_s()
+        threads = self.thread_cpu_s()
         self.proc.send_signal(signal.SIGTERM)
         try:
             self.proc.wait(timeout=10)
@@ -145,6 +169,7 @@ class Server:
         try:
             stats = json.loads(self.stats_path.read_text())
             stats["cpu_s"] = cpu
+            stats["threads_cpu_s"] = threads
             return stats
         except (OSError, ValueError):
             return {}
@@ -260,14 +285,20 @@ def summarize(lg: dict, stats: dict, rate: float) -> dict:
     }
 
 
-def capacity(service: str, control: str = "none", depth: int = 4) -> float:
+def capacity(
+    service: str,
+    control: str = "none",
+    depth: int = 4,
+    server_extra: list[str] | None = None,
+    lg_extra: list[str] | None = None,
+) -> float:
     """Closed-loop maximum throughput (8 connections x `depth` outstanding,
     i.e. 8 x depth logical clients each with one request in flight) through
     `control`, refused requests not counted."""
     PORT[0] += 1
-    srv = Server(PORT[0], control, service, [], SLO_US, MEAN_US)
+    srv = Server(PORT[0], control, service, server_extra or [], SLO_US, MEAN_US)
     try:
-        lg = loadgen(PORT[0], control, "max", 2.0, 0.5, ["--max-outstanding-per-conn", str(depth)])
+        lg = loadgen(PORT[0], control, "max", 2.0, 0.5, ["--max-outstanding-per-conn", str(depth), *(lg_extra or [])])
     finally:
         srv.stop()
     return lg["achieved_rps"] - lg["rejected"] / lg["duration_s"]

@@ -75,6 +75,11 @@ struct Args {
     /// --bw-carry), so drop Eq. 2.4's overcommit floor to 0.
     #[arg(long)]
     carry: bool,
+    /// Breakwater with --carry: a held request whose time runs out stays
+    /// as its client's credit wait, answered `expired` when the pool can
+    /// spare the client a credit (the client stays quiet meanwhile).
+    #[arg(long)]
+    hold_expired: bool,
     /// Breakwater's target queueing delay d_t in µs (default: 40% of the
     /// SLO, the thesis's).
     #[arg(long)]
@@ -100,6 +105,12 @@ struct Args {
     /// and replies do not wait for the worker's time slice).
     #[arg(long, default_value = "normal")]
     worker_priority: String,
+    /// Time slice in µs for the I/O thread (the one that receives, admits,
+    /// refuses and replies), set with sched_setattr after the workers start
+    /// (0: the kernel's default). Shorter than the workers' slice, it lets
+    /// the woken I/O thread preempt a busy worker (Linux ≥ 6.12, EEVDF).
+    #[arg(long, default_value = "0")]
+    io_slice_us: u64,
     /// Print the stats as a JSON line on stderr every this many ms (0: never).
     #[arg(long, default_value = "0")]
     trace_ms: u64,
@@ -174,6 +185,7 @@ fn run(args: Args) -> Result<(), String> {
         spec.target_delay_ns = Some(t * 1000);
     }
     spec.carry = args.carry;
+    spec.hold_expired = args.hold_expired;
     if let Some(r) = args.reserve_us {
         if r == 0 || r >= args.slo_us {
             return Err(format!("--reserve-us must be in (0, --slo-us), got {r}"));
@@ -268,6 +280,13 @@ fn run(args: Args) -> Result<(), String> {
                 .map_err(|e| e.to_string())?
                 .layer(handler)
         };
+        if args.io_slice_us > 0 {
+            // After Server::start, so the workers keep the default slice.
+            let got =
+                breakwater::server::set_thread_slice(Some(Duration::from_micros(args.io_slice_us)))
+                    .map_err(|e| format!("--io-slice-us: sched_setattr failed: {e}"))?;
+            eprintln!("bw-server: I/O thread slice {got:?}");
+        }
         let stats_handle = server.clone();
         let serving = if tower_stock {
             let svc = ServiceBuilder::new()

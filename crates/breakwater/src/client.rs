@@ -14,6 +14,10 @@
 //! queued demand, no credit and nothing in flight sends a credit wait, which
 //! the server answers when it has credit for it (an explicit window update).
 //! [`Client::deregister`] returns unused credits when the client leaves.
+//! With a carrying policy the credit wait is the client's oldest queued
+//! request itself ([`Kind::Await`]); its caller waits at most until its
+//! deadline plus one SLO, and a server answer `expired` (a held request
+//! that never ran) is reported as [`ClientError::Expired`].
 //!
 //! Invariants: a permit taken for a waiter that has meanwhile expired is
 //! given back; at most one credit wait per client is outstanding; a
@@ -459,34 +463,83 @@ where
                 },
             );
             shared.stats.requests_sent.fetch_add(1, Ordering::Relaxed);
-            let result = inner.clone().oneshot(req).await.map_err(Into::into);
-            let now = clock::now();
-            {
-                let mut st = shared.lock();
-                st.inflight -= 1;
-                if let Some(mut g) = wait_guard.take() {
-                    g.0 = None;
-                    st.credit_wait = false;
-                }
-                match &result {
-                    Ok(resp) => {
-                        feedback(&mut st, now, resp);
-                        let ok = resp.status().is_success();
-                        st.policy.on_response(now, now - sent_at, ok);
-                    }
-                    Err(_) => {
-                        if kind == Kind::Register {
-                            st.policy.reset();
-                        }
-                        st.policy.on_response(now, now - sent_at, false);
-                    }
-                }
-                st.release(now);
-                kick(&shared, &inner, &mut st, now);
+            if kind != Kind::Await {
+                return send(shared, inner, req, kind, sent_at, None).await;
             }
-            let mut resp = result?;
-            resp.extensions_mut().insert(SentAt(sent_at));
-            Ok(resp)
+            // The credit wait carries this request. A server that keeps a
+            // held request whose time ran out as the client's credit wait
+            // (`hold_expired`) answers it only when it has credit for us
+            // again: the request itself has expired by then. So the send
+            // runs on as its own task (it keeps this client quiet until the
+            // answer, and applies the window it brings), and the caller
+            // waits until its deadline plus one SLO of grace (an admitted
+            // request that runs late still comes back with its latency).
+            let grace = clock::instant(expiry + shared.slo_ns).into();
+            let task = tokio::spawn(send(shared.clone(), inner, req, kind, sent_at, wait_guard));
+            let expired = || -> Result<Response<RB>, BoxError> {
+                shared.stats.expired.fetch_add(1, Ordering::Relaxed);
+                Err(ClientError::Expired.into())
+            };
+            match tokio::time::timeout_at(grace, task).await {
+                Ok(Ok(Ok(resp))) if is_expired(&resp) => expired(),
+                Ok(Ok(result)) => result,
+                Ok(Err(join)) => Err(join.into()),
+                Err(_) => expired(),
+            }
         })
     }
+}
+
+/// A held request the server answered `expired`: it never ran.
+fn is_expired<RB>(resp: &Response<RB>) -> bool {
+    resp.headers()
+        .get(wire::REJECT)
+        .is_some_and(|v| v.as_bytes() == wire::REJECT_EXPIRED.as_bytes())
+}
+
+/// Send a request that holds a permit, apply the response's feedback, hand
+/// permits to waiters, and return the response (stamped with [`SentAt`]).
+async fn send<S, B, RB>(
+    shared: Arc<Shared>,
+    inner: S,
+    req: Request<B>,
+    kind: Kind,
+    sent_at: Nanos,
+    mut wait_guard: Option<AwaitGuard>,
+) -> Result<Response<RB>, BoxError>
+where
+    S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+    B: Default + Send + 'static,
+    RB: Send + 'static,
+{
+    let result = inner.clone().oneshot(req).await.map_err(Into::into);
+    let now = clock::now();
+    {
+        let mut st = shared.lock();
+        st.inflight -= 1;
+        if let Some(mut g) = wait_guard.take() {
+            g.0 = None;
+            st.credit_wait = false;
+        }
+        match &result {
+            Ok(resp) => {
+                feedback(&mut st, now, resp);
+                let ok = resp.status().is_success();
+                st.policy.on_response(now, now - sent_at, ok);
+            }
+            Err(_) => {
+                if kind == Kind::Register {
+                    st.policy.reset();
+                }
+                st.policy.on_response(now, now - sent_at, false);
+            }
+        }
+        st.release(now);
+        kick(&shared, &inner, &mut st, now);
+    }
+    let mut resp = result?;
+    resp.extensions_mut().insert(SentAt(sent_at));
+    Ok(resp)
 }

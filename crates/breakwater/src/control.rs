@@ -75,6 +75,11 @@ pub struct ControlSpec {
     /// ([`crate::Kind::Await`]) rather than going alone (the thesis's
     /// protocol, the default; see docs/breakwater.md for the measurements).
     pub carry: bool,
+    /// With `carry`: a held request whose time runs out stays at the server
+    /// as its client's credit wait until the pool can spare the client a
+    /// credit (`BreakwaterConfig::hold_expired`); the bound on held
+    /// requests then defaults to one per client (no cap of its own).
+    pub hold_expired: bool,
     /// Breakwater's bound on requests held for a credit; `None` keeps the
     /// default (64 × cores).
     pub max_held: Option<u64>,
@@ -102,6 +107,7 @@ impl ControlSpec {
             aqm: true,
             aqm_forecast: true,
             carry: false,
+            hold_expired: false,
             max_held: None,
             target_delay_ns: None,
             service_reserve_ns: None,
@@ -123,6 +129,10 @@ impl ControlSpec {
         }
         if self.carry {
             c.overcommit_floor = 0;
+        }
+        if self.hold_expired {
+            c.hold_expired = true;
+            c.max_held = u64::from(u32::MAX);
         }
         if let Some(d) = self.target_delay_ns {
             c.target_delay_ns = d;

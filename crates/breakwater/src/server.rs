@@ -97,6 +97,80 @@ fn set_idle_priority() {
     }
 }
 
+/// Ask the kernel for a time slice of `slice` for the calling thread
+/// (`None`: the kernel's default). On Linux ≥ 6.12 (EEVDF) this is
+/// `sched_setattr(SCHED_OTHER, sched_runtime = slice)`; the kernel clamps
+/// it to 0.1–100 ms. A waking thread whose slice is shorter than the
+/// running thread's preempts it at once when it is owed CPU time, instead
+/// of waiting for the running thread to finish its slice (run-to-parity);
+/// the threads' long-run shares stay fair, so unlike `SCHED_IDLE` workers
+/// (see [`WorkerPriority::Idle`]) neither side can starve the other.
+///
+/// Meant for the thread that runs `call` (the I/O thread: receive, admit,
+/// refuse, reply) on a core it shares with the workers, so rejects and
+/// admissions do not wait out a busy worker's slice. Call it after the
+/// workers are spawned (a thread may pass its slice on to threads it
+/// spawns). Returns the slice the kernel reports afterwards (kernels
+/// without custom slices report none: `None`), or the error if the kernel
+/// refuses. Elsewhere than Linux: `Ok(None)`, nothing changes.
+pub fn set_thread_slice(slice: Option<Duration>) -> std::io::Result<Option<Duration>> {
+    #[cfg(target_os = "linux")]
+    {
+        #[repr(C)]
+        #[derive(Default)]
+        struct SchedAttr {
+            size: u32,
+            sched_policy: u32,
+            sched_flags: u64,
+            sched_nice: i32,
+            sched_priority: u32,
+            sched_runtime: u64,
+            sched_deadline: u64,
+            sched_period: u64,
+            sched_util_min: u32,
+            sched_util_max: u32,
+        }
+        // Keep the thread's nice value: sched_setattr sets it too.
+        // SAFETY: plain syscalls on the calling thread (tid 0 / who 0)
+        // with a valid, correctly sized struct we own.
+        unsafe {
+            *libc::__errno_location() = 0;
+            let nice = libc::getpriority(libc::PRIO_PROCESS, 0);
+            if nice == -1 && *libc::__errno_location() != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let attr = SchedAttr {
+                size: std::mem::size_of::<SchedAttr>() as u32,
+                sched_policy: libc::SCHED_OTHER as u32,
+                sched_nice: nice,
+                sched_runtime: slice.map_or(0, |s| s.as_nanos() as u64),
+                ..SchedAttr::default()
+            };
+            if libc::syscall(libc::SYS_sched_setattr, 0, &attr as *const SchedAttr, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let mut got = SchedAttr::default();
+            let size = std::mem::size_of::<SchedAttr>() as u32;
+            if libc::syscall(
+                libc::SYS_sched_getattr,
+                0,
+                &mut got as *mut SchedAttr,
+                size,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok((got.sched_runtime > 0).then(|| Duration::from_nanos(got.sched_runtime)))
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = slice;
+        Ok(None)
+    }
+}
+
 /// Counters of what the layer did; read with [`Server::stats`].
 #[derive(Debug, Default)]
 struct Counters {
@@ -110,6 +184,25 @@ struct Counters {
     explicit_updates: AtomicU64,
     deregisters: AtomicU64,
     held: AtomicU64,
+    registers: AtomicU64,
+    credit_waits_parked: AtomicU64,
+    rejected_no_credit: AtomicU64,
+    rejected_queue_delay: AtomicU64,
+    held_expired: AtomicU64,
+}
+
+impl Counters {
+    fn count_reject(&self, reason: &crate::policy::RejectReason) {
+        use crate::policy::RejectReason as R;
+        self.rejected.fetch_add(1, Ordering::Relaxed);
+        let by = match reason {
+            R::NoCredit | R::Unregistered => &self.rejected_no_credit,
+            R::QueueDelay { .. } => &self.rejected_queue_delay,
+            R::Expired => &self.held_expired,
+            R::Priority { .. } | R::Limit => return,
+        };
+        by.fetch_add(1, Ordering::Relaxed);
+    }
 }
 
 /// A snapshot of the counters and the policy's state.
@@ -129,6 +222,18 @@ pub struct ServerStats {
     pub deregisters: u64,
     /// Requests sent without credit that waited at the server for one.
     pub held: u64,
+    /// Arrivals that registered a client (their request is also counted
+    /// as admitted or rejected).
+    pub registers: u64,
+    /// Credit waits parked for an explicit update (the rest of
+    /// `credit_waits` were answered at once).
+    pub credit_waits_parked: u64,
+    /// Of `rejected`: no credit / unregistered (429), and AQM (503
+    /// `queue-delay`); the rest are thresholds and limits.
+    pub rejected_no_credit: u64,
+    pub rejected_queue_delay: u64,
+    /// Of `rejected`: held requests answered `expired` (`hold_expired`).
+    pub held_expired: u64,
     pub queue_len: usize,
     #[serde(flatten)]
     pub control: PolicyStats,
@@ -332,6 +437,11 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             explicit_updates: c.explicit_updates.load(Ordering::Relaxed),
             deregisters: c.deregisters.load(Ordering::Relaxed),
             held: c.held.load(Ordering::Relaxed),
+            registers: c.registers.load(Ordering::Relaxed),
+            credit_waits_parked: c.credit_waits_parked.load(Ordering::Relaxed),
+            rejected_no_credit: c.rejected_no_credit.load(Ordering::Relaxed),
+            rejected_queue_delay: c.rejected_queue_delay.load(Ordering::Relaxed),
+            held_expired: c.held_expired.load(Ordering::Relaxed),
             queue_len,
             control,
         }
@@ -375,6 +485,9 @@ where
             Ok(None) => return ready_err(shared, wire::WireError::Missing),
             Err(e) => return ready_err(shared, e),
         };
+        if arrival.kind == crate::Kind::Register {
+            shared.counters.registers.fetch_add(1, Ordering::Relaxed);
+        }
         let mut policy = shared.lock_policy();
         let mut fifo = shared.lock_fifo();
         let view = shared.view(&fifo);
@@ -403,7 +516,7 @@ where
                 drop(fifo);
                 let fb = policy.feedback(now, arrival.client);
                 drop(policy);
-                shared.counters.rejected.fetch_add(1, Ordering::Relaxed);
+                shared.counters.count_reject(&reason);
                 let (status, token) = wire::reject_status(&reason);
                 ready(respond(status, Some(token), fb))
             }
@@ -458,6 +571,10 @@ where
                 shared.has_parked.store(true, Ordering::Relaxed);
                 drop(policy);
                 shared.counters.credit_waits.fetch_add(1, Ordering::Relaxed);
+                shared
+                    .counters
+                    .credit_waits_parked
+                    .fetch_add(1, Ordering::Relaxed);
                 shared.wake_ticker();
                 Box::pin(async move {
                     let fb = rx.await.unwrap_or(Feedback::None);
@@ -634,10 +751,8 @@ impl<B, RB: Default> Shared<B, RB> {
         self.counters
             .admitted
             .fetch_add(admitted, Ordering::Relaxed);
-        self.counters
-            .rejected
-            .fetch_add(refused.len() as u64, Ordering::Relaxed);
         for (reply, reason, fb) in refused {
+            self.counters.count_reject(&reason);
             let (status, token) = wire::reject_status(&reason);
             let _ = reply.send(Ok(respond(status, Some(token), fb)));
         }

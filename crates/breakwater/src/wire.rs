@@ -176,11 +176,15 @@ pub fn reject_status(reason: &RejectReason) -> (StatusCode, &'static str) {
         RejectReason::QueueDelay { .. } => (StatusCode::SERVICE_UNAVAILABLE, "queue-delay"),
         RejectReason::Priority { .. } => (StatusCode::SERVICE_UNAVAILABLE, "priority"),
         RejectReason::Limit => (StatusCode::SERVICE_UNAVAILABLE, "limit"),
+        RejectReason::Expired => (StatusCode::SERVICE_UNAVAILABLE, REJECT_EXPIRED),
     }
 }
 
 /// The `bw-reject` token a handler uses when ASQM refused it a lock.
 pub const REJECT_LOCK: &str = "lock-congested";
+
+/// The `bw-reject` token of [`RejectReason::Expired`].
+pub const REJECT_EXPIRED: &str = "expired";
 
 /// Convert a budget in ns to the header's microseconds.
 pub fn budget_us(ns: Nanos) -> u64 {

@@ -342,3 +342,120 @@ fn over_real_http2() {
         }
     });
 }
+
+#[test]
+fn io_thread_slice_is_set_clamped_and_reset() {
+    use breakwater::server::set_thread_slice;
+    // On a thread of its own: the slice stays with the thread.
+    std::thread::spawn(|| {
+        let asked = Duration::from_micros(300);
+        let got = match set_thread_slice(Some(asked)) {
+            Ok(Some(s)) => s,
+            Ok(None) => {
+                eprintln!("skipped: the kernel reports no custom time slice (needs Linux >= 6.12)");
+                return;
+            }
+            Err(e) => {
+                eprintln!("skipped: sched_setattr refused a custom slice: {e}");
+                return;
+            }
+        };
+        assert_eq!(got, asked, "the kernel did not take the slice asked for");
+        // Below the kernel's 0.1 ms floor: clamped, not refused.
+        let floor = set_thread_slice(Some(Duration::from_micros(10)))
+            .unwrap()
+            .unwrap();
+        assert_eq!(floor, Duration::from_micros(100));
+        // Back to the default: no longer the slice we asked for.
+        let back = set_thread_slice(None).unwrap();
+        assert_ne!(back, Some(Duration::from_micros(100)));
+    })
+    .join()
+    .unwrap();
+}
+
+/// `carry` + `hold_expired` through both layers: a drained client's request
+/// held at the server past its SLO is reported `Expired` to its caller at
+/// its deadline plus one SLO, though the server has not answered; the client
+/// sends nothing more until the server answers (`expired`, with a credit)
+/// once the pool frees, and then sends at once on that credit.
+#[tokio::test]
+async fn expired_held_requests_keep_the_client_quiet_until_credit() {
+    let slo = Duration::from_millis(20);
+    let mut spec = ControlSpec::new(ControlKind::Breakwater, slo.as_nanos() as u64, 1);
+    spec.carry = true;
+    spec.hold_expired = true;
+    spec.rtt_ns = 10_000_000_000; // no pool updates: C_total stays 1
+    let sleepy = tower::service_fn(|req: Request<Body>| async move {
+        let ms = req
+            .headers()
+            .get("x-sleep-ms")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0);
+        std::thread::sleep(Duration::from_millis(ms));
+        Ok::<_, BoxError>(Response::new(Full::new(Bytes::from_static(b"ok"))))
+    });
+    let config = ServerConfig {
+        workers: 1,
+        ..ServerConfig::default()
+    };
+    let server: Server<Body, Body> = ServerLayer::new(spec.server().unwrap(), config)
+        .unwrap()
+        .layer(sleepy);
+    let layer = ClientLayer::new(Arc::new(move || spec.client().unwrap()), slo).unwrap();
+    let a = layer.layer(server.clone());
+    let b = layer.layer(server.clone());
+    let call = |c: &breakwater::client::Client<Server<Body, Body>>, sleep_ms: u64| {
+        let mut r = Request::new(Body::default());
+        r.headers_mut()
+            .insert("x-sleep-ms", HeaderValue::from(sleep_ms));
+        c.clone().oneshot(r)
+    };
+    // Register both (A keeps the pool's one credit, B is left with none).
+    assert_eq!(call(&a, 0).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(call(&b, 0).await.unwrap().status(), StatusCode::OK);
+    // A's credited request holds the worker (and the credit) for 250 ms.
+    let slow = tokio::spawn(call(&a, 250));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let t0 = std::time::Instant::now();
+    let held = call(&b, 0).await;
+    let waited = t0.elapsed();
+    let err = held.expect_err("B's held request cannot have run");
+    assert!(
+        matches!(
+            err.downcast_ref::<breakwater::ClientError>(),
+            Some(breakwater::ClientError::Expired)
+        ),
+        "{err}"
+    );
+    assert!(
+        waited < Duration::from_millis(150),
+        "the caller waited for the server's answer: {waited:?}"
+    );
+    // B is quiet while its credit wait is held: this one expires locally.
+    let arrivals = server.stats().arrivals;
+    let quiet = call(&b, 0).await;
+    assert!(quiet.is_err(), "B sent while its credit wait was held");
+    assert_eq!(
+        server.stats().arrivals,
+        arrivals,
+        "B's request reached the server"
+    );
+    assert_eq!(
+        server.stats().held_expired,
+        0,
+        "answered before a credit freed"
+    );
+    slow.await.unwrap().unwrap();
+    // A's completion frees the credit: B's held request is answered with it.
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let s = server.stats();
+    assert_eq!(s.held_expired, 1, "{s:?}");
+    let r = call(&b, 0).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        server.stats().arrivals,
+        s.arrivals + 1,
+        "sent on the credit, no wait"
+    );
+}

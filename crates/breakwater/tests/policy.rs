@@ -90,6 +90,8 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
         cfg.client_idle_ns = 5_000_000;
         cfg.overcommit_floor = rng.below(2);
         cfg.max_held = 1 + rng.below(4);
+        cfg.hold_expired = rng.below(3) == 0;
+        cfg.max_hold_ns = 1 + rng.below(4 * SLO);
         let mut p = Breakwater::new(cfg).unwrap();
         let ids: Vec<u64> = (0..1 + rng.below(40)).collect();
         // Requests admitted and not yet completed, by client.
@@ -921,6 +923,88 @@ fn awaits_are_admitted_held_released_and_refused() {
         ),
         "{out:?}"
     );
+    assert_eq!(p.held(), 0);
+    assert_eq!(p.issued(), p.issued_recount());
+}
+
+/// With `hold_expired`, a held request whose time ran out is not refused:
+/// it stays (never run, claiming no credit) as its client's credit wait,
+/// and is answered `expired` with a credit when one frees, after the live
+/// held requests, or without one once it was kept `max_hold`.
+#[test]
+fn expired_held_requests_stay_as_credit_waits() {
+    let mut cfg = BreakwaterConfig::for_slo(SLO, 1);
+    cfg.overcommit_floor = 0;
+    cfg.hold_expired = true;
+    cfg.max_hold_ns = 10 * SLO;
+    cfg.rtt_ns = 1_000 * SLO; // no pool update during the test: C_total = 1
+    let mut p = Breakwater::new(cfg).unwrap();
+    let q = QueueView {
+        workers: 1,
+        ..QueueView::default()
+    };
+    for x in 1..=4 {
+        p.on_arrival(0, &msg(x, Kind::Register, 0), &q);
+    }
+    for x in 1..=4 {
+        let done = Completion {
+            client: x,
+            ok: true,
+            sojourn_ns: 1_000,
+        };
+        p.on_complete(1, &done, &q);
+    }
+    assert_eq!(p.issued(), 0);
+    let await_at = |p: &mut Breakwater, x: u64, now: u64| {
+        let mut m = msg(x, Kind::Await, 0);
+        m.budget_ns = Some(SLO);
+        p.on_arrival(now, &m, &q)
+    };
+    assert_eq!(await_at(&mut p, 1, 2), Verdict::Admit, "a free credit");
+    assert_eq!(await_at(&mut p, 2, 2), Verdict::Park);
+    let mut out = Vec::new();
+    // Client 2's time runs out while the pool is spent: kept, not refused.
+    p.release_parked(SLO, &q, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    assert_eq!((p.held(), p.held_expired()), (1, 1));
+    assert_eq!(
+        await_at(&mut p, 2, SLO),
+        Verdict::Reject(RejectReason::NoCredit),
+        "still one held request per client"
+    );
+    // A live held request goes before the expired one.
+    assert_eq!(await_at(&mut p, 3, SLO), Verdict::Park);
+    let done = Completion {
+        client: 1,
+        ok: true,
+        sojourn_ns: 1_000,
+    };
+    p.on_complete(SLO + 1, &done, &q);
+    p.release_parked(SLO + 1, &q, &mut out);
+    assert_eq!(out, vec![(3, Release::Admit)]);
+    out.clear();
+    // Client 3 completes: the freed credit goes to client 2's answer.
+    let done = Completion {
+        client: 3,
+        ok: true,
+        sojourn_ns: 1_000,
+    };
+    p.on_complete(SLO + 2, &done, &q);
+    p.release_parked(SLO + 2, &q, &mut out);
+    assert_eq!(out, vec![(2, Release::Reject(RejectReason::Expired))]);
+    out.clear();
+    assert!(matches!(p.feedback(SLO + 2, 2), Feedback::CreditLimit(_)));
+    assert_eq!(p.unused(2), Some(1), "the answer carries a credit");
+    assert_eq!(p.issued(), p.issued_recount());
+    // Pool spent again (client 2 holds it): client 4's expired request is
+    // answered only after max_hold, and without a credit.
+    assert_eq!(await_at(&mut p, 4, SLO + 3), Verdict::Park);
+    p.release_parked(2 * SLO + 3, &q, &mut out);
+    assert!(out.is_empty(), "{out:?}");
+    p.release_parked(11 * SLO + 3, &q, &mut out);
+    assert_eq!(out, vec![(4, Release::Reject(RejectReason::Expired))]);
+    p.feedback(11 * SLO + 3, 4);
+    assert_eq!(p.unused(4), Some(0));
     assert_eq!(p.held(), 0);
     assert_eq!(p.issued(), p.issued_recount());
 }

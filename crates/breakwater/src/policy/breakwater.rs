@@ -139,6 +139,20 @@ pub struct BreakwaterConfig {
     /// holding back the pool: with await the floor is 0, so a response
     /// speculates only with the pool's spare credits.
     pub overcommit_floor: u64,
+    /// With [`Kind::Await`]: a held request whose time runs out (or that
+    /// could not start in time when it arrived) is not refused at once but
+    /// kept, never run, as its client's credit wait: it is answered
+    /// (`expired`, with the client's window) when the pool has a credit to
+    /// spare for the client after the live held requests, or after
+    /// `max_hold_ns`. Until then the client sends nothing (its new requests
+    /// wait and expire at the client, for free), as a parked credit wait of
+    /// the thesis's protocol keeps it quiet, while a live held request
+    /// needs no second round trip. Off: the session-4 `await` (refuse at
+    /// once).
+    pub hold_expired: bool,
+    /// The longest an expired held request is kept before it is answered
+    /// anyway (without credit if the pool is spent).
+    pub max_hold_ns: Nanos,
 }
 
 impl BreakwaterConfig {
@@ -168,6 +182,8 @@ impl BreakwaterConfig {
             client_idle_ns: 1_000_000_000,
             max_held: cores.max(1) * 64,
             overcommit_floor: 1,
+            hold_expired: false,
+            max_hold_ns: slo_ns.saturating_mul(50),
         }
     }
 
@@ -188,6 +204,7 @@ impl BreakwaterConfig {
         fraction("efficiency_decrease", self.efficiency_decrease, false)?;
         positive_u64("client_idle", self.client_idle_ns)?;
         positive_u64("max_held", self.max_held)?;
+        positive_u64("max_hold", self.max_hold_ns)?;
         Ok(())
     }
 }
@@ -255,6 +272,9 @@ pub struct Breakwater {
     /// Requests sent without credit ([`Kind::Await`]) held for a credit,
     /// oldest first.
     held: VecDeque<Held>,
+    /// `hold_expired`: held requests whose time ran out, kept as their
+    /// clients' credit waits, oldest first. They claim no credit.
+    expired: VecDeque<Held>,
     /// Held requests to refuse at the next release (their client left).
     held_rejects: Vec<ClientId>,
     last_update: Option<Nanos>,
@@ -295,6 +315,7 @@ impl Breakwater {
             clients: HashMap::new(),
             parked: VecDeque::new(),
             held: VecDeque::new(),
+            expired: VecDeque::new(),
             held_rejects: Vec::new(),
             last_update: None,
             last_idle_scan: 0,
@@ -610,11 +631,12 @@ impl Breakwater {
         }
         if !stale && !free {
             // Hold it, unless the work already queued and held ahead of it
-            // would outlast its budget: then refuse now (a fast failure).
+            // would outlast its budget: then refuse now (a fast failure),
+            // or, with `hold_expired`, keep it as the client's credit wait.
             let ahead = self.held.len() + 1;
-            let full = self.held.len() as u64 >= self.config.max_held;
+            let full = (self.held.len() + self.expired.len()) as u64 >= self.config.max_held;
             let check = self.aqm_check(now, msg.budget_ns, queue, ahead);
-            if full || check.is_err() {
+            if full || (check.is_err() && !self.config.hold_expired) {
                 self.eff.in_cur += 1;
                 self.eff.drop_cur += 1;
                 return Verdict::Reject(check.err().unwrap_or(RejectReason::Limit));
@@ -623,11 +645,16 @@ impl Breakwater {
             let budget_ns = msg
                 .budget_ns
                 .unwrap_or(self.config.queue_budget_ns + self.config.service_reserve_ns);
-            self.held.push_back(Held {
+            let held = Held {
                 client: id,
                 arrived: now,
                 budget_ns,
-            });
+            };
+            if check.is_err() {
+                self.expired.push_back(held);
+            } else {
+                self.held.push_back(held);
+            }
             return Verdict::Park;
         }
         self.eff.in_cur += 1;
@@ -647,9 +674,14 @@ impl Breakwater {
         Verdict::Admit
     }
 
-    /// Requests currently held for a credit.
+    /// Requests currently held for a credit (expired ones included).
     pub fn held(&self) -> usize {
-        self.held.len()
+        self.held.len() + self.expired.len()
+    }
+
+    /// `hold_expired`: expired held requests kept as credit waits now.
+    pub fn held_expired(&self) -> usize {
+        self.expired.len()
     }
 }
 
@@ -681,6 +713,7 @@ impl Policy for Breakwater {
                     if c.awaiting {
                         c.awaiting = false;
                         self.held.retain(|h| h.client != msg.client);
+                        self.expired.retain(|h| h.client != msg.client);
                         self.held_rejects.push(msg.client);
                     }
                     if c.inflight == 0 {
@@ -838,6 +871,12 @@ impl Policy for Breakwater {
             } else {
                 self.aqm_check(now, Some(left), queue, admitted)
             };
+            if check.is_err() && self.config.hold_expired && self.clients.contains_key(&h.client) {
+                // Never run; kept as the client's credit wait (below).
+                self.held.pop_front();
+                self.expired.push_back(h);
+                continue;
+            }
             let verdict = match check {
                 Err(reason) => Release::Reject(reason),
                 Ok(()) if self.issued < self.total() => Release::Admit,
@@ -859,10 +898,31 @@ impl Policy for Breakwater {
             }
             out.push((h.client, verdict));
         }
+        // Expired held requests: answer as many as the pool can give a
+        // credit to after the live ones (the answer's feedback grants it,
+        // Eq. 2.5 with the request's demand), and those kept `max_hold`.
+        let mut spare = self.total().saturating_sub(self.claimed());
+        while let Some(&h) = self.expired.front() {
+            let overdue = now.saturating_sub(h.arrived) >= self.config.max_hold_ns;
+            if spare == 0 && !overdue {
+                break;
+            }
+            self.expired.pop_front();
+            let Some(c) = self.clients.get_mut(&h.client) else {
+                out.push((h.client, Release::Reject(RejectReason::Unregistered)));
+                continue;
+            };
+            c.awaiting = false;
+            c.demand = c.demand.max(1);
+            spare = spare.saturating_sub(1);
+            self.eff.in_cur += 1;
+            self.eff.drop_cur += 1;
+            out.push((h.client, Release::Reject(RejectReason::Expired)));
+        }
     }
 
     fn parked_requests(&self) -> usize {
-        self.held.len() + self.held_rejects.len()
+        self.held.len() + self.expired.len() + self.held_rejects.len()
     }
 
     fn stats(&self) -> PolicyStats {
@@ -871,7 +931,7 @@ impl Policy for Breakwater {
             issued: self.issued,
             clients: self.clients.len(),
             unused: self.clients.values().map(ClientState::unused).sum(),
-            held_now: self.held.len(),
+            held_now: self.held.len() + self.expired.len(),
         }
     }
 }

@@ -139,6 +139,12 @@ pub enum RejectReason {
     Priority { priority: u8, threshold: u8 },
     /// Concurrency limit reached (gradient, tower's LoadShed): 503.
     Limit,
+    /// A request held for a credit ([`Kind::Await`]) whose time ran out
+    /// before a credit freed for it: it was never run. Breakwater with
+    /// `hold_expired` answers it only when it has credit for the client
+    /// again (or after `max_hold`), so the client stays quiet meanwhile:
+    /// 503 `expired`; the client layer reports it as expired.
+    Expired,
 }
 
 /// What becomes of a request held by [`Verdict::Park`] (a [`Kind::Await`]):

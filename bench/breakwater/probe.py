@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""A/B probe for the breakwater bench: interleaved runs of a few variants at
+one demand, with the server's messages counted per type and its CPU split
+per thread. Not part of `make bench`; used to decide what the bench runs.
+
+    flock -x /tmp/ts-quiet.lock .venv/bin/python bench/breakwater/probe.py \\
+        --control breakwater --demand 2 --runs 3 \\
+        --variant 'base||' --variant 'slice100|--io-slice-us 100|'
+
+A variant is `name|bw-server flags|loadgen flags`. `--closed` instead runs
+the closed loop of the bench's overhead line (8 in flight, one per
+connection) and prints req/s. Capacity is measured first (closed loop, no
+control, default flags) unless `--capacity` is given. Medians are printed
+per variant; `--json` keeps every run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import run as bench
+
+
+def per_run(r: dict, cap: float, dur: float) -> dict:
+    s = r["server"]
+    adm = max(s.get("admitted", 0), 1)
+    th = s.get("threads_cpu_s", {})
+    io = th.get("bw-server", 0.0)
+    worker = sum(v for k, v in th.items() if k.startswith("bw-worker"))
+    arrivals = s.get("arrivals", 0)
+    requests = arrivals - s.get("credit_waits", 0) - s.get("deregisters", 0)
+    return {
+        "goodput_x": r["goodput_rps"] / cap,
+        "p99_us": r["p99_us"],
+        "reject_p99_us": r["reject_p99_us"],
+        "expired": r["expired"],
+        "msgs_per_admitted": arrivals / adm,
+        "requests_per_admitted": requests / adm,
+        "credit_waits_per_admitted": s.get("credit_waits", 0) / adm,
+        "parked_waits_per_admitted": s.get("credit_waits_parked", 0) / adm,
+        "rejects_per_admitted": s.get("rejected", 0) / adm,
+        "no_credit_per_admitted": s.get("rejected_no_credit", 0) / adm,
+        "aqm_per_admitted": s.get("rejected_queue_delay", 0) / adm,
+        "registers_per_admitted": s.get("registers", 0) / adm,
+        "io_us_per_msg": io * 1e6 / max(arrivals, 1),
+        "worker_us_per_admitted": worker * 1e6 / adm,
+        "server_us_per_admitted": s.get("cpu_s", 0.0) * 1e6 / adm,
+        "server_busy": s.get("cpu_s", 0.0) / dur,
+        "c_total_end": s.get("control", 0.0),
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--control", default="breakwater")
+    ap.add_argument("--demand", type=float, default=2.0, help="multiple of capacity (open loop)")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--capacity", type=float, default=None)
+    ap.add_argument("--closed", action="store_true", help="closed loop, 8 in flight, req/s")
+    ap.add_argument("--variant", action="append", default=[], help="name|server flags|loadgen flags")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    variants = []
+    for v in args.variant or ["base||"]:
+        parts = [*v.split("|"), "", ""][:3]
+        if not parts[0]:
+            bench.die(f"--variant {v!r}: needs a name")
+        variants.append((parts[0], shlex.split(parts[1]), shlex.split(parts[2])))
+    if args.runs < 1:
+        bench.die("--runs must be at least 1")
+    bench.build()
+    out: dict = {"args": vars(args), "runs": {n: [] for n, _, _ in variants}}
+    if args.closed:
+        for _ in range(args.runs):
+            for name, sx, lx in variants:
+                rps = bench.capacity("exponential", args.control, depth=1, server_extra=sx, lg_extra=lx)
+                out["runs"][name].append({"rps": rps})
+                print(f"  {name:>14}: {rps:7.0f} req/s", flush=True)
+        print()
+        for name, _, _ in variants:
+            rows = [r["rps"] for r in out["runs"][name]]
+            print(f"{name:>14}: median {statistics.median(rows):7.0f} req/s  runs {[round(x) for x in rows]}")
+    else:
+        cap = args.capacity or bench.capacity("exponential")
+        out["capacity_rps"] = cap
+        print(f"capacity {cap:.0f} req/s; {args.control} at {args.demand}x", flush=True)
+        dur, warm = 2.0, 0.5
+        for _ in range(args.runs):
+            for name, sx, lx in variants:
+                r = bench.run_one(
+                    args.control,
+                    args.demand * cap,
+                    duration=dur,
+                    warmup=warm,
+                    capacity=cap,
+                    server_extra=sx,
+                    lg_extra=lx,
+                )
+                row = per_run(r, cap, dur + warm)
+                row["server"] = r["server"]
+                out["runs"][name].append(row)
+                print(
+                    f"  {name:>14}: goodput {row['goodput_x']:.3f}x  p99 {row['p99_us']:6.0f}  "
+                    f"rej p99 {row['reject_p99_us']:6.0f}  msgs/adm {row['msgs_per_admitted']:.2f} "
+                    f"(waits {row['credit_waits_per_admitted']:.2f}, parked {row['parked_waits_per_admitted']:.2f}, "
+                    f"rejects {row['rejects_per_admitted']:.2f})  io {row['io_us_per_msg']:.1f} us/msg  "
+                    f"worker {row['worker_us_per_admitted']:.0f} us/adm  busy {row['server_busy']:.2f}",
+                    flush=True,
+                )
+        print()
+        keys = [k for k in out["runs"][variants[0][0]][0] if k != "server"]
+        print("median | " + " | ".join(n for n, _, _ in variants))
+        for k in keys:
+            vals = [statistics.median(r[k] for r in out["runs"][n]) for n, _, _ in variants]
+            print(f"{k} | " + " | ".join(f"{v:.3f}" if abs(v) < 100 else f"{v:.0f}" for v in vals))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
