@@ -637,6 +637,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
             }
         };
     let watch = sys::ProcessWatch::new(target_pid);
+    restrict_pin(&mut tracer, &mut false)?;
 
     let infer_sampling = Sampling {
         rate_ppm: infer_ppm,
@@ -901,6 +902,21 @@ pub fn run(args: RecordArgs) -> Result<()> {
     Ok(())
 }
 
+/// Narrows who may open this agent's counters array to the targets' user
+/// (`Tracer::restrict_pin`); warns once when they run as several users.
+fn restrict_pin(tracer: &mut Tracer, warned: &mut bool) -> Result<()> {
+    if let tailscope_bpf::PinAccess::Everyone(uids) = tracer.restrict_pin().map_err(agent_error)? {
+        if !*warned {
+            *warned = true;
+            eprintln!(
+                "tailscope-agent: warning: the targets run as several users ({uids:?}); their \
+                 counters array stays writable by every local user"
+            );
+        }
+    }
+    Ok(())
+}
+
 #[allow(clippy::too_many_arguments)]
 fn record_loop(
     args: &RecordArgs,
@@ -919,6 +935,7 @@ fn record_loop(
     let mut last_slow = Instant::now();
     let mut last_gc = Instant::now();
     let mut rescans = 0u64;
+    let mut warned_pin = false;
     let decided_before = !matches!(st.source, Source::Deciding { .. });
     let mut decided = decided_before;
     let by = loop {
@@ -989,6 +1006,8 @@ fn record_loop(
             last_gc = now;
             // a full sweep every GC_SWEEP_S seconds, a slice each second
             tracer.gc_dead_threads_step(TS_KC_ENTRIES / GC_SWEEP_S);
+            // follows targets that change user (setuid after start)
+            restrict_pin(tracer, &mut warned_pin)?;
             rescans += 1;
             if rescans % 5 == 1 {
                 // reads every fd of the targets: every 5 s

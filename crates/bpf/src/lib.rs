@@ -166,6 +166,8 @@ pub struct Tracer {
     window: u32,
     /// Where [`Tracer::gc_dead_threads_step`] resumes.
     gc_cursor: u32,
+    /// Who may open the pin now (see [`Tracer::restrict_pin`]).
+    pin_access: Option<PinAccess>,
     gate_fd: Option<OwnedFd>,
     open_sampled_fd: Option<OwnedFd>,
     /// Whether the Unix-socket receive hook is attached (see
@@ -198,6 +200,24 @@ fn burstable(name: &str) -> bool {
         .iter()
         .chain(OPTIONAL_TP_PREFIXES)
         .any(|p| name.starts_with(p))
+}
+
+/// Who may open an agent's pinned counters array (see [`Tracer::restrict_pin`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PinAccess {
+    /// Only this uid (and root): 0600.
+    Owner(u32),
+    /// The targets run as these several non-root uids: 0666.
+    Everyone(Vec<u32>),
+}
+
+/// The filesystem uid process `tgid` runs as now (the one permission checks
+/// use), from /proc/<tgid>/status; None if it is gone.
+fn fs_uid(tgid: u32) -> Option<u32> {
+    let s = std::fs::read_to_string(format!("/proc/{tgid}/status")).ok()?;
+    let line = s.lines().find(|l| l.starts_with("Uid:"))?;
+    // real, effective, saved, filesystem
+    line.split_whitespace().nth(4)?.parse().ok()
 }
 
 /// Whether process `tgid` holds a Unix-domain socket now: one of its fds is
@@ -748,6 +768,7 @@ impl Tracer {
             burst_detached: false,
             window: 0,
             gc_cursor: 1,
+            pin_access: None,
             gate_fd: None,
             open_sampled_fd: None,
             unix_hook: false,
@@ -782,7 +803,9 @@ impl Tracer {
                 std::io::Error::last_os_error()
             )));
         }
-        std::fs::set_permissions(&t.pin_path, std::fs::Permissions::from_mode(0o666))
+        // Only root until the targets are known (restrict_pin): a runtime that
+        // opens it meanwhile is refused and retries.
+        std::fs::set_permissions(&t.pin_path, std::fs::Permissions::from_mode(0o600))
             .map_err(|e| TracerError::Io(format!("chmod {}: {e}", t.pin_path)))?;
 
         let mut links = Vec::new();
@@ -908,6 +931,47 @@ impl Tracer {
             }
         }
         Ok(())
+    }
+
+    /// Lets exactly the targets' users open this agent's pinned counters
+    /// array. The runtime in a target opens the pin (BPF_OBJ_GET) with the
+    /// target's filesystem uid and maps it read-write, and anyone who can
+    /// open it can rewrite every thread's counters or mark the agent dead.
+    /// So: owner = the one non-root uid the targets run as (root needs no
+    /// grant), mode 0600. Targets that run as several non-root users (rare)
+    /// cannot all be owner: the array then stays world-writable, and the
+    /// result says so. Called when targets are added and periodically, so
+    /// a target that drops privileges after start (setuid) is followed:
+    /// its runtime retries the open every 100 ms.
+    pub fn restrict_pin(&mut self) -> Result<PinAccess, TracerError> {
+        let mut uids: Vec<u32> = self
+            .target_tgids()
+            .into_iter()
+            .filter_map(fs_uid)
+            .filter(|&u| u != 0)
+            .collect();
+        uids.sort_unstable();
+        uids.dedup();
+        let (owner, mode, access) = match uids.as_slice() {
+            [] => (0, 0o600, PinAccess::Owner(0)),
+            [u] => (*u, 0o600, PinAccess::Owner(*u)),
+            many => (0, 0o666, PinAccess::Everyone(many.to_vec())),
+        };
+        if self.pin_access.as_ref() == Some(&access) {
+            return Ok(access);
+        }
+        // Mode first when narrowing, owner first when widening: never
+        // readable by a user who is neither the old nor the new owner.
+        std::fs::set_permissions(&self.pin_path, std::fs::Permissions::from_mode(0o600))
+            .map_err(|e| TracerError::Io(format!("chmod {}: {e}", self.pin_path)))?;
+        std::os::unix::fs::chown(&self.pin_path, Some(owner), Some(0))
+            .map_err(|e| TracerError::Io(format!("chown {}: {e}", self.pin_path)))?;
+        if mode != 0o600 {
+            std::fs::set_permissions(&self.pin_path, std::fs::Permissions::from_mode(mode))
+                .map_err(|e| TracerError::Io(format!("chmod {}: {e}", self.pin_path)))?;
+        }
+        self.pin_access = Some(access.clone());
+        Ok(access)
     }
 
     /// Whether the Unix-socket receive hook is attached.

@@ -719,6 +719,77 @@ fn forked_children_are_followed_and_exits_cleaned() {
     }
 }
 
+/// BPF_OBJ_GET of `path` by a process running as `uid`: 0 if it opened, or
+/// the errno (python3 does the syscall, so the check runs with that uid).
+fn obj_get_as(uid: u32, path: &str) -> i32 {
+    use std::os::unix::process::CommandExt;
+    let code = "import ctypes,struct,sys\n\
+libc=ctypes.CDLL(None,use_errno=True)\n\
+p=ctypes.create_string_buffer(sys.argv[1].encode())\n\
+a=ctypes.create_string_buffer(struct.pack('QIIi',ctypes.addressof(p),0,0,0)+bytes(100))\n\
+fd=libc.syscall(321,7,a,120)\n\
+sys.exit(0 if fd>=0 else ctypes.get_errno())\n";
+    let st = std::process::Command::new("python3")
+        .args(["-c", code, path])
+        .uid(uid)
+        .status()
+        .unwrap();
+    st.code().unwrap()
+}
+
+#[test]
+fn pin_is_open_to_the_targets_user_only() {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    use std::os::unix::process::CommandExt;
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = tracer(TracerOptions::default());
+    let pin = own_pin();
+    let mode = |p: &str| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&pin), 0o600, "root only until the targets are known");
+    assert_eq!(t.restrict_pin().unwrap(), PinAccess::Owner(0));
+    assert_ne!(obj_get_as(65534, &pin), 0, "another user cannot open it");
+
+    let spawn = |uid: u32| {
+        std::process::Command::new("sleep")
+            .arg("30")
+            .uid(uid)
+            .spawn()
+            .unwrap()
+    };
+    let mut a = spawn(65534);
+    t.add_target(a.id()).unwrap();
+    assert_eq!(t.restrict_pin().unwrap(), PinAccess::Owner(65534));
+    let m = std::fs::metadata(&pin).unwrap();
+    assert_eq!((m.uid(), mode(&pin)), (65534, 0o600));
+    assert_eq!(obj_get_as(65534, &pin), 0, "the target's user opens it");
+    assert_eq!(
+        obj_get_as(65533, &pin),
+        libc::EACCES,
+        "another user still cannot"
+    );
+
+    let mut b = spawn(65533);
+    t.add_target(b.id()).unwrap();
+    assert_eq!(
+        t.restrict_pin().unwrap(),
+        PinAccess::Everyone(vec![65533, 65534])
+    );
+    assert_eq!(mode(&pin), 0o666);
+
+    for c in [&mut a, &mut b] {
+        c.kill().unwrap();
+        c.wait().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(20));
+    assert_eq!(
+        t.restrict_pin().unwrap(),
+        PinAccess::Owner(0),
+        "exited targets forgotten"
+    );
+    assert_eq!(mode(&pin), 0o600);
+}
+
 fn pingpong_ns(rounds: usize) -> f64 {
     // two threads on CPU 0 bouncing a byte through pipes: 2 switches,
     // 2 wakeups, 4 syscalls per round

@@ -12,7 +12,11 @@
  *    created by the agent and pinned at TS_KC_PIN_PREFIX followed by the
  *    agent's pid in decimal (each agent has its own, so several agents
  *    can record different processes at once; the region header's
- *    agent_pid tells the runtime which one is its agent's). Entry 0 is a
+ *    agent_pid tells the runtime which one is its agent's). The pin is
+ *    mode 0600, owned by the one non-root user the agent's targets run as
+ *    (root until they are known; followed when a target changes user), so
+ *    only the target can open it; targets running as several users leave
+ *    it 0666 with a warning. A runtime refused (EACCES) retries. Entry 0 is a
  *    struct ts_kc_header; entries 1..TS_KC_ENTRIES-1 are struct
  *    ts_kcounters, one per traced thread, found by hashing the tid:
  *        idx(tid, i) = (tid + i) & (TS_KC_ENTRIES - 1),  i = 0..TS_KC_PROBE-1,
