@@ -613,6 +613,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
     })
     .map_err(agent_error)?;
     prepare_output(&args.output)?;
+    let stale_regions = crate::region::sweep_stale_regions();
 
     let start_mono = sys::monotonic_ns();
     let start_unix = sys::unix_ns();
@@ -840,6 +841,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
         );
     }
     notes.insert("region_faults".into(), json!(region_faults));
+    notes.insert("stale_regions_removed".into(), json!(stale_regions));
     if inferred_discarded > 0 {
         notes.insert(
             "inferred_discarded_in_marker_mode".into(),

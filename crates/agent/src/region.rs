@@ -93,6 +93,64 @@ pub struct MappedRegion {
     guard: Option<crate::shmguard::Guard>,
 }
 
+/// Removes the regions (`/dev/shm/tailscope.<pid>`) of processes that are
+/// gone: the runtime unlinks its region at exit, but a process killed with
+/// SIGKILL leaves it behind (~100 KB each as used). A region is kept while
+/// any process still maps it, which also spares those of processes in other
+/// pid namespaces that share this /dev/shm. Best effort; returns how many
+/// were removed.
+pub fn sweep_stale_regions() -> usize {
+    let prefix = std::path::Path::new(TS_REGION_PATH_PREFIX);
+    let (Some(dir), Some(stem)) = (prefix.parent(), prefix.file_name()) else {
+        return 0;
+    };
+    let stem = stem.to_string_lossy().into_owned();
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    let mut stale: Vec<PathBuf> = entries
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let pid: i32 = name.strip_prefix(&stem)?.parse().ok()?;
+            // SAFETY: signal 0 only checks existence.
+            let gone = pid > 0
+                && unsafe { libc::kill(pid, 0) } != 0
+                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+            gone.then(|| e.path())
+        })
+        .collect();
+    if stale.is_empty() {
+        return 0;
+    }
+    if let Ok(procs) = std::fs::read_dir("/proc") {
+        for p in procs.flatten() {
+            if stale.is_empty() {
+                break;
+            }
+            if !p
+                .file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+            {
+                continue;
+            }
+            let Ok(maps) = std::fs::read_to_string(p.path().join("maps")) else {
+                continue;
+            };
+            stale.retain(|f| {
+                let f = f.to_string_lossy();
+                !maps.lines().any(|l| l.ends_with(f.as_ref()))
+            });
+        }
+    }
+    stale
+        .iter()
+        .filter(|f| std::fs::remove_file(f).is_ok())
+        .count()
+}
+
 impl MappedRegion {
     pub fn path(pid: u32) -> PathBuf {
         PathBuf::from(format!("{TS_REGION_PATH_PREFIX}{pid}"))
@@ -492,6 +550,59 @@ where
 mod tests {
     use super::*;
     use std::cell::RefCell;
+
+    /// Pids of two processes that have exited (reaped).
+    fn dead_pids() -> (u32, u32) {
+        let mut a = std::process::Command::new("true").spawn().unwrap();
+        let mut b = std::process::Command::new("true").spawn().unwrap();
+        a.wait().unwrap();
+        b.wait().unwrap();
+        (a.id(), b.id())
+    }
+
+    #[test]
+    fn stale_regions_of_exited_processes_are_swept() {
+        let (gone, mapped) = dead_pids();
+        let live = std::process::id();
+        let paths: Vec<PathBuf> = [gone, mapped, live]
+            .iter()
+            .map(|p| MappedRegion::path(*p))
+            .collect();
+        if paths.iter().any(|p| p.exists()) {
+            eprintln!("SKIP: a region of these pids exists already");
+            return;
+        }
+        for p in &paths {
+            std::fs::write(p, [0u8; 4096]).unwrap();
+        }
+        // a region some process still maps (another pid namespace, say)
+        let f = std::fs::File::open(&paths[1]).unwrap();
+        // SAFETY: a fresh read-only shared mapping of a 4 KiB file.
+        let m = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_SHARED,
+                f.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(m, libc::MAP_FAILED);
+        let n = sweep_stale_regions();
+        let exists: Vec<bool> = paths.iter().map(|p| p.exists()).collect();
+        // SAFETY: unmapping the mapping made above.
+        unsafe { libc::munmap(m, 4096) };
+        for p in &paths {
+            let _ = std::fs::remove_file(p);
+        }
+        assert!(n >= 1);
+        assert_eq!(
+            exists,
+            [false, true, true],
+            "only the unmapped region of the exited pid goes"
+        );
+    }
     use tailscope_abi::{synth, TS_REC_SAMPLED, TS_SLOT_EXITED, TS_SLOT_LIVE};
 
     fn rec(tid: u32, id: u64) -> ts_request_record {
