@@ -41,7 +41,8 @@ import numpy as np
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[2]
-AGENT = ROOT / "target" / "release" / "tailscope-agent"
+# LDB_BENCH_AGENT: a copy of the agent to use (the shared target/ may be rebuilt mid-run by others).
+AGENT = Path(os.environ.get("LDB_BENCH_AGENT") or ROOT / "target" / "release" / "tailscope-agent")
 LOADGEN = ROOT / "target" / "release" / "tailscope-loadgen"
 BUILD = ROOT / "bench" / "ldb" / "build"
 RESULTS = ROOT / "bench" / "results"
@@ -250,7 +251,13 @@ def observer_tid(agent_pid: int) -> int | None:
 
 def tweak_observer(agent_pid: int, tweak: str) -> None:
     """Applies a scheduling setting to a running observer thread from outside (bench only):
-    `other` (SCHED_OTHER, nice 0), `idle` (SCHED_IDLE) or `cpuN` (pinned to CPU N)."""
+    `other` (SCHED_OTHER, nice 0), `idle` (SCHED_IDLE) or `cpuN` (pinned to CPU N); `all-idle`
+    moves every agent thread to SCHED_IDLE."""
+    if tweak == "all-idle":
+        for task in Path(f"/proc/{agent_pid}/task").glob("*"):
+            subprocess.run(["chrt", "--idle", "-p", "0", task.name], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        return
     tid = observer_tid(agent_pid)
     if tid is None:
         raise RuntimeError("no ts-observer thread in the agent")
@@ -264,11 +271,44 @@ def tweak_observer(agent_pid: int, tweak: str) -> None:
         raise ValueError(f"unknown observer tweak {tweak!r}")
 
 
+def task_cpu(pid: int | None) -> dict:
+    """CPU seconds and context switches of each thread of `pid`, summed by thread name."""
+    out: dict = {}
+    if pid is None:
+        return out
+    tick = os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            stat = (task / "stat").read_text()
+            status = (task / "status").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        f = stat[stat.rindex(")") + 2:].split()
+        cpu = (int(f[11]) + int(f[12])) / tick
+        vol = int(re.search(r"voluntary_ctxt_switches:\s+(\d+)", status).group(1))
+        invol = int(re.search(r"nonvoluntary_ctxt_switches:\s+(\d+)", status).group(1))
+        c = out.setdefault(comm, [0.0, 0, 0])
+        c[0] += cpu
+        c[1] += vol
+        c[2] += invol
+    return out
+
+
+def cpu_delta(a: dict, b: dict, seconds: float) -> dict:
+    """Per thread name over a run: CPU share (fraction of one CPU) and wake-ups (voluntary
+    switches) and preemptions per second."""
+    return {k: {"cpu_share": (v[0] - a.get(k, [0, 0, 0])[0]) / seconds,
+                "wakeups_per_s": (v[1] - a.get(k, [0, 0, 0])[1]) / seconds,
+                "preempted_per_s": (v[2] - a.get(k, [0, 0, 0])[2]) / seconds} for k, v in b.items()}
+
+
 def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agent_extra: tuple = (),
-              tweaks: tuple = (), analyse: bool = True) -> dict:
+              tweaks: tuple = (), analyse: bool = True, functions: bool = True,
+              agent_env: dict | None = None) -> dict:
     port = next_port()
-    binary = {"instrumented, not recording": "ldb", "recording (--functions)": "ldb",
-              "uftrace (-pg build)": "pg"}.get(setup, "marked")
+    binary = ("ldb" if setup.startswith(("instrumented", "recording")) else
+              "pg" if setup.startswith("uftrace") else "marked")
     srv_cmd = [str(MC[binary]), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
     trace = tmp / f"trace-{tag}"
     if setup.startswith("uftrace"):
@@ -282,17 +322,20 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agen
         if setup.startswith("uftrace"):
             pid = None
         if setup.startswith("recording"):
-            tracer = agent_cmd_retry(["record", "-o", str(trace), "--functions", "--sample", "100%", "--quiet",
-                                      *agent_extra, "-p", str(pid)])
+            tracer = agent_cmd_retry(["record", "-o", str(trace), *(["--functions"] if functions else []),
+                                      "--sample", "100%", "--quiet", *agent_extra, "-p", str(pid)],
+                                     env={**os.environ, **(agent_env or {})})
             for tw in tweaks:
                 tweak_observer(tracer.pid, tw)
         elif setup.startswith("perf"):
             tracer = subprocess.Popen(["perf", "record", "-F", "4000", "-g", "-q", "-p", str(pid), "-o",
                                        str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             time.sleep(1.0)
+        cpu0 = {"server": task_cpu(pid), "agent": task_cpu(tracer.pid if tracer else None)}
         t0 = time.time()
         lg = loadgen(port, str(int(rate)), seconds, tmp / f"lg-{tag}.json")
         elapsed = time.time() - t0
+        cpu1 = {"server": task_cpu(pid), "agent": task_cpu(tracer.pid if tracer else None)}
     finally:
         if tracer is not None:
             tracer.send_signal(signal.SIGINT)
@@ -307,9 +350,15 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agen
             srv.kill()
             srv.wait()
     out = {"p50_us": lg["latency_us"]["p50"], "p99_us": lg["latency_us"]["p99"], "rps": lg["achieved_rps"],
-           "trace_bytes": dir_bytes(trace), "elapsed_s": elapsed}
+           "trace_bytes": dir_bytes(trace), "elapsed_s": elapsed,
+           "threads": {k: cpu_delta(cpu0[k], cpu1[k], elapsed) for k in cpu0}}
+    srv_cpu = sum(v["cpu_share"] for v in out["threads"]["server"].values())
+    out["server_cpu_us_per_req"] = srv_cpu * 1e6 / lg["achieved_rps"] if lg["achieved_rps"] else None
     if setup.startswith("recording"):
         meta = json.loads((trace / "meta.json").read_text())
+        if not functions:
+            out["trace_seconds"] = meta["duration_s"]
+            return out
         out["trace_seconds"] = meta["duration_s"]
         out["rows"] = meta["ldb"]["rows"]
         ob = meta["ldb"].get("observer", {})
@@ -346,51 +395,190 @@ def capacity(seconds: float, tmp: Path) -> float:
         srv.wait()
 
 
-def memcached(runs: int, seconds: float, minute_s: float) -> dict:
+def memcached(runs: int, seconds: float, minute_s: float, loads: tuple = (0.2, 0.8), prev: dict | None = None) -> dict:
+    """Every setup at each load in interleaved rounds (the order rotated each round): medians,
+    per-round ranges, and ratios paired with the same round's uninstrumented run. Rows of loads
+    not measured now are kept from `prev` (an earlier run). Then, with 80% load and minute_s > 0,
+    one long recording at 80% for the trace volume and the analysis time."""
     subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
+    prev = prev or {}
     with tempfile.TemporaryDirectory(prefix="ldb-mc-") as td:
         tmp = Path(td)
         cap = med([capacity(seconds, tmp) for _ in range(2)])
         log(f"memcached-marked SET capacity {cap:.0f} req/s")
-        table: dict = {}
-        keep_trace = None
-        for load in (0.2, 0.8):
-            for rep in range(runs):
-                for setup in SETUPS:
-                    if setup.startswith("uftrace") and not shutil.which("uftrace"):
-                        continue
-                    log(f"  {int(load * 100)}% {setup} run {rep + 1}")
-                    try:
-                        r = run_setup(setup, cap * load, seconds, tmp, f"{load}-{rep}-{SETUPS.index(setup)}")
-                    except Exception as exc:  # a tracer that fails is reported, not fatal
-                        r = {"error": str(exc)[:200]}
-                    table.setdefault(f"{load}", {}).setdefault(setup, []).append(r)
-                    if load == 0.8 and setup.startswith("recording") and "trace_dir" in r:
-                        keep_trace = r
-        log(f"  80% recording for {minute_s:.0f} s (trace volume, analysis time)")
-        try:
-            minute = run_setup("recording (--functions)", cap * 0.8, minute_s, tmp, "minute")
-            minute.pop("trace_dir", None)
-        except Exception as exc:
-            minute = {"error": str(exc)[:200]}
-        rows = []
-        for load, by in table.items():
-            base = by["uninstrumented"]
-            bp50, bp99, brps = (med([x.get(k) for x in base]) for k in ("p50_us", "p99_us", "rps"))
-            for setup, rs in by.items():
-                ok = [x for x in rs if "error" not in x]
-                p50, p99, rps = (med([x.get(k) for x in ok]) for k in ("p50_us", "p99_us", "rps"))
-                mbps = med([x["trace_bytes"] / 1e6 / max(x["trace_seconds"], 1e-9) for x in ok]) if ok else None
-                rows.append({"load": float(load), "setup": setup, "p50_us": p50, "p99_us": p99, "rps": rps,
-                             "p50_ratio": p50 / bp50 if p50 and bp50 else None,
-                             "p99_ratio": p99 / bp99 if p99 and bp99 else None,
-                             "rps_ratio": rps / brps if rps and brps else None, "trace_mb_s": mbps,
-                             "analysis_s_per_min": med([x["analysis_s"] * 60 / x["trace_seconds"] for x in ok
-                                                        if "analysis_s" in x]),
-                             "errors": [x["error"] for x in rs if "error" in x]})
-        return {"capacity_rps": cap, "rows": rows, "seconds": seconds, "runs": runs,
-                "recording_80": {k: v for k, v in (keep_trace or {}).items() if k != "trace_dir"},
-                "minute_80": minute}
+        rows = [r for r in prev.get("rows", []) if r.get("load") not in loads and isinstance(r.get("p50_us"), dict)]
+        settings = [(st, st, {}) for st in SETUPS if not (st.startswith("uftrace") and not shutil.which("uftrace"))]
+        for load in loads:
+            for r in interleaved(settings, runs, seconds, cap * load, tmp, f"mc{int(load * 100)}",
+                                 analyse=("recording (--functions)",)):
+                r["setup"] = r.pop("setting")
+                rows.append({"load": load, "capacity_rps": cap, "runs": runs, "seconds": seconds, **r})
+        rows.sort(key=lambda r: (r["load"], SETUPS.index(r["setup"])))
+        minute = prev.get("minute_80")
+        if 0.8 in loads and minute_s > 0:
+            log(f"  80% recording for {minute_s:.0f} s (trace volume, analysis time)")
+            try:
+                minute = run_setup("recording (--functions)", cap * 0.8, minute_s, tmp, "minute")
+                minute.pop("trace_dir", None)
+            except Exception as exc:
+                minute = {"error": str(exc)[:200]}
+        return {"capacity_rps": cap, "rows": rows, "seconds": seconds, "runs": runs, "minute_80": minute}
+
+
+# ---- 5. where the cost at 20% load comes from ----------------------------------------------
+
+# (label, run_setup setup, keyword arguments for run_setup)
+DECOMPOSE = [
+    ("uninstrumented", "uninstrumented", {}),
+    ("instrumented, not recording", "instrumented, not recording", {}),
+    ("marker mode only (--sample 100%, no --functions)", "recording (--functions)", {"functions": False}),
+    ("--functions, lock shim off", "recording (--functions)",
+     {"agent_env": {"TAILSCOPE_DEBUG_SKIP": "ldb-locks"}}),
+    ("--functions", "recording (--functions)", {}),
+    ("--functions, every agent thread SCHED_IDLE", "recording (--functions)", {"tweaks": ("all-idle",)}),
+    ("--functions, requests sampled at 1%", "recording (--functions)", {"agent_extra": ("--sample", "1%")}),
+]
+
+
+def spread(xs: list) -> dict:
+    xs = [x for x in xs if x is not None]
+    return {"median": med(xs), "min": min(xs) if xs else None, "max": max(xs) if xs else None, "all": xs}
+
+
+def interleaved(settings: list, rounds: int, seconds: float, rate: float, tmp: Path, tag: str,
+                analyse: tuple = ()) -> list[dict]:
+    """Each round runs every setting once (the order rotated by one each round); per setting:
+    medians and per-round ranges of p50/p99, and the ratios paired with the same round's
+    first setting (the baseline), so the baseline's own round-to-round spread shows beside them.
+    Settings named in `analyse` get `tailscope report` timed on their first round's trace."""
+    res: dict = {label: [] for label, *_ in settings}
+    for rnd in range(rounds):
+        order = settings[rnd % len(settings):] + settings[:rnd % len(settings)]
+        for i, (label, setup, kw) in enumerate(order):
+            log(f"  {tag} round {rnd + 1}: {label}")
+            try:
+                r = run_setup(setup, rate, seconds, tmp, f"{tag}-{rnd}-{i}", analyse=rnd == 0 and label in analyse,
+                              **kw)
+                r.pop("trace_dir", None)
+            except Exception as exc:
+                r = {"error": str(exc)[:200]}
+            shutil.rmtree(tmp / f"trace-{tag}-{rnd}-{i}", ignore_errors=True)
+            res[label].append(r)
+    base = res[settings[0][0]]
+    rows = []
+    for label, *_ in settings:
+        rs = res[label]
+        row: dict = {"setting": label, "errors": [x["error"] for x in rs if "error" in x]}
+        for k in ("p50_us", "p99_us", "rps", "server_cpu_us_per_req"):
+            row[k] = spread([x.get(k) for x in rs])
+        ok = [x for x in rs if "error" not in x]
+        row["trace_mb_s"] = med([x["trace_bytes"] / 1e6 / max(x.get("trace_seconds") or 0, 1e-9) for x in ok])
+        row["analysis_s_per_min"] = med([x["analysis_s"] * 60 / x["trace_seconds"] for x in ok if "analysis_s" in x])
+        for k in ("p50_us", "p99_us", "rps", "server_cpu_us_per_req"):
+            row[k.split("_")[0] + ("_cpu" if k.startswith("server") else "") + "_ratio"] = spread(
+                [x[k] / b[k] for x, b in zip(rs, base, strict=True) if x.get(k) and b.get(k)])
+        agent = [x["threads"]["agent"] for x in rs if x.get("threads", {}).get("agent")]
+        if agent:
+            names = sorted({n for a in agent for n in a})
+            row["agent_threads"] = {n: {m: med([a[n][m] for a in agent if n in a])
+                                        for m in ("cpu_share", "wakeups_per_s", "preempted_per_s")}
+                                    for n in names}
+        obs = [x["observer"] for x in rs if "observer" in x]
+        if obs:
+            row["observer"] = {k: med([o.get(k) for o in obs]) for k in obs[0]}
+        rows.append(row)
+    return rows
+
+
+def shadow_pushes(pid: int) -> dict[int, int]:
+    """Shadow-stack pushes so far per thread of an instrumented process: each push adds 2 to
+    its stack's gen (runtime/src/shadow.c), read from /dev/shm/tailscope.<pid>."""
+    off = dict(line.split() for line in subprocess.run([str(BUILD / "abi-offsets")], capture_output=True,
+                                                         text=True, check=True).stdout.splitlines())
+    off = {k: int(v) for k, v in off.items()}
+    data = Path(f"/dev/shm/tailscope.{pid}").read_bytes()
+    used = int.from_bytes(data[off["slots_used"]:off["slots_used"] + 4], "little")
+    out = {}
+    for i in range(used):
+        base = off["header_size"] + i * off["slot_size"]
+        tid = int.from_bytes(data[base + off["tid"]:base + off["tid"] + 4], "little")
+        gen = int.from_bytes(data[base + off["shadow_gen"]:base + off["shadow_gen"] + 8], "little")
+        out[tid] = gen // 2
+    return out
+
+
+def calls_per_request(rate: float, seconds: float, tmp: Path) -> dict:
+    """Instrumented calls per SET: the shadow-stack pushes of the instrumented build (not
+    recording) while the load generator sends `rate` SET/s for `seconds`, less the pushes of the
+    same span with no load (timers, the maintainer threads), over the SETs sent."""
+    subprocess.run(["make", "-s", "-C", str(ROOT / "bench" / "ldb"), "build/abi-offsets"], check=True)
+    port = next_port()
+    srv = subprocess.Popen(["taskset", "-c", "0", str(MC["ldb"]), "-p", str(port), "-U", "0", "-t", "1", "-u",
+                            "root"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_port(port)
+        time.sleep(0.3)
+        a = shadow_pushes(srv.pid)
+        time.sleep(seconds)
+        b = shadow_pushes(srv.pid)
+        out = tmp / "calls.json"
+        subprocess.run([str(LOADGEN), "--protocol", "memcached", "--target", f"127.0.0.1:{port}", "--rate",
+                        str(int(rate)), "--duration", str(seconds), "--warmup", "0", "--cpu", "1",
+                        "--connections", "16", "--set-ratio", "1", "--value-size", "64", "--json", str(out),
+                        "--quiet"], check=True, stdout=subprocess.DEVNULL)
+        c = shadow_pushes(srv.pid)
+        sent = json.loads(out.read_text())["sent"]
+    finally:
+        srv.terminate()
+        srv.wait()
+    idle = sum(b.get(t, 0) - a.get(t, 0) for t in b)
+    loaded = sum(c.get(t, 0) - b.get(t, 0) for t in c)
+    return {"sets": sent, "pushes_loaded": loaded, "pushes_idle": idle,
+            "calls_per_set": (loaded - idle) / sent if sent else None}
+
+
+def decompose(rounds: int, seconds: float, load: float) -> dict:
+    subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
+    with tempfile.TemporaryDirectory(prefix="ldb-dec-") as td:
+        tmp = Path(td)
+        cap = capacity(seconds, tmp)
+        log(f"memcached-marked SET capacity {cap:.0f} req/s; decomposition at {int(load * 100)}%")
+        calls = calls_per_request(cap * load, 2.0, tmp)
+        log(f"  {calls['calls_per_set']} instrumented calls per SET")
+        rows = interleaved(DECOMPOSE, rounds, seconds, cap * load, tmp, "dec")
+    return {"load": load, "capacity_rps": cap, "rounds": rounds, "seconds": seconds, "rows": rows,
+            "calls": calls}
+
+
+def render_spread(sp, spec: str = ".1f") -> str:
+    if isinstance(sp, (int, float)):  # results written before the ranges were kept
+        return format(sp, spec)
+    if not sp or sp.get("median") is None:
+        return "—"
+    return f"{format(sp['median'], spec)} ({format(sp['min'], spec)}–{format(sp['max'], spec)})"
+
+
+def render_decompose(d: dict) -> list[str]:
+    out = ["", f"## Where the cost at {int(d['load'] * 100)}% load comes from (memcached SET; {d['rounds']} "
+           f"interleaved rounds × {d['seconds']} s; median (min–max over rounds))", "",
+           "Ratios are paired: each round's figure over the same round's uninstrumented run. The "
+           "uninstrumented row's own range is the noise a ratio has to clear.", "",
+           "| setting | p50 µs | p99 µs | p50 × | p99 × | server CPU µs/SET | CPU × | agent CPU (% of one) "
+           "| observer wake-ups/s |", "|---|---|---|---|---|---|---|---|---|"]
+    c = d.get("calls") or {}
+    if c.get("calls_per_set"):
+        out[5:5] = [f"Instrumented calls per SET: {c['calls_per_set']:.0f} (shadow-stack pushes of the instrumented "
+                    f"build over {c['sets']} SETs, less the same span with no load).", ""]
+    for r in d["rows"]:
+        at = r.get("agent_threads") or {}
+        agent_cpu = sum(v["cpu_share"] or 0 for v in at.values()) * 100 if at else None
+        ob = at.get("ts-observer", {}).get("wakeups_per_s")
+        out.append(f"| {r['setting']} | {render_spread(r['p50_us'])} | {render_spread(r['p99_us'])} | "
+                   f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
+                   f"{render_spread(r['server_cpu_us_per_req'], '.2f')} | {render_spread(r['server_cpu_ratio'], '.2f')}"
+                   f" | {fmt(agent_cpu, '.1f')} | {fmt(ob, '.0f')} |"
+                   + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
+    return out
 
 
 # ---- 4. the observer's own cost at 20% load, by setting -------------------------------------
@@ -510,17 +698,26 @@ def render(res: dict, command: str) -> str:
                 f"{fmt(100 * (t.get('ldb_snapshot_share_of_slow') or 0), '.0f')}% of their latency, through "
                 f"the lock it holds; holder found: {t.get('ldb_holder_found')})."]
     m = res.get("memcached") or {}
-    if m:
-        out += ["", f"## memcached SET (capacity {fmt(m['capacity_rps'], '.0f')} req/s uninstrumented; "
-                f"{m['runs']} runs × {m['seconds']} s)", "",
+    if m and m.get("rows"):
+        out += ["", "## memcached SET", "",
+                "Each load: the setups in interleaved rounds (order rotated each round), server on CPU 0, load "
+                "generator on CPU 1. Figures: median (min–max) over the rounds. Ratios are paired: a round's "
+                "figure over the same round's uninstrumented run, median (min–max). The uninstrumented row's "
+                "own range is the noise a ratio has to clear.", "",
                 "| load | setup | p50 µs | p99 µs | req/s | p50 × | p99 × | throughput × | trace MB/s | "
-                "report s per min (scaled from the short runs) |", "|---|---|---|---|---|---|---|---|---|---|"]
+                "report s per min (scaled from a short run) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
-            out.append(f"| {int(r['load'] * 100)}% | {r['setup']} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | "
-                       f"{fmt(r['rps'], '.0f')} | {fmt(r['p50_ratio'], '.2f')} | {fmt(r['p99_ratio'], '.2f')} | "
-                       f"{fmt(r['rps_ratio'], '.3f')} | {fmt(r['trace_mb_s'], '.3f')} | "
+            out.append(f"| {int(r['load'] * 100)}% | {r['setup']} | {render_spread(r['p50_us'])} | "
+                       f"{render_spread(r['p99_us'])} | {render_spread(r['rps'], '.0f')} | "
+                       f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
+                       f"{render_spread(r['rps_ratio'], '.3f')} | {fmt(r['trace_mb_s'], '.3f')} | "
                        f"{fmt(r['analysis_s_per_min'], '.1f')} |"
                        + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
+        caps = sorted({(r["load"], r.get("capacity_rps") or m["capacity_rps"], r.get("runs") or m["runs"],
+                        r.get("seconds") or m["seconds"]) for r in m["rows"]})
+        out += ["", "Rates: " + "; ".join(f"{int(ld * 100)}% of {c:.0f} req/s (the uninstrumented build's capacity "
+                                          f"measured in that run), {n} rounds × {sec} s" for ld, c, n, sec in caps)
+                + "."]
     mi = (m or {}).get("minute_80") or {}
     if mi and "error" not in mi:
         out += ["", f"One recording of {mi['trace_seconds']:.0f} s at 80% load: "
@@ -532,6 +729,8 @@ def render(res: dict, command: str) -> str:
         out += ["", f"One-minute recording failed: {mi['error']}"]
     if res.get("observer_settings"):
         out += render_observer(res["observer_settings"])
+    if res.get("decompose"):
+        out += render_decompose(res["decompose"])
     out += ["", "Targets (issue 3): ≤ 5 ns per call; at 20% load median and p99 each ≤ +10%; "
             "≤ 50 MB/s of trace at 80% load; ≤ 30 s to analyse one minute of trace.", ""]
     return "\n".join(out)
@@ -545,18 +744,22 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--parts", default=ALL_PARTS,
-                    help="comma-separated subset of %(default)s, or `minute`; a subset keeps the other parts' "
+                    help="comma-separated subset of %(default)s, or `minute` or `decompose` (not in the "
+                         "default: where the 20%%-load cost comes from); a subset keeps the other parts' "
                          "earlier results")
     ap.add_argument("--observer-settings", choices=["all", "key"], default="all",
                     help="part `observer`: every setting, or only the old default, it at idle priority and the "
                          "new default (more rounds in the same time)")
+    ap.add_argument("--loads", default="0.2,0.8",
+                    help="part `memcached`: the loads to run (fractions of capacity); rows of other loads are "
+                         "kept from the earlier results")
     ap.add_argument("--minute", type=float, default=60.0,
                     help="length of the 80%%-load recording whose volume and analysis time are reported")
     args = ap.parse_args()
     parts = args.parts.split(",")
-    unknown = set(parts) - set(ALL_PARTS.split(",")) - {"minute"}
+    unknown = set(parts) - set(ALL_PARTS.split(",")) - {"minute", "decompose"}
     if unknown:
-        print(f"bench ldb: unknown part(s) {', '.join(sorted(unknown))}; expected some of {ALL_PARTS},minute",
+        print(f"bench ldb: unknown part(s) {', '.join(sorted(unknown))}; expected some of {ALL_PARTS},minute,decompose",
               file=sys.stderr)
         return 2
     if os.geteuid() != 0:
@@ -580,7 +783,11 @@ def main() -> int:
         res["toy"] = toy(5.0)
     if "memcached" in parts:
         log("ldb: memcached")
-        res["memcached"] = memcached(args.runs, args.seconds, args.minute)
+        loads = tuple(float(x) for x in args.loads.split(","))
+        res["memcached"] = memcached(args.runs, args.seconds, args.minute, loads, res.get("memcached"))
+        if not full or loads != (0.2, 0.8):
+            res.setdefault("part_commands", {}).update(
+                {f"memcached {int(ld * 100)}%": f"{command} --parts memcached --loads {ld}" for ld in loads})
     elif "minute" in parts:  # only the one-minute recording
         res["memcached"] = res.get("memcached") or {"rows": [], "runs": 0, "seconds": 0}
         subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
@@ -590,6 +797,9 @@ def main() -> int:
             m = run_setup("recording (--functions)", cap * 0.8, args.minute, Path(td), "minute")
             m.pop("trace_dir", None)
             res["memcached"]["minute_80"] = m
+    if "decompose" in parts:
+        log("ldb: where the cost at 20% load comes from")
+        res["decompose"] = decompose(args.runs, args.seconds, 0.2)
     if "observer" in parts:
         log("ldb: the observer's cost by setting")
         only = OBSERVER_KEY if args.observer_settings == "key" else ()
