@@ -355,6 +355,49 @@ def test_code_rings_beyond_the_i1_miss_linearly_in_their_knob(tmp_path):
     assert abs(misses[1] / misses[0] - 2.0) <= 0.15, misses
 
 
+@needs_valgrind
+@needs_gcc
+def test_cold_code_ring_misses_every_ll(tmp_path):
+    """Code fetched for the first time (the sweep's fetches that miss at every size) is the cold
+    ring: each of its calls fetches a line the run never fetched before, so its LL misses per
+    event are its calls per event, the same at a 2 MiB and an 8 MiB LL (without it, the clone's
+    code all hit the LL: no instruction-side LL misses at all)."""
+    spec = _spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 1.0)], cold_code_lines=0.25)
+    asmgen.write_standalone(spec, tmp_path, seed=5, calls=800)
+    got = []
+    for ll in (2 << 20, 8 << 20):
+        tc = _cg_run(tmp_path, tmp_path / "harness", 800, f"ll{ll}", ("--cache-sim=yes", f"--LL={ll},16,64"))
+        got.append(tc.fn_total("ILmr", "clone_far_t") / 800)
+    assert all(abs(g - 0.25) <= 0.02 for g in got), got
+    # and without cold code there is none
+    asmgen.write_standalone(_spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 1.0)]), tmp_path / "n", 5, 800)
+    tc = _cg_run(tmp_path, tmp_path / "n" / "harness", 800, "none", ("--cache-sim=yes",))
+    assert tc.fn_total("ILmr", "clone_far_t") / 800 < 0.01
+
+
+def test_a_knob_changes_only_what_it_tunes():
+    """Each block, ring and chunk draws from a generator of its own, so a tuning step that moves
+    the transition rates changes the branch patterns and nothing else (with one stream for the
+    whole body, a pattern that drew a few more numbers reshuffled every later instruction, and
+    each tuning iteration measured a different random program)."""
+    spec = _spec(
+        instructions=6000,
+        chunk_insns=6,
+        mix={"arith/reg": 0.5, "mov/load": 0.3, "mov/store": 0.2},
+        mem_per_insn=0.5,
+        main_fraction=0.5,
+        branches=[[0.3, 0.2, 1], [0.6, 0.4, 1]],
+        icode_bins=[(2048, 0.6), (8192, 0.4)],
+        data_bins=[(512, 0.5), (65536, 0.5)],
+    )
+    a, _, _ = asmgen.generate_body(spec, np.random.default_rng(3), {"branch_r_scale": 1.0})
+    b, _, _ = asmgen.generate_body(spec, np.random.default_rng(3), {"branch_r_scale": 0.6})
+    assert len(a) == len(b)
+    diff = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
+    assert diff, "the knob changed nothing"
+    assert all(re.match(r"\s*mov r1[01], ", x) for x, _ in diff), diff[:5]
+
+
 def test_tuning_step_per_metric():
     """One tuning step: the per-body instruction knob is a Newton step on the measured body share
     (exact for a linear response), the far-data and far-code rates too, the others damped."""

@@ -79,6 +79,7 @@ class BodySpec:
     chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
     expected: float = 0.0  # set by generate_body: the body's exact instructions per event
     cold_bin: int = 0  # the data bin of accesses that miss at the largest swept size (0: none)
+    cold_code_lines: float = 0.0  # code line entries per event that miss at the largest swept size
     walk_sizes: dict | None = None  # bin -> walker region bytes (layer_walkers: all bodies at once)
     near_sizes: dict | None = None  # region bytes of each near block (layer_walkers)
     ring_sizes: dict | None = None  # code bin -> ring bytes (layer_walkers)
@@ -163,7 +164,6 @@ def _pattern(p: float, r: float, rng: np.random.Generator | None = None) -> int 
     return v
 
 
-
 def _branch_patterns(spec, bw, knobs, rng) -> list:
     """Two branch patterns drawn from the body's profiled (taken, transition) pairs."""
     pats = []
@@ -173,6 +173,7 @@ def _branch_patterns(spec, bw, knobs, rng) -> list:
         r = min(1.0, r * body_knob(knobs, "branch_r_scale", spec.name))
         pats.append((p, r, _pattern(p, r, rng)))
     return pats
+
 
 def _mask_branch(p: float, r: float, target: str) -> list[str]:
     """`test r14d, M; jz/jnz` on the iteration counter: M = j ones shifted left by s.
@@ -355,9 +356,16 @@ NEAR_MAX = 1024  # data bins up to this size are walked inside the blocks; large
 COLD_BYTES = 8 << 20  # every arena ends with a region never touched before the body walks it
 WALK_LINES = 8  # lines per pass of a walker (fewer when it walks fewer lines per event)
 BLOCK_SLOTS = 4096  # arena offset of the blocks' shared region cursors (8 B each, 32 per body)
-RING_SLOT0 = 20  # per body, slots 0-19 are the data walkers', 20-31 the code rings'
+BODY_SLOTS = 48  # walker/ring slots per body (16 B each)
+RING_SLOT0 = 32  # per body, slots 0-31 are the data walkers', 32-46 the code rings', 47 the cold ring's
+COLD_RING_LINES = 4096  # the cold code ring's one-line variants (256 KiB of code)
 WALK_SLOTS = 128  # arena offset of the walkers' shared accumulators and cursors (16 B each)
 WALK_MID = 0.71  # a region of 2^-0.5 S: the log-middle of the bin (S/2, S]
+# a cursor walker's bin is walked by two walkers, half the lines each, at the bin's quartiles
+# 2^-0.75 S and 2^-0.25 S (sizes log-uniform within the bin, as the blocks assume): one walker at
+# the log-middle put the whole bin on one side of any cache size inside it (redis's (32, 64] KiB
+# bin at 45 KiB: all of it hit a 48 KiB D1, where the original's bin straddles it)
+WALK_QUARTILES = (0.59, 0.84)
 
 
 def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:
@@ -380,8 +388,9 @@ def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, o
     workers; per-thread cursors starting together would re-touch each other's lines at once).
     Regions are LRU stack layers like the blocks' (`below` is what the blocks' regions add): a
     region walked slowly is reused after every smaller region was walked, so it is sized
-    (WALK_MID x S) - (everything below it). The arena is touched in address order at start-up,
-    so a region's lines start with the reuse distance they keep. The largest bin (accesses that
+    (q x S) - (everything below it), for two walkers at the bin's quartiles q (WALK_QUARTILES).
+    The arena is touched in address order at start-up, so a region's lines start with the reuse
+    distance they keep. The largest bin (accesses that
     miss at the largest swept size: cold data) walks the cold region at the arena's end, never
     touched before. `data_far_scale` scales the walkers within the LL the knobs name, and
     `data_ll_scale` those beyond it: the same factor for every bin, so the curve keeps its shape.
@@ -396,7 +405,9 @@ def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, o
         cold = s == spec.cold_bin
         scale = body_knob(knobs, "data_ll_scale" if s >= ll or cold else "data_far_scale", spec.name)
         lines = m / tot * main_acc * scale
-        if lines <= 1e-4:
+        if m / tot * main_acc <= 1e-4:
+            # (at the profiled rate: a walker that a knob switched on and off moved every region
+            # after it, and the LL response of memcached's clone flipped between -80% and +400%)
             continue
         per_pass = _walk_split(lines)[0] + 1  # loads per event
         lines0 = m / tot * main_acc  # at the profiled rate (the mode must not flip with a knob)
@@ -413,21 +424,26 @@ def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, o
                     "per_pass": max(1, round(lines)),
                     "bytes": size,
                     "cold": False,
-                    "slot": i,
+                    "slot": 2 * i,
                     "static": True,
                 }
             )
             continue
         if cold:
-            size = COLD_BYTES
-        elif spec.walk_sizes and s in spec.walk_sizes:
-            size = max(2 * 64 * per_pass, int(spec.walk_sizes[s]))
-        else:
-            size = max(2 * 64 * per_pass, (int(WALK_MID * s) - below) // 64 * 64)
-            below += size
-        if not cold:  # a whole number of events' loads per cycle (see _far_function)
-            size = 64 * max(2, round(size / 64 / per_pass)) * per_pass
-        out.append({"bin": s, "lines": lines, "per_pass": per_pass, "bytes": size, "cold": cold, "slot": i})
+            out.append(
+                {"bin": s, "lines": lines, "per_pass": per_pass, "bytes": COLD_BYTES, "cold": True, "slot": 2 * i}
+            )
+            continue
+        for h, q in enumerate(WALK_QUARTILES):
+            lh = lines / 2
+            pp = _walk_split(lh)[0] + 1
+            if spec.walk_sizes and (s, h) in spec.walk_sizes:
+                size = max(2 * 64 * pp, int(spec.walk_sizes[(s, h)]))
+            else:
+                size = max(2 * 64 * pp, (int(q * s) - below) // 64 * 64)
+                below += size
+            size = 64 * max(2, round(size / 64 / pp)) * pp  # a whole number of events' loads per cycle
+            out.append({"bin": s, "lines": lh, "per_pass": pp, "bytes": size, "cold": False, "slot": 2 * i + h})
     for w in out:
         if not w["cold"]:
             w["off"] = off
@@ -467,7 +483,7 @@ def _near_blocks(spec: BodySpec, ll: int, i1: int = 32768) -> list[Block]:
 
 def _slot(spec: BodySpec, i: int) -> int:
     """Arena offset of a body's i-th walker/ring slot (accumulator, cursor): 32 per body."""
-    return WALK_SLOTS + 16 * (i + 32 * spec.walk_base)
+    return WALK_SLOTS + 16 * (i + BODY_SLOTS * spec.walk_base)
 
 
 def plan_rings(spec: BodySpec, instructions: float, knobs: dict) -> list[dict]:
@@ -486,7 +502,7 @@ def plan_rings(spec: BodySpec, instructions: float, knobs: dict) -> list[dict]:
     entries = instructions / spec.chunk_insns
     out = []
     for k, (s, m) in enumerate(sorted(x for x in spec.icode_bins if x[0] > i1)):
-        if k >= 32 - RING_SLOT0:
+        if k >= BODY_SLOTS - 1 - RING_SLOT0:  # the last slot is the cold ring's
             break
         c = m * entries
         if c < 1e-3:
@@ -503,6 +519,29 @@ def plan_rings(spec: BodySpec, instructions: float, knobs: dict) -> list[dict]:
     return out
 
 
+def cold_ring(spec: BodySpec, knobs: dict) -> dict | None:
+    """The cold code ring: code lines that the run fetches for the first time (the original's
+    fetches that miss at every swept size: code that runs once in a window). COLD_RING_LINES
+    one-line variants called in turn at `cold_code_lines` calls per event (not tuned: the loop
+    tunes the LL at A with the data walkers beyond it); a valgrind run (preload, warm-up and
+    window: under 4,000 events) never comes back to a line at up to one call per event, so each
+    call misses every I1 and every LL, whatever their sizes."""
+    if spec.cold_code_lines <= 0 or spec.chunk_insns <= 0:
+        return None
+    calls = min(1.0, spec.cold_code_lines)
+    if calls < 1e-4:
+        return None
+    return {
+        "bin": 0,
+        "lines": calls,
+        "v": 1,
+        "calls": calls,
+        "M": COLD_RING_LINES,
+        "slot": BODY_SLOTS - 1,
+        "cold": True,
+    }
+
+
 def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     """Size every body's data regions (near blocks and walkers) as one LRU stack.
 
@@ -511,7 +550,7 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     is reused every P = L / a requests, and in that time every other region q brings min(L_q,
     P x a_q) distinct lines: the reuse distance is D = 64 x sum_q min(L_q, P a_q), whichever
     body walks q. Each region's size is solved (a damped fixed point) so that D is its target:
-    its bin's quartile for near blocks, WALK_MID x S for walkers. Sized body by body and by size
+    its bin's quartile for near blocks and walkers (two per bin, WALK_QUARTILES). Sized body by body and by size
     alone (the first version), memcached's timer and worker regions overlapped: a region that
     a body walks once per several requests sees all the others' traffic, so nearly every region
     beyond 32 KiB missed a 32 KiB D1 and together they exceeded a 2 MiB LL."""
@@ -533,7 +572,8 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
                     fixed_lines = WALK_MID * s / 64
                     items.append([i, "fixed", s, fixed_lines, fixed_lines * sp.events_per_request, 0.0])
                     continue
-                items.append([i, "walk", s, WALK_MID * s / 64, max(1e-6, m / tot * main), WALK_MID * s])
+                for h, q in enumerate(WALK_QUARTILES):  # plan_walkers: two walkers per bin
+                    items.append([i, "walk", (s, h), q * s / 64, max(1e-6, m / tot * main / 2), q * s])
     # the code: per body, its blocks and the skeleton run every event (fixed), rings (solved);
     # the L1 caches are split, so code and data are separate stacks
     code = []
@@ -643,6 +683,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         walk_ins += 14 + n_loads
         walk_refs += 5 + n_loads
     rings = plan_rings(spec, instructions, knobs)
+    cr = cold_ring(spec, knobs)
+    if cr:
+        rings.append(cr)
     arena = off + COLD_BYTES + 4096
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
     mixf = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
@@ -667,18 +710,36 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     mixp = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, 1)
     bw = np.array([b[2] for b in spec.branches], dtype=float) if spec.branches else np.array([1.0])
     bw = bw / bw.sum()
-    regs = _Regs(rng, spec.dep_hist)
+    # every part draws from a generator of its own, keyed by what it is (ring slot, block index),
+    # so a knob changes only the part it tunes: with one stream, a ring or a block that drew a
+    # few numbers more shifted every later draw, each tuning iteration measured a different
+    # random program and the loop's steps were noise (session 5: branch_r_scale from 1.0 to 0.02
+    # left the misprediction rate anywhere between 0.012 and 0.025)
+    base = int(rng.integers(0, 2**62))
+
+    def sub(*key: int) -> np.random.Generator:
+        return np.random.default_rng([base, *key])
+
+    regs = _Regs(sub(0), spec.dep_hist)
     leaf = f".Lleaf_{spec.name}"
     # the rings' variants first: their instructions come out of the blocks' budget
     ring_ins = 0.0
     for r in rings:
         lab = f".L{spec.name}_r{r['slot']}"
-        pats = _branch_patterns(spec, bw, knobs, rng)
+        if r.get("cold"):  # one line each: the fetch of a new line is all it is for
+            r["text"] = [f"    .p2align 6\n{lab}_v{j}:\n    ret" for j in range(r["M"])]
+            r["fixed"] = max(1, round(r["calls"] * 65536))
+            r["expected"] = 7 + r["fixed"] / 65536 * (12 + 1)
+            ring_ins += r["expected"]
+            continue
+        pats = _branch_patterns(spec, bw, knobs, sub(1, r["slot"], 0))
         mixr = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, r["v"])
         r["text"], counts = [], []
         for j in range(r["M"]):
             fb = Block(weight=0.0, code_bytes=64 * r["v"], region_bytes=0, main_per_insn=0.0)
-            body, count = _block_body(spec, fb, f"{lab}_v{j}", pats, regs, _Mem(rng), rng, keys, mixr, cond, leaf)
+            vr = sub(1, r["slot"], 1, j)
+            regs.rng = vr
+            body, count = _block_body(spec, fb, f"{lab}_v{j}", pats, regs, _Mem(vr), vr, keys, mixr, cond, leaf)
             r["text"] += [f"    .p2align 6\n{lab}_v{j}:", *body, "    ret"]
             counts.append(count + 1)
         fixed = max(1, round(r["calls"] * 65536))
@@ -720,10 +781,12 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         # the region cursor lives in the arena, shared by the threads that run this body (like
         # the walkers'): per-thread cursors starting together re-touched each other's lines
         cur_slot = BLOCK_SLOTS + 8 * (bi + 32 * spec.walk_base)
-        pats = _branch_patterns(spec, bw, knobs, rng)
-        mema = _Mem(rng)
+        pats = _branch_patterns(spec, bw, knobs, sub(2, bi, 0))
+        br = sub(2, bi, 1)
+        regs.rng = br
+        mema = _Mem(br)
         mixb = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, max(1, b.code_bytes // 64), looped=True)
-        body, count = _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixb, cond, leaf)
+        body, count = _block_body(spec, b, lab, pats, regs, mema, br, keys, mixb, cond, leaf)
         # per iteration: the body, two pattern rotations, the region cursor, the iteration counter
         k_iter = count + 2 + (4 if b.region_bytes else 0) + 1
         passes_f = b.weight * block_budget / max(1, k_iter + 2)
@@ -781,8 +844,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             out.append(f"    mov [r15 + {cur_slot}], r13")
         out.append(f"{lab}_done:")
         b.insns = round(k_iter)
+    regs.rng = sub(3)
     far_lines, far_expected = _far_function(
-        spec, rng, regs, knobs, i1, walkers, rings, len(blocks), keys, mixp, cond, leaf
+        spec, regs.rng, regs, knobs, i1, walkers, rings, len(blocks), keys, mixp, cond, leaf
     )
     out.append(f"    call clone_far_{spec.name}")
     expected += 1 + far_expected
@@ -984,13 +1048,37 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
     leaf's ret included)."""
     body: list[str] = []
     state = {"count": 0, "skipped": 0.0}
+    # each chunk draws from its own generator (keyed by its index): a knob that changes how many
+    # numbers one chunk draws (cond_scale, the branch density) leaves the other chunks as they were
+    cbase = int(rng.integers(0, 2**62))
+    g = [rng]
     tiny = _Mem(rng)  # main_left 0: tiny-region addresses only
+    if spec.chunk_insns > 0:
+        k_target = (b.code_bytes // 64) * spec.chunk_insns
+    else:
+        k_target = max(8, int(b.code_bytes / EST_INSN_BYTES))
+    # the block's mix by quota, not by independent draws: each class gets the whole part of its
+    # expected draws in this block, and the fraction by one coin (so the expectation stays the
+    # mix's), shuffled. A block runs its draws once per pass, so independent draws put a sampling
+    # error times the passes into the body: redis's 9-chunk block, 26 passes per event, drew 11
+    # `rep` (32 iterations each) where 4 were due, and the body made 40% more data references and
+    # conditional branches. (Rare classes in a hot block stay a coin: a `rep` expected 0.36 times
+    # in a block of 43 passes is there or not, and its exit mispredicts once per pass.)
+    cost = _draw_cost(keys, spec.rep_len)
+    n_draws = max(1, round(k_target / max(1.0, float((mixp * cost).sum()))))
+    qrng = np.random.default_rng([cbase, 1 << 20])
+    want = mixp * n_draws
+    quota = np.floor(want).astype(int) + (qrng.random(len(keys)) < want - np.floor(want))
+    pool = np.repeat(np.arange(len(keys)), quota)
+    qrng.shuffle(pool)
+    drawn = [0]
     k_target = 0
 
     def emit_mix():
-        k = int(rng.choice(len(keys), p=mixp))
+        k = int(pool[drawn[0] % len(pool)]) if len(pool) else int(g[0].choice(len(keys), p=mixp))
+        drawn[0] += 1
         cls, mem = keys[k].split("/")
-        lines = _emit(cls, mem, regs, mema, rng, spec.rep_len)
+        lines = _emit(cls, mem, regs, mema, g[0], spec.rep_len)
         for ln in lines:
             if ln == "1:":
                 body.append(f"{lab}_j{state['count']}:")
@@ -1007,24 +1095,24 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
         regs.tick(n)
 
     def emit_cond(target: str | None = None):
-        which = int(rng.integers(0, 2))
+        which = int(g[0].integers(0, 2))
         p, _r, pat = pats[which]
         reg = "r11" if which == 0 else "r10"
         skip = target or f"{lab}_s{state['count']}"
         if pat is None:
             body.extend(_mask_branch(p, _r, skip))
         else:
-            body.extend([f"    bt {reg}, {int(rng.integers(0, 64))}", f"    jc {skip}"])
+            body.extend([f"    bt {reg}, {int(g[0].integers(0, 64))}", f"    jc {skip}"])
         state["count"] += 2
         regs.tick(2)
         # the instruction a taken branch skips: one drawn from the mix (single-instruction
         # classes), its memory operand in the tiny region (a skipped region access would break
         # the walk)
-        k = int(rng.choice(len(keys), p=mixp))
+        k = int(g[0].choice(len(keys), p=mixp))
         cls, mem = keys[k].split("/")
         if cls in ("rep", "div", "branch", "lock"):
             cls, mem = "arith", "reg"
-        body.extend(f"    {ln}" for ln in _emit(cls, mem, regs, tiny, rng, spec.rep_len))
+        body.extend(f"    {ln}" for ln in _emit(cls, mem, regs, tiny, g[0], spec.rep_len))
         state["count"] += 1
         regs.tick()
         # a taken branch (probability p) skips that instruction, and at a chunk's end the jump too
@@ -1051,13 +1139,14 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
                 f"    .p2align 6\n{PAD_MARK}{lab}_c{ci}\n{lab}_c{ci}:" if middle else f"    .p2align 6\n{lab}_c{ci}:"
             )
             start_count = state["count"]
+            g[0] = regs.rng = tiny.rng = mema.rng = np.random.default_rng([cbase, ci])
             extra_conds = max(0.0, per_chunk_cond - 1)
-            n_in = int(extra_conds) + (1 if rng.random() < extra_conds - int(extra_conds) else 0)
-            end_cond = rng.random() < min(1.0, per_chunk_cond)
+            n_in = int(extra_conds) + (1 if g[0].random() < extra_conds - int(extra_conds) else 0)
+            end_cond = g[0].random() < min(1.0, per_chunk_cond)
             # the chunk's own instructions: the mix, then the closing branch (3) and jump (1)
             room = spec.chunk_insns - 1 - (3 if end_cond else 0)
             while state["count"] - start_count < room or state["count"] == start_count:
-                if n_in and rng.random() < 0.3:
+                if n_in and g[0].random() < 0.3:
                     emit_cond()
                     n_in -= 1
                 else:
@@ -1072,7 +1161,7 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
     else:
         n_cond = round(cond * k_target) if cond > 0 else 0
         cond_at = (
-            set(rng.choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist()) if n_cond else set()
+            set(g[0].choice(max(1, k_target), size=min(n_cond, k_target), replace=False).tolist()) if n_cond else set()
         )
         while state["count"] < k_target:
             if state["count"] in cond_at:
@@ -1126,7 +1215,8 @@ def spread_chunks(text: str, seed: int, workdir) -> str:
         parts = ln.split()
         if len(parts) == 3:
             addr[parts[2]] = int(parts[0], 16)
-    rng = np.random.default_rng([seed, 0x5EED])
+    import zlib
+
     out = []
     for ln in text.split("\n"):
         m = re.match(r"^    # pad (\S+)$", ln)
@@ -1138,6 +1228,8 @@ def spread_chunks(text: str, seed: int, workdir) -> str:
         pad = 0
         if a is not None and e is not None and a % 64 == 0:
             room = 64 - (e - a) - PAD_MARGIN
+            # keyed by the chunk's label: a chunk keeps its pad when other chunks come and go
+            rng = np.random.default_rng([seed, 0x5EED, zlib.crc32(lab.encode())])
             pad = int(rng.integers(0, room + 1)) if room > 0 else 0
         out.append(f"    .skip {pad}, 0xcc" if pad else "    # no room to pad")
     for f in (src, obj):
@@ -1158,7 +1250,7 @@ int main(int argc, char **argv) {{
 	struct body_state st = {{0}};
 	st.data = mmap(NULL, {arena}, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 	if (st.data == MAP_FAILED) return 1;
-	for (long off = 0; off + 64 <= {arena - COLD_BYTES - 4096}; off += 64) st.data[off] = 0;
+	for (long off = {(arena - COLD_BYTES - 4096) // 64 * 64}; off >= 64; off -= 64) st.data[off - 64] = 0;
 	*(uint32_t *)(st.data + {DIVISOR_OFF}) = 7;
 	for (long i = 0; i < n; i++) clone_body_{name}(&st);
 	return 0;

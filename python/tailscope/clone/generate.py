@@ -65,7 +65,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         mix = {k: max(0.0, b["mix"].get(k, 0) * ir - skel["mix"].get(k, 0) * skel_ir) for k in b["mix"]}
         tot = sum(mix.values()) or 1.0
         mix = {k: v / tot for k, v in mix.items()}
-    ibins, dbins, main_frac, chunk, cold_bin = [(256, 1.0)], [(0, 1.0)], 0.0, 0, 0
+    ibins, dbins, main_frac, chunk, cold_bin, cold_code = [(256, 1.0)], [(0, 1.0)], 0.0, 0, 0, 0.0
     skel_lines, hot_bytes = 0.0, 0.0
     dref = b.get("data_refs_per_event", 0.0)
     if b.get("I_bins"):
@@ -88,10 +88,13 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
             dref = max(0.0, dref - skel.get("data_refs_per_event", 0.0))
         # line entries: fetches that miss even a 128-byte cache; the clone starts a new line
         # every `chunk` instructions, and each working-set bin gets its share of line entries
-        # fetches that miss even at the largest swept size (cold code, run once per window)
-        # join the largest swept bin: a block larger than the swept range would be huge and rare
+        # fetches that miss even at the largest swept size (cold code, run once per window) are
+        # the cold code ring's (asmgen: lines never fetched before; they miss every LL). They
+        # joined the largest swept bin before, whose ring is reused within the run and hits a
+        # 2 MiB LL, so the clone had no instruction-side LL misses: more than half of the
+        # originals' LL misses at A are instruction fetches (redis 132 of 237 in the window)
         if len(i_bins) >= 3:
-            i_bins[-2][1] += i_bins[-1][1]
+            cold_code = max(0.0, i_bins[-1][1])
             i_bins = i_bins[:-1]
         cap = max(4096, int(b.get("code_footprint_bytes", 1 << 20)) * 2)
         capped: dict[int, float] = {}
@@ -121,6 +124,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         main_fraction=main_frac,
         chunk_insns=chunk,
         cold_bin=cold_bin,
+        cold_code_lines=cold_code,
         skel_code_lines=skel_lines,
         hot_code_bytes=max(0.0, hot_bytes),
     )
@@ -170,6 +174,12 @@ def generate(
         specs[ci].walk_base = len(specs) - 1
         req = max(1, (prof.get("valgrind") or {}).get("requests") or 1)
         specs[ci].events_per_request = b.get("events", req) / req
+        # code fetched for the first time is a count per run, not per request (a fresh process runs
+        # rarely taken paths once): the sweep's windows are shorter than the validation window,
+        # so its cold code per event is spread over the window's requests
+        vgp = prof.get("valgrind") or {}
+        if vgp.get("sweep_requests") and vgp.get("window_requests"):
+            specs[ci].cold_code_lines *= min(1.0, vgp["sweep_requests"] / vgp["window_requests"])
     asmgen.layer_walkers(list(specs.values()), knobs)
     for ci, spec in specs.items():
         name = spec.name

@@ -158,6 +158,8 @@ SCALAR_ARGS = {
 }
 
 CLASS_NAMES = {0: "other", 1: "listen", 2: "conn", 3: "notify"}
+# printed by the interval probe's first tick: every probe before it in the script is attached
+READY = "tailscope-trace-ready"
 
 
 def bpftrace_script(pid: int, listen_fds: list[int], notify_fds: list[int], gate_conns: bool = False) -> str:
@@ -211,8 +213,8 @@ tracepoint:raw_syscalls:sys_exit /pid == {pid} && @nr[tid] == args->id/ {{
 tracepoint:sched:sched_switch /pid == {pid}/ {{ @sw[tid, args->prev_state > 0 ? 1 : 0] = count(); }}
 tracepoint:sched:sched_wakeup /args->pid != 0/ {{ @wake[args->pid] = count(); }}
 tracepoint:sched:sched_process_fork /pid == {pid}/ {{ @fork = count(); }}
-interval:ms:5 {{ if (@t0 == 0) {{ @t0 = nsecs; }} @t1 = nsecs; }}
 tracepoint:sched:sched_process_exit /pid == {pid}/ {{ @exit = count(); }}
+interval:ms:5 {{ if (@t0 == 0) {{ @t0 = nsecs; printf("{READY}\\n"); }} @t1 = nsecs; }}
 END {{ @ns = @t1 - @t0 + 5000000; clear(@t0); clear(@t1); clear(@open);
       clear(@nr); clear(@a0); clear(@a1); clear(@a2); clear(@a3);
       clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); }}
@@ -235,21 +237,34 @@ class SyscallTrace:
         self.script.write_text(bpftrace_script(pid, listen_fds, notify_fds, gate_conns))
         self.out = workdir / "syscalls.txt"
         self.fh = open(self.out, "w")
+        # -B none: the ready line must reach the file at once (a file is block-buffered)
         self.proc = subprocess.Popen(
-            [bpftrace, str(self.script)], stdout=self.fh, stderr=subprocess.STDOUT, start_new_session=True
+            [bpftrace, "-B", "none", str(self.script)],
+            stdout=self.fh,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
         self.t_start = None
+        # wait for the first tick of the interval probe, the last one in the script: "Attaching N
+        # probes" comes before the probes are attached, and a SIGINT during the attach (which
+        # takes seconds while other eBPF programs load) ends bpftrace without printing any map
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            time.sleep(0.2)
+        while True:
+            time.sleep(0.1)
             if self.proc.poll() is not None:
                 self.fh.close()
-                tail = self.out.read_text(errors="replace").strip().splitlines()[-1:] or ["no output"]
-                raise CloneError(f"bpftrace failed to start: {tail[0][:200]}")
-            if "Attaching" in self.out.read_text(errors="replace"):
+                raise CloneError(f"bpftrace failed to start: {_cause(self.out)}")
+            if READY in self.out.read_text(errors="replace"):
                 break
-        time.sleep(0.5)
+            if time.monotonic() > deadline:
+                self._kill()
+                raise CloneError(f"bpftrace attached no probe within 60 s: {_cause(self.out)}")
         self.t_start = time.monotonic()
+
+    def _kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+        self.fh.close()
 
     def stop(self) -> dict:
         dur = time.monotonic() - (self.t_start or time.monotonic())
@@ -261,7 +276,20 @@ class SyscallTrace:
                 self.proc.kill()
                 self.proc.wait()
         self.fh.close()
-        return parse_maps(self.out.read_text(errors="replace"), dur)
+        text = self.out.read_text(errors="replace")
+        try:
+            return parse_maps(text, dur)
+        except CloneError:
+            why = f"bpftrace (exit {self.proc.returncode}) printed no maps: {_cause(self.out)}"
+            raise CloneError(f"the syscall trace is empty: {why}") from None
+
+
+def _cause(out: Path) -> str:
+    """The last line bpftrace wrote that says what went wrong (an error line when there is one)."""
+    lines = [x.strip() for x in out.read_text(errors="replace").splitlines() if x.strip() and READY not in x]
+    # (bpftrace always warns about RLIMIT_MEMLOCK on this kernel; that is not the cause)
+    errs = [x for x in lines if "rror" in x and "RLIMIT_MEMLOCK" not in x]
+    return ((errs or lines)[-1:] or ["no output"])[0][:200]
 
 
 _MAP = re.compile(r"^@(\w+)(?:\[([^\]]*)\])?:\s*(-?\d+)\s*$")

@@ -210,7 +210,8 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
     # LL: the far-data loop's misses are linear in its rate
     t_ll = target.get("LL_miss_rate", 0.0) * refs
     c_ll = m.get("LL_miss_rate", 0.0) * refs
-    far_ll = far.get("ILmr", 0.0) + far.get("DLmr", 0.0) + far.get("DLmw", 0.0)
+    # (the data side only: the cold code ring's fetches are in clone_far_ too, fixed by the sweep)
+    far_ll = far.get("DLmr", 0.0) + far.get("DLmw", 0.0)
     rest_ll = c_ll - far_ll
     if far_ll > 0:
         step = _clamp((t_ll - rest_ll) / far_ll, 0.05, 4.0)

@@ -50,6 +50,9 @@ def metrics(win: Window, threads: list[int] | None = None) -> dict:
         "I1_miss_rate": tot("I1mr") / ir if ir else 0.0,
         "D1_miss_rate": (tot("D1mr") + tot("D1mw")) / (dr + dw) if dr + dw else 0.0,
         "LL_miss_rate": (tot("ILmr") + tot("DLmr") + tot("DLmw")) / (ir + dr + dw) if ir + dr + dw else 0.0,
+        # the LL misses by side: instruction fetches (cold code) and data, tuned apart
+        "IL_misses_per_request": tot("ILmr") / max(1, win.requests),
+        "DL_misses_per_request": (tot("DLmr") + tot("DLmw")) / max(1, win.requests),
     }
     if "Bc" in (ts[0].events if ts else []):
         bc = tot("Bc")

@@ -77,11 +77,24 @@ def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, ta
         info = target.inspect(srv.pid)
         notify = [int(fd) for fd, k in info["fds"].items() if k in ("eventfd", "pipe")]
         (workdir / tag).mkdir(exist_ok=True)
-        st = trace.SyscallTrace(
-            tools["bpftrace"], srv.pid, [x["fd"] for x in info["listeners"]], notify, workdir / tag, gate_conns=True
-        )
-        lg = runner.loadgen(ns, port, load_args, rate, min(duration, 2.0), cpu=1)
-        maps = st.stop()
+        # up to 3 tries: bpftrace can fail to attach or print nothing while other eBPF jobs load
+        # their programs (session 5's bench failed that way once); the last failure is the error
+        for attempt in range(3):
+            try:
+                st = trace.SyscallTrace(
+                    tools["bpftrace"],
+                    srv.pid,
+                    [x["fd"] for x in info["listeners"]],
+                    notify,
+                    workdir / tag,
+                    gate_conns=True,
+                )
+                lg = runner.loadgen(ns, port, load_args, rate, min(duration, 2.0), cpu=1)
+                maps = st.stop()
+                break
+            except CloneError as exc:
+                if attempt == 2:
+                    raise CloneError(f"{tag}: {exc} (3 tries)") from None
         n = max(1, lg["completed"])
         by_type: dict[str, float] = {}
         for (_tid, nr, _c), v in maps.get("calls", {}).items():

@@ -62,13 +62,16 @@ static char *arena_new(size_t bytes)
 		perror("clone: mmap");
 		exit(1);
 	}
-	/* touch every line of the body's regions now, in address order (not the cold region at the
-	 * end, which must stay cold), so the requests do not page-fault on them and they start warm
-	 * in the caches, as a long-running server's data would: each region's lines then start with
-	 * the reuse distance its walk keeps (the whole region and everything after it) */
+	/* touch every line of the body's regions now (not the cold region at the end, which must
+	 * stay cold), so the requests do not page-fault on them and they start warm in the caches,
+	 * as a long-running server's data would. From the end down: the regions are laid out
+	 * smallest first, and each is reused after every smaller one was walked, so the smallest
+	 * must be the most recent. Touched upwards, the largest came last and pushed the small,
+	 * slowly walked regions out of the LL: every first touch of theirs in a window missed it
+	 * (memcached: ~30 LL misses per worker whenever a walker beyond the LL was on) */
 	size_t near = bytes > CLONE_FAR_BYTES ? bytes - CLONE_FAR_BYTES : bytes;
-	for (size_t off = 0; off + 64 <= near; off += 64)
-		((volatile char *)p)[off] = 0;
+	for (size_t off = near / 64 * 64; off >= 64; off -= 64)
+		((volatile char *)p)[off - 64] = 0;
 	*(uint32_t *)(p + 120) = 7; /* the divisor the body's div instructions use */
 	return p;
 }
