@@ -233,7 +233,6 @@ impl Burst {
         }
     }
 
-    /// At the end of the recording: count the open window's time.
     /// Between windows: the gate is closed and the requests of the last
     /// window have ended, so nothing new reaches the rings until the next
     /// window opens.
@@ -241,6 +240,7 @@ impl Burst {
         matches!(self.phase, Phase::Closed)
     }
 
+    /// At the end of the recording: count the open window's time.
     pub fn finish(&mut self, now: Instant) {
         if self.phase == Phase::Open {
             self.stats.open_s += now.duration_since(self.opened_at).as_secs_f64();

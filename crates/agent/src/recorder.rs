@@ -638,7 +638,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
             }
         };
     let watch = sys::ProcessWatch::new(target_pid);
-    restrict_pin(&mut tracer, &mut false)?;
+    restrict_pin(&mut tracer, &mut false);
 
     let infer_sampling = Sampling {
         rate_ppm: infer_ppm,
@@ -739,6 +739,9 @@ pub fn run(args: RecordArgs) -> Result<()> {
         Ok(by) => Some(*by),
         Err(_) => None,
     };
+    // No adaptive wait before the last drain (it may have grown to IDLE_WAIT).
+    st.wait = Duration::ZERO;
+    st.wait_cap = None;
     let final_drain = st
         .poll(&mut tracer, Duration::ZERO, infer_loaded)
         .and_then(|_| {
@@ -905,18 +908,25 @@ pub fn run(args: RecordArgs) -> Result<()> {
 }
 
 /// Narrows who may open this agent's counters array to the targets' user
-/// (`Tracer::restrict_pin`); warns once when they run as several users.
-fn restrict_pin(tracer: &mut Tracer, warned: &mut bool) -> Result<()> {
-    if let tailscope_bpf::PinAccess::Everyone(uids) = tracer.restrict_pin().map_err(agent_error)? {
-        if !*warned {
-            *warned = true;
-            eprintln!(
-                "tailscope-agent: warning: the targets run as several users ({uids:?}); their \
-                 counters array stays writable by every local user"
-            );
-        }
+/// (`Tracer::restrict_pin`); warns once when they run as several users, or
+/// when it cannot (no CAP_CHOWN, a uid outside a user namespace): the array
+/// then stays root-only and non-root targets record without kernel
+/// counters. Never ends a recording.
+fn restrict_pin(tracer: &mut Tracer, warned: &mut bool) {
+    let why = match tracer.restrict_pin() {
+        Ok(tailscope_bpf::PinAccess::Owner(_)) => return,
+        Ok(tailscope_bpf::PinAccess::Everyone(uids)) => format!(
+            "the targets run as several users ({uids:?}); their counters array stays writable \
+             by every local user"
+        ),
+        Err(e) => format!(
+            "cannot hand the counters array to the targets' user ({e}); targets that do not run \
+             as root record without kernel counters"
+        ),
+    };
+    if !std::mem::replace(warned, true) {
+        eprintln!("tailscope-agent: warning: {why}");
     }
-    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -1004,12 +1014,15 @@ fn record_loop(
                 },
             );
         }
-        if now.duration_since(last_gc) >= Duration::from_secs(1) {
+        // Upkeep waits while a burst window is open: the window's first
+        // drain must not be late (its rings fill at the in-window rate).
+        let in_window = st.burst.as_ref().is_some_and(|b| !b.between_windows());
+        if !in_window && now.duration_since(last_gc) >= Duration::from_secs(1) {
             last_gc = now;
             // a full sweep every GC_SWEEP_S seconds, a slice each second
             tracer.gc_dead_threads_step(TS_KC_ENTRIES / GC_SWEEP_S);
             // follows targets that change user (setuid after start)
-            restrict_pin(tracer, &mut warned_pin)?;
+            restrict_pin(tracer, &mut warned_pin);
             rescans += 1;
             if rescans % 5 == 1 {
                 // reads every fd of the targets: every 5 s

@@ -97,9 +97,11 @@ pub struct MappedRegion {
 /// gone: the runtime unlinks its region at exit, but a process killed with
 /// SIGKILL leaves it behind (~100 KB each as used). A region is kept while
 /// any process still maps it, which also spares those of processes in other
-/// pid namespaces that share this /dev/shm. Best effort; returns how many
-/// were removed.
+/// pid namespaces that share this /dev/shm (the agent sees every process:
+/// it runs in the initial pid namespace, as its BPF programs' tgids are
+/// global). Best effort; returns how many were removed.
 pub fn sweep_stale_regions() -> usize {
+    let started = std::time::SystemTime::now();
     let prefix = std::path::Path::new(TS_REGION_PATH_PREFIX);
     let (Some(dir), Some(stem)) = (prefix.parent(), prefix.file_name()) else {
         return 0;
@@ -112,12 +114,8 @@ pub fn sweep_stale_regions() -> usize {
         .flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let pid: i32 = name.strip_prefix(&stem)?.parse().ok()?;
-            // SAFETY: signal 0 only checks existence.
-            let gone = pid > 0
-                && unsafe { libc::kill(pid, 0) } != 0
-                && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-            gone.then(|| e.path())
+            let pid = region_pid(&name, &stem)?;
+            pid_gone(pid).then(|| e.path())
         })
         .collect();
     if stale.is_empty() {
@@ -145,10 +143,38 @@ pub fn sweep_stale_regions() -> usize {
             });
         }
     }
+    // Checked again right before the unlink: a new process given the same
+    // pid meanwhile recreates (O_TRUNC) the file, which is then newer than
+    // this sweep, and is alive.
     stale
         .iter()
-        .filter(|f| std::fs::remove_file(f).is_ok())
+        .filter(|f| {
+            let name = f.file_name().map(|n| n.to_string_lossy().into_owned());
+            let pid = name.as_deref().and_then(|n| region_pid(n, &stem));
+            let old = std::fs::symlink_metadata(f)
+                .ok()
+                .filter(|m| m.file_type().is_file())
+                .and_then(|m| m.modified().ok())
+                .is_some_and(|t| t < started);
+            old && pid.is_some_and(pid_gone) && std::fs::remove_file(f).is_ok()
+        })
         .count()
+}
+
+/// The pid in a region's file name (`tailscope.<digits>`).
+fn region_pid(name: &str, stem: &str) -> Option<i32> {
+    let digits = name.strip_prefix(stem)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|&p: &i32| p > 0)
+}
+
+/// Whether no process has this pid (in the agent's pid namespace).
+fn pid_gone(pid: i32) -> bool {
+    // SAFETY: signal 0 only checks existence.
+    let rc = unsafe { libc::kill(pid, 0) };
+    rc != 0 && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 impl MappedRegion {
