@@ -163,11 +163,22 @@ class Tracer:
         if self.proc is None:
             return info
         self.proc.send_signal(signal.SIGINT)
-        try:
-            self.proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        # Reap it ourselves for its rusage: the tracer's whole-life CPU,
+        # including the work it does after SIGINT (the agent encodes and
+        # writes its last row group then).
+        deadline = time.time() + 60
+        while True:
+            pid, status, ru = os.wait4(self.proc.pid, os.WNOHANG)
+            if pid:
+                self.proc.returncode = os.waitstatus_to_exitcode(status)
+                info["cpu_s"] = ru.ru_utime + ru.ru_stime
+                break
+            if time.time() > deadline:
+                self.proc.kill()
+                self.proc.wait()
+                break
+            time.sleep(0.02)
+        info["rc"] = self.proc.returncode
         if self.out.exists():
             info["bytes"] = dir_bytes(self.out)
             meta = self.out / "meta.json"
@@ -251,7 +262,9 @@ ATTACH_SETUPS = {
 
 def bpf_prog_ns(pid: int) -> tuple[int, int] | None:
     """(run_time_ns, run_cnt) summed over the BPF programs process `pid` holds,
-    from the kernel's own accounting (needs kernel.bpf_stats_enabled=1)."""
+    from the kernel's own accounting; None unless kernel.bpf_stats_enabled=1
+    (bpftool omits run_time_ns of a program that has not run, or without stats,
+    so missing means 0 only while stats are on)."""
     try:
         r = subprocess.run(["bpftool", "prog", "show", "--json"], capture_output=True, text=True, timeout=10)
         progs = json.loads(r.stdout)
@@ -271,7 +284,7 @@ def bpf_prog_ns(pid: int) -> tuple[int, int] | None:
     except OSError:
         return None
     mine = [p for p in progs if p.get("id") in ids]
-    if not mine:
+    if not mine or not BpfStats.active:
         return None
     return sum(int(p.get("run_time_ns", 0)) for p in mine), sum(int(p.get("run_cnt", 0)) for p in mine)
 
@@ -282,21 +295,65 @@ class BpfStats:
     tailscope's attached halves pay: conservative)."""
 
     PATH = Path("/proc/sys/kernel/bpf_stats_enabled")
+    active = False  # stats known to be on (inside a BpfStats block)
 
     def __enter__(self):
+        self.enabled = False
         try:
             self.old = self.PATH.read_text().strip()
             self.PATH.write_text("1")
+            self.enabled = self.PATH.read_text().strip() == "1"
         except OSError:
             self.old = None
+        if not self.enabled:
+            log("bench: cannot enable kernel.bpf_stats_enabled: BPF cost unmeasured")
+        BpfStats.active = self.enabled
         return self
 
     def __exit__(self, *exc):
+        BpfStats.active = False
         if self.old is not None:
             try:
                 self.PATH.write_text(self.old)
             except OSError:
                 pass
+
+
+def attach_half(srv: Server, setup: str, on: bool, seconds: float, tmp: Path) -> dict:
+    """One half of an attach pair: the closed-loop maximum of `srv`, with the
+    agent of `setup` attached (on) or not. With the agent: its BPF programs'
+    run time over the half (bpf_stats) and its CPU from the half's start to
+    its exit (whole-life rusage minus what it had used before), per request.
+    Raises if the agent did not run through the half and exit cleanly."""
+    trace = tmp / "trace"
+    if trace.is_dir():
+        shutil.rmtree(trace)
+    tr = Tracer(setup, srv.proc.pid, tmp) if on else None
+    own: dict = {}
+    alive, info = True, None
+    try:
+        apid = tr.proc.pid if tr is not None else None
+        b0 = bpf_prog_ns(apid) if apid else None
+        a0 = server_cpu_ns(apid) if apid else None
+        cpu0 = server_cpu_ns(srv.proc.pid)
+        mx = loadgen(srv, "max", seconds, tmp / "max.json", warmup=0.0)
+        cpu1 = server_cpu_ns(srv.proc.pid)
+        b1 = bpf_prog_ns(apid) if apid else None
+        alive = tr is None or tr.proc.poll() is None
+    finally:
+        if tr is not None:
+            info = tr.stop()
+    n = mx.get("completed") or 0
+    if tr is not None:
+        if not alive or info.get("rc") != 0:
+            raise RuntimeError(f"the agent did not record through the half (exit {info.get('rc')})")
+        if n and b0 and b1 and b1[1] > b0[1]:
+            own["bpf_ns_per_req"] = (b1[0] - b0[0]) / n
+            own["bpf_runs_per_req"] = (b1[1] - b0[1]) / n
+        if n and a0 is not None and info.get("cpu_s") is not None:
+            own["agent_ns_per_req"] = (info["cpu_s"] * 1e9 - a0) / n
+    cpu = (cpu1 - cpu0) / n if cpu0 is not None and cpu1 is not None and n else None
+    return {"max_rps": mx["achieved_rps"], "cpu_ns_per_req": cpu, **own}
 
 
 def attach_pairs(workload: str, setup: str, port: int, pairs: int, seconds: float, tmp: Path) -> dict:
@@ -314,34 +371,13 @@ def attach_pairs(workload: str, setup: str, port: int, pairs: int, seconds: floa
     try:
         loadgen(srv, "2000", 0.5, tmp / "preload.json", preload=True)
         for i in range(pairs):
-            half: dict = {}
-            for state in (("off", "on") if i % 2 == 0 else ("on", "off")):
-                trace = tmp / "trace"
-                if trace.is_dir():
-                    shutil.rmtree(trace)
-                tr = Tracer(setup, srv.proc.pid, tmp) if state == "on" else None
-                own: dict = {}
-                try:
-                    apid = tr.proc.pid if tr is not None else None
-                    b0 = bpf_prog_ns(apid) if apid else None
-                    a0 = server_cpu_ns(apid) if apid else None
-                    cpu0 = server_cpu_ns(srv.proc.pid)
-                    mx = loadgen(srv, "max", seconds, tmp / "max.json", warmup=0.0)
-                    cpu1 = server_cpu_ns(srv.proc.pid)
-                    a1 = server_cpu_ns(apid) if apid else None
-                    b1 = bpf_prog_ns(apid) if apid else None
-                    n = mx.get("completed") or 0
-                    if n and b0 and b1:
-                        own["bpf_ns_per_req"] = (b1[0] - b0[0]) / n
-                        own["bpf_runs_per_req"] = (b1[1] - b0[1]) / n
-                    if n and a0 is not None and a1 is not None:
-                        own["agent_ns_per_req"] = (a1 - a0) / n
-                finally:
-                    if tr is not None:
-                        tr.stop()
-                cpu = ((cpu1 - cpu0) / mx["completed"]
-                       if cpu0 is not None and cpu1 is not None and mx.get("completed") else None)
-                half[state] = {"max_rps": mx["achieved_rps"], "cpu_ns_per_req": cpu, **own}
+            try:
+                half = {state: attach_half(srv, setup, state == "on", seconds, tmp)
+                        for state in (("off", "on") if i % 2 == 0 else ("on", "off"))}
+            except Exception as e:  # one bad pair is dropped and counted, not the setup
+                log(f"bench: {workload} attach pair {i + 1}/{pairs} {setup}: {e}")
+                out["failed_pairs"] = out.get("failed_pairs", 0) + 1
+                continue
             out["pairs"].append(half)
             log(f"bench: {workload} attach pair {i + 1}/{pairs} {setup}: "
                 f"off {half['off']['max_rps']:.0f} on {half['on']['max_rps']:.0f} req/s")
@@ -528,7 +564,9 @@ def summarise_attach(table: dict) -> list[dict]:
     (unsampled pair ns / server CPU ns per request): the detached halves run
     it too, and the issue's baseline is no tracing at all."""
     idle_ns = runtime_pair_ns("unsampled")
-    sampled_ns = runtime_pair_ns("sampled_100pct")
+    # a sampled request with its kernel counters snapshotted: the real
+    # array when the microbenchmark ran beside an agent, else its stand-in
+    sampled_ns = runtime_pair_ns("sampled_100pct_kcounters") or runtime_pair_ns("sampled_100pct_fake_kc")
     rows = []
     for workload, t in table.items():
         for s, a in (t.get("attach") or {}).items():
@@ -567,6 +605,7 @@ def summarise_attach(table: dict) -> list[dict]:
                 "agent_ns_per_req": med([p["on"].get("agent_ns_per_req") for p in ps]),
                 "server_ns_per_req": off_cpu,
                 "accounted_pct": accounted,
+                "failed_pairs": a.get("failed_pairs", 0),
             })
     return rows
 
@@ -584,11 +623,15 @@ def render_attach(rows: list[dict]) -> list[str]:
              "the runtime microbenchmark (`bench/results/runtime.json`) over the server's CPU time "
              "per request, so `total` is the loss against no tracing at all.", "",
              "`accounted` is tailscope's own CPU per request as the kernel counts it, which host "
-             "noise barely moves: its BPF programs (`bpf_stats`, on every CPU), the agent's threads "
-             "(schedstat) and, for marker rows, the runtime's sampled path (microbenchmark) and idle "
+             "noise barely moves: its BPF programs (`bpf_stats`, on every CPU), the agent's CPU from "
+             "the half's start to its exit (rusage; the exit's fixed ~3 ms adds ~30 ns per request at "
+             "1.5 s halves) and, for marker rows, the runtime's sampled path (microbenchmark) and idle "
              "path; as a % of the untraced server's CPU per request it is the capacity loss if all of "
-             "it came out of the server's core (an upper bound for the agent's part, which runs "
-             "wherever the scheduler puts it).", "",
+             "it came out of the server's core. It is the DIRECT cost only: it leaves out cache and "
+             "TLB pollution, the IPIs of attaching and detaching burst windows and the agent's "
+             "preemption of the server, so above the goal it shows the goal is not met, and below "
+             "it only that the direct part fits (`direct cost within`). Pairs whose agent did not "
+             "record through its half are dropped and counted.", "",
              "| workload | setup | pairs | max req/s off → on | loss % (range) | CPU/request increase | "
              "idle path % | total loss % | verdict (measured) | BPF + agent ns/req | server ns/req | "
              "accounted % | goal | verdict (accounted) |",
@@ -603,12 +646,17 @@ def render_attach(rows: list[dict]) -> list[str]:
         verdict = ("" if goal is None else "unmeasured" if tot is None or r["pairs"] < 3
                    else "met" if tot <= goal else "NOT met")
         acc = r.get("accounted_pct")
-        acc_verdict = ("" if goal is None else "unmeasured" if acc is None
-                       else "met" if acc <= goal else "NOT met")
+        # Direct CPU leaves out indirect costs (cache and TLB pollution, the
+        # IPIs of burst attach/detach, preemption by the agent): over the
+        # goal it is certainly NOT met; under it, only the direct part is.
+        acc_verdict = ("" if goal is None else "unmeasured" if acc is None or r["pairs"] < 3
+                       else "direct cost within" if acc <= goal else "NOT met")
         parts = f"{fmt(r.get('bpf_ns_per_req'), '.0f')} + {fmt(r.get('agent_ns_per_req'), '.0f')}"
         lo, hi = r["loss_range_pct"]
         lines.append(
-            f"| {r['workload']} | {r['setup']} | {r['pairs']} | {r['off_rps']:.0f} → {r['on_rps']:.0f} | "
+            f"| {r['workload']} | {r['setup']} | {r['pairs']}"
+            f"{' (' + str(r['failed_pairs']) + ' failed)' if r.get('failed_pairs') else ''} | "
+            f"{r['off_rps']:.0f} → {r['on_rps']:.0f} | "
             f"{r['loss_pct']:.1f} ({lo:.1f} to {hi:.1f}) | {fmt(r['cpu_increase_pct'], '+.1f')}% | "
             f"{fmt(r['idle_path_pct'], '.2f')} | {fmt(tot, '.1f')} | {verdict} | {parts} | "
             f"{fmt(r.get('server_ns_per_req'), '.0f')} | {fmt(acc, '.2f')} | "
