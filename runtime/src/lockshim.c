@@ -201,21 +201,62 @@ static NOINST int held_pop(const pthread_mutex_t *m, struct ts_held *out)
 	return 0;
 }
 
+/* The threshold in TSC ticks, cached per thread for the (threshold, scale)
+ * it was computed from: the unlock path compares raw tick differences and
+ * converts only the episodes it logs. */
+static TS_TLS struct {
+	uint64_t thresh_ns;
+	uint64_t mult;
+	uint64_t ticks;
+} ts_thresh_tsc;
+
+static NOINST __attribute__((noinline)) uint64_t thresh_ticks_slow(uint64_t thresh, uint64_t mult)
+{
+	/* thresh * 2^32 / mult, rounded down: an episode of more ticks may be
+	 * over the threshold (held_log decides in ns), one of fewer is not. */
+	uint64_t ticks = mult ? (uint64_t)(((unsigned __int128)thresh << 32) / mult) : UINT64_MAX;
+	ts_thresh_tsc.thresh_ns = thresh;
+	ts_thresh_tsc.mult = mult;
+	ts_thresh_tsc.ticks = ticks;
+	return ticks;
+}
+
+/* Whether an episode ending at `released` waited or held longer than the
+ * threshold (the common answer, no: a few loads and compares, no call). */
+static NOINST inline int held_long(const struct ts_held *e, uint64_t released)
+{
+	/* ts_mutex_thresh_ns() without the call (events.c). */
+	struct ts_region_header *h = __atomic_load_n(&ts_proc.hdr, __ATOMIC_RELAXED);
+	uint64_t thresh = h ? __atomic_load_n(&h->mutex_thresh_ns, __ATOMIC_RELAXED) : 0;
+	if (!thresh)
+		thresh = TS_MUTEX_THRESH_NS;
+	uint64_t limit = thresh;
+	if (TS_LIKELY(e->tsc)) {
+		uint64_t mult = __atomic_load_n(&ts_tsc.mult, __ATOMIC_RELAXED);
+		limit = TS_LIKELY(ts_thresh_tsc.thresh_ns == thresh && ts_thresh_tsc.mult == mult)
+		            ? ts_thresh_tsc.ticks
+		            : thresh_ticks_slow(thresh, mult);
+	}
+	return (released > e->acquired && released - e->acquired > limit) ||
+	       (e->wait_start && e->acquired > e->wait_start &&
+	        e->acquired - e->wait_start > limit);
+}
+
 /* After the unlock: log the episode if it waited or held long enough. */
-static NOINST void held_log(const struct ts_held *e, uint64_t released)
+static NOINST __attribute__((noinline)) void held_log(const struct ts_held *e, uint64_t released)
 {
 	if (!locks_on())
 		return; /* the recording ended while it was held */
 	if (released < e->acquired)
 		released = e->acquired; /* (TSC reads on two CPUs: never seen, but bounded) */
-	uint64_t thresh = ts_mutex_thresh_ns();
 	uint64_t mult = e->tsc ? __atomic_load_n(&ts_tsc.mult, __ATOMIC_RELAXED) : 1ull << 32;
 	uint64_t wait = e->wait_start && e->acquired > e->wait_start
 	                    ? ticks_ns(e->acquired - e->wait_start, mult)
 	                    : 0;
 	uint64_t hold = ticks_ns(released - e->acquired, mult);
+	uint64_t thresh = ts_mutex_thresh_ns();
 	if (wait <= thresh && hold <= thresh)
-		return;
+		return; /* held_long's tick limit rounds down: the exact test is here */
 	uint64_t w = e->wait_start, a = e->acquired, r = released;
 	if (e->tsc) {
 		/* Ticks to ns, each stamp relative to a clock read now. */
@@ -272,13 +313,25 @@ NOINST int pthread_mutex_trylock(pthread_mutex_t *m)
 
 NOINST int pthread_mutex_unlock(pthread_mutex_t *m)
 {
-	if (TS_LIKELY(ts_held.n == 0))
+	uint32_t n = ts_held.n;
+	if (TS_LIKELY(n == 0))
 		return real_mutex_unlock(m);
 	struct ts_held e;
-	int had = held_pop(m, &e);
+	int had;
+	if (TS_LIKELY(n <= TS_HELD_MAX &&
+	              ts_held.h[n - 1].m == m)) { /* the latest lock: no search */
+		e = ts_held.h[n - 1];
+		ts_held.n = n - 1;
+		had = 1;
+	} else {
+		had = held_pop(m, &e);
+	}
 	int rc = real_mutex_unlock(m);
-	if (had && rc == 0)
-		held_log(&e, stamp(e.tsc));
+	if (had && rc == 0) {
+		uint64_t released = stamp(e.tsc);
+		if (TS_UNLIKELY(held_long(&e, released)))
+			held_log(&e, released);
+	}
 	return rc;
 }
 
@@ -305,8 +358,11 @@ static void *real_cond_wait, *real_cond_timedwait;
 static NOINST void cond_release(pthread_mutex_t *m)
 {
 	struct ts_held e;
-	if (held_pop(m, &e))
-		held_log(&e, stamp(e.tsc));
+	if (held_pop(m, &e)) {
+		uint64_t released = stamp(e.tsc);
+		if (held_long(&e, released))
+			held_log(&e, released);
+	}
 }
 
 NOINST int pthread_cond_wait(pthread_cond_t *c, pthread_mutex_t *m)
