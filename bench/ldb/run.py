@@ -406,7 +406,8 @@ def memcached(runs: int, seconds: float, minute_s: float, loads: tuple = (0.2, 0
         tmp = Path(td)
         cap = med([capacity(seconds, tmp) for _ in range(2)])
         log(f"memcached-marked SET capacity {cap:.0f} req/s")
-        rows = [r for r in prev.get("rows", []) if r.get("load") not in loads and isinstance(r.get("p50_us"), dict)]
+        rows = [{"capacity_rps": prev.get("capacity_rps"), "runs": prev.get("runs"), "seconds": prev.get("seconds"),
+                 **r} for r in prev.get("rows", []) if r.get("load") not in loads]
         settings = [(st, st, {}) for st in SETUPS if not (st.startswith("uftrace") and not shutil.which("uftrace"))]
         for load in loads:
             for r in interleaved(settings, runs, seconds, cap * load, tmp, f"mc{int(load * 100)}",
@@ -537,7 +538,7 @@ def calls_per_request(rate: float, seconds: float, tmp: Path) -> dict:
             "calls_per_set": (loaded - idle) / sent if sent else None}
 
 
-def decompose(rounds: int, seconds: float, load: float) -> dict:
+def decompose(rounds: int, seconds: float, load: float, only: tuple = ()) -> dict:
     subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory(prefix="ldb-dec-") as td:
         tmp = Path(td)
@@ -545,7 +546,8 @@ def decompose(rounds: int, seconds: float, load: float) -> dict:
         log(f"memcached-marked SET capacity {cap:.0f} req/s; decomposition at {int(load * 100)}%")
         calls = calls_per_request(cap * load, 2.0, tmp)
         log(f"  {calls['calls_per_set']} instrumented calls per SET")
-        rows = interleaved(DECOMPOSE, rounds, seconds, cap * load, tmp, "dec")
+        settings = [d for i, d in enumerate(DECOMPOSE) if i == 0 or not only or d[0] in only]
+        rows = interleaved(settings, rounds, seconds, cap * load, tmp, "dec")
     return {"load": load, "capacity_rps": cap, "rounds": rounds, "seconds": seconds, "rows": rows,
             "calls": calls}
 
@@ -707,7 +709,8 @@ def render(res: dict, command: str) -> str:
                 "| load | setup | p50 µs | p99 µs | req/s | p50 × | p99 × | throughput × | trace MB/s | "
                 "report s per min (scaled from a short run) |", "|---|---|---|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
-            out.append(f"| {int(r['load'] * 100)}% | {r['setup']} | {render_spread(r['p50_us'])} | "
+            out.append(f"| {int(r['load'] * 100)}%{'' if isinstance(r['p50_us'], dict) else ' (earlier run)'} | "
+                       f"{r['setup']} | {render_spread(r['p50_us'])} | "
                        f"{render_spread(r['p99_us'])} | {render_spread(r['rps'], '.0f')} | "
                        f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
                        f"{render_spread(r['rps_ratio'], '.3f')} | {fmt(r['trace_mb_s'], '.3f')} | "
@@ -750,6 +753,9 @@ def main() -> int:
     ap.add_argument("--observer-settings", choices=["all", "key"], default="all",
                     help="part `observer`: every setting, or only the old default, it at idle priority and the "
                          "new default (more rounds in the same time)")
+    ap.add_argument("--decompose-only", default="",
+                    help="part `decompose`: ';'-separated setting labels to run (the uninstrumented baseline "
+                         "always runs)")
     ap.add_argument("--loads", default="0.2,0.8",
                     help="part `memcached`: the loads to run (fractions of capacity); rows of other loads are "
                          "kept from the earlier results")
@@ -799,7 +805,11 @@ def main() -> int:
             res["memcached"]["minute_80"] = m
     if "decompose" in parts:
         log("ldb: where the cost at 20% load comes from")
-        res["decompose"] = decompose(args.runs, args.seconds, 0.2)
+        only = tuple(x for x in args.decompose_only.split(";") if x)
+        res["decompose"] = decompose(args.runs, args.seconds, 0.2, only)
+        if only:
+            res.setdefault("part_commands", {})["decompose"] = (f"{command} --parts decompose "
+                                                                f"--decompose-only '{args.decompose_only}'")
     if "observer" in parts:
         log("ldb: the observer's cost by setting")
         only = OBSERVER_KEY if args.observer_settings == "key" else ()
