@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shutil
 import signal
@@ -536,6 +537,7 @@ def summarise(table: dict) -> list[dict]:
                 "throughput_ratio": tput,
                 "throughput_loss_pct": 100 * (1 - tput) if tput else None,
                 "loss_range_pct": [min(losses), max(losses)] if losses else None,
+                "losses_pct": losses,
                 "pairs": len(losses), "repetitions": reps,
                 "p99_ratio": paired(rs, base, "p99_us"),
                 "rate80_ratio": paired(rs, base, "rate80_achieved"),
@@ -556,6 +558,20 @@ def runtime_pair_ns(case: str) -> float | None:
         return next(float(c["ns_per_pair_median"]) for c in cases if c["case"] == case)
     except (OSError, ValueError, KeyError, StopIteration, TypeError):
         return None
+
+
+def median_ci(xs: list[float], coverage: float = 0.9) -> tuple[float, float] | None:
+    """Distribution-free confidence interval of the median: the order
+    statistics x_(k), x_(n+1-k) with the largest k whose coverage (binomial,
+    p = 1/2) is at least `coverage`. None when n is too small for it."""
+    n = len(xs)
+    xs = sorted(xs)
+    best = None
+    for k in range(1, n // 2 + 1):
+        tail = sum(math.comb(n, i) for i in range(k)) / 2 ** n
+        if 1 - 2 * tail >= coverage:
+            best = (xs[k - 1], xs[n - k])
+    return best
 
 
 def summarise_attach(table: dict) -> list[dict]:
@@ -581,6 +597,7 @@ def summarise_attach(table: dict) -> list[dict]:
             idle_pct = (100 * idle_ns / off_cpu if "marker" in s and idle_ns is not None and off_cpu
                         else 0.0 if "marker" not in s else None)
             loss = statistics.median(losses)
+            ci = median_ci(losses)
             # tailscope's own CPU per request, as the kernel accounts it: its
             # BPF programs (bpf_stats) and the agent's threads (schedstat);
             # marker rows add the runtime's sampled path in the server.
@@ -595,6 +612,7 @@ def summarise_attach(table: dict) -> list[dict]:
             rows.append({
                 "workload": workload, "setup": s, "pairs": len(ps),
                 "loss_pct": loss, "loss_range_pct": [min(losses), max(losses)],
+                "loss_ci90_pct": list(ci) if ci else None,
                 "off_rps": med([p["off"]["max_rps"] for p in ps]),
                 "on_rps": med([p["on"]["max_rps"] for p in ps]),
                 "cpu_increase_pct": 100 * (statistics.median(cpus) - 1) if cpus else None,
@@ -617,7 +635,9 @@ def render_attach(rows: list[dict]) -> list[str]:
              "Each pair measures the closed-loop maximum of ONE server process twice, seconds apart: "
              "with the agent attached (started with `-p PID`) and without (half order alternating). "
              "This cancels what the table above cannot: differences between server starts and the "
-             "host's drift between minutes. Loss is the median over pairs, with the range. For the "
+             "host's drift between minutes. Loss is the median over pairs, with the range and a 90% "
+             "confidence interval of the median (order statistics); the measured verdict needs the whole "
+             "interval on one side of the goal, else it says `inconclusive (noise)`. For the "
              "marker rows the detached server still runs the marked build's idle path (no request is "
              "sampled without an agent); `idle path` adds its cost, one unsampled begin/end pair from "
              "the runtime microbenchmark (`bench/results/runtime.json`) over the server's CPU time "
@@ -643,8 +663,13 @@ def render_attach(rows: list[dict]) -> list[str]:
                          "| | | | | unmeasured |")
             continue
         tot = r["total_loss_pct"]
-        verdict = ("" if goal is None else "unmeasured" if tot is None or r["pairs"] < 3
-                   else "met" if tot <= goal else "NOT met")
+        ci = r.get("loss_ci90_pct")
+        idle = r.get("idle_path_pct") or 0.0
+        # met / NOT met only when the whole 90% interval of the median is on
+        # one side of the goal; with this host's noise it often is not
+        verdict = ("" if goal is None else "unmeasured" if tot is None or ci is None
+                   else "met" if ci[1] + idle <= goal else "NOT met" if ci[0] + idle > goal
+                   else "inconclusive (noise)")
         acc = r.get("accounted_pct")
         # Direct CPU leaves out indirect costs (cache and TLB pollution, the
         # IPIs of burst attach/detach, preemption by the agent): over the
@@ -653,11 +678,13 @@ def render_attach(rows: list[dict]) -> list[str]:
                        else "direct cost within" if acc <= goal else "NOT met")
         parts = f"{fmt(r.get('bpf_ns_per_req'), '.0f')} + {fmt(r.get('agent_ns_per_req'), '.0f')}"
         lo, hi = r["loss_range_pct"]
+        ci_text = f"; 90% CI {ci[0]:.1f} to {ci[1]:.1f}" if ci else ""
         lines.append(
             f"| {r['workload']} | {r['setup']} | {r['pairs']}"
             f"{' (' + str(r['failed_pairs']) + ' failed)' if r.get('failed_pairs') else ''} | "
             f"{r['off_rps']:.0f} → {r['on_rps']:.0f} | "
-            f"{r['loss_pct']:.1f} ({lo:.1f} to {hi:.1f}) | {fmt(r['cpu_increase_pct'], '+.1f')}% | "
+            f"{r['loss_pct']:.1f} ({lo:.1f} to {hi:.1f}{ci_text}) | "
+            f"{fmt(r['cpu_increase_pct'], '+.1f')}% | "
             f"{fmt(r['idle_path_pct'], '.2f')} | {fmt(tot, '.1f')} | {verdict} | {parts} | "
             f"{fmt(r.get('server_ns_per_req'), '.0f')} | {fmt(acc, '.2f')} | "
             f"{'≤ ' + format(goal, 'g') + '%' if goal is not None else '—'} | {acc_verdict} |")
@@ -703,7 +730,9 @@ def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None
               "verdict uses the stricter capacity reading. "
               "The CPU-per-request increase is shown beside it "
               "because it is far less sensitive to other load on a shared machine. In brackets: the "
-              "lowest and highest of the per-repetition losses.", "",
+              "lowest and highest of the per-repetition losses. A verdict needs the 90% confidence interval of "
+         "the median (with 5 repetitions: their whole range) on one side of the goal, else it says "
+         "`inconclusive (noise)`.", "",
               "| workload | setup | against | goal | throughput loss | CPU/request increase | verdict (throughput) |",
               "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -711,8 +740,9 @@ def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None
         if goal is None or r.get("failed"):
             continue
         loss = r.get("throughput_loss_pct")
-        ok = loss is not None and loss <= goal
-        verdict = "unmeasured" if loss is None else "met" if ok else "NOT met"
+        ci = median_ci(r.get("losses_pct") or []) if loss is not None else None
+        verdict = ("unmeasured" if loss is None or ci is None else "met" if ci[1] <= goal
+                   else "NOT met" if ci[0] > goal else "inconclusive (noise)")
         cpu_up = 100 * (r["cpu_ratio"] - 1) if r.get("cpu_ratio") else None
         spread = r.get("loss_range_pct")
         rng = f" ({spread[0]:.1f} to {spread[1]:.1f}; {r['pairs']}/{r['repetitions']} pairs)" if spread else ""
