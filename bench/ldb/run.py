@@ -792,7 +792,8 @@ def main() -> int:
         loads = tuple(float(x) for x in args.loads.split(","))
         res["memcached"] = memcached(args.runs, args.seconds, args.minute, loads, res.get("memcached"))
         if not full or loads != (0.2, 0.8):
-            res.setdefault("part_commands", {}).update(
+            res.setdefault("part_commands", {}).pop("memcached", None)
+            res["part_commands"].update(
                 {f"memcached {int(ld * 100)}%": f"{command} --parts memcached --loads {ld}" for ld in loads})
     elif "minute" in parts:  # only the one-minute recording
         res["memcached"] = res.get("memcached") or {"rows": [], "runs": 0, "seconds": 0}

@@ -31,9 +31,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=5.0)
     ap.add_argument("--load", type=float, default=0.2)
-    ap.add_argument("--only", default="", help="comma-separated setting labels (default: all)")
+    ap.add_argument("--only", default="", help="';'-separated setting labels (default: all)")
     args = ap.parse_args()
-    only = [s for s in args.only.split(",") if s]
+    only = [s for s in args.only.split(";") if s]
     subprocess.run([str(run.ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
     with tempfile.TemporaryDirectory(prefix="ldb-wk-") as td:
         tmp = Path(td)
