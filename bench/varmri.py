@@ -732,8 +732,19 @@ def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None
               "because it is far less sensitive to other load on a shared machine. In brackets: the "
               "lowest and highest of the per-repetition losses. A verdict needs the 90% confidence interval of "
          "the median (with 5 repetitions: their whole range) on one side of the goal, else it says "
-         "`inconclusive (noise)`.", "",
-              "| workload | setup | against | goal | throughput loss | CPU/request increase | verdict (throughput) |",
+         "`inconclusive (noise)`.", ""]
+    # perf and ftrace cannot make a server faster: if they measured faster than
+    # the untraced baseline, the baseline's starts were slow and no verdict
+    # against it is evidence.
+    biased = {}
+    for r in rows:
+        if r["setup"] in ("perf", "ftrace") and (r.get("throughput_ratio") or 0) > 1.03:
+            biased.setdefault(r["workload"], []).append(f"{r['setup']} ×{r['throughput_ratio']:.2f}")
+    for w, why in biased.items():
+        lines += [f"**{w}: baseline bias.** {', '.join(why)} against no tracing: tracers cannot speed a "
+                  "server up, so this workload's untraced starts were slow and its verdicts below are "
+                  "not evidence (see the attach pairs).", ""]
+    lines += ["| workload | setup | against | goal | throughput loss | CPU/request increase | verdict (throughput) |",
               "|---|---|---|---|---|---|---|"]
     for r in rows:
         goal = GOALS.get(r["setup"])
@@ -741,7 +752,8 @@ def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None
             continue
         loss = r.get("throughput_loss_pct")
         ci = median_ci(r.get("losses_pct") or []) if loss is not None else None
-        verdict = ("unmeasured" if loss is None or ci is None else "met" if ci[1] <= goal
+        verdict = ("unmeasured" if loss is None or ci is None else "not evidence (baseline bias)"
+                   if r["workload"] in biased else "met" if ci[1] <= goal
                    else "NOT met" if ci[0] > goal else "inconclusive (noise)")
         cpu_up = 100 * (r["cpu_ratio"] - 1) if r.get("cpu_ratio") else None
         spread = r.get("loss_range_pct")
