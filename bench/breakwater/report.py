@@ -167,6 +167,14 @@ def render_md(r: dict) -> str:
             "docs/breakwater.md, session 5).",
             "",
         ]
+    if "io_slice_us" in s:
+        slice_us = s["io_slice_us"]
+        lines += [
+            "I/O thread time slice (every control): "
+            + (f"{slice_us} us" if slice_us else "the kernel's default")
+            + " (bw-server `--io-slice-us`; see docs/breakwater.md, session 6).",
+            "",
+        ]
     if r.get("parts_run"):
         lines += ["Parts and when they ran (each against the capacity measured just before it):", ""]
         for part, info in r["parts_run"].items():

@@ -378,6 +378,7 @@ def main() -> int:
             "tower_limit": TOWER_LIMIT,
             "load": os.getloadavg(),
             "worker_priority": WORKER_PRIORITY,
+            "io_slice_us": IO_SLICE_US,
         },
     }
     part_log = dict(previous.get("parts_run", {}))
@@ -462,6 +463,9 @@ def main() -> int:
             # Session 4's await: drained clients send their oldest request
             # as the credit wait; Eq. 2.4's floor is 0 (docs/breakwater.md).
             "credits+speculation+aqm+await": ["--carry"],
+            # Session 6: await whose expired held requests stay as their
+            # clients' credit waits, with Eq. 2.4's floor of 1 (the thesis's).
+            "credits+speculation+aqm+await+hold": ["--carry", "--hold-expired", "--overcommit-floor", "1"],
         }
         for name, flags in variants.items():
             abl[name] = []

@@ -80,6 +80,9 @@ struct Args {
     /// spare the client a credit (the client stays quiet meanwhile).
     #[arg(long)]
     hold_expired: bool,
+    /// Breakwater: Eq. 2.4's floor, C_oc >= this (default 1; 0 with --carry).
+    #[arg(long)]
+    overcommit_floor: Option<u64>,
     /// Breakwater's target queueing delay d_t in µs (default: 40% of the
     /// SLO, the thesis's).
     #[arg(long)]
@@ -186,6 +189,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     spec.carry = args.carry;
     spec.hold_expired = args.hold_expired;
+    spec.overcommit_floor = args.overcommit_floor;
     if let Some(r) = args.reserve_us {
         if r == 0 || r >= args.slo_us {
             return Err(format!("--reserve-us must be in (0, --slo-us), got {r}"));

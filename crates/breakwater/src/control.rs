@@ -80,6 +80,8 @@ pub struct ControlSpec {
     /// credit (`BreakwaterConfig::hold_expired`); the bound on held
     /// requests then defaults to one per client (no cap of its own).
     pub hold_expired: bool,
+    /// Eq. 2.4's floor (`C_oc ≥ this`); `None`: 1, or 0 with `carry`.
+    pub overcommit_floor: Option<u64>,
     /// Breakwater's bound on requests held for a credit; `None` keeps the
     /// default (64 × cores).
     pub max_held: Option<u64>,
@@ -108,6 +110,7 @@ impl ControlSpec {
             aqm_forecast: true,
             carry: false,
             hold_expired: false,
+            overcommit_floor: None,
             max_held: None,
             target_delay_ns: None,
             service_reserve_ns: None,
@@ -133,6 +136,9 @@ impl ControlSpec {
         if self.hold_expired {
             c.hold_expired = true;
             c.max_held = u64::from(u32::MAX);
+        }
+        if let Some(f) = self.overcommit_floor {
+            c.overcommit_floor = f;
         }
         if let Some(d) = self.target_delay_ns {
             c.target_delay_ns = d;

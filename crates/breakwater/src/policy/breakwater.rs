@@ -668,6 +668,19 @@ impl Breakwater {
         }
         if let Err(reason) = self.aqm_check(now, msg.budget_ns, queue, 0) {
             self.return_inflight(id);
+            let room = ((self.held.len() + self.expired.len()) as u64) < self.config.max_held;
+            if self.config.hold_expired && room {
+                // It cannot start in time: keep it (never run) as the
+                // client's credit wait; it is counted when answered.
+                self.eff.in_cur -= 1;
+                self.clients.get_mut(&id).expect("known").awaiting = true;
+                self.expired.push_back(Held {
+                    client: id,
+                    arrived: now,
+                    budget_ns: msg.budget_ns.unwrap_or(0),
+                });
+                return Verdict::Park;
+            }
             self.eff.drop_cur += 1;
             return Verdict::Reject(reason);
         }
