@@ -438,6 +438,7 @@ DECOMPOSE = [
     ("--functions", "recording (--functions)", {}),
     ("--functions, every agent thread SCHED_IDLE", "recording (--functions)", {"tweaks": ("all-idle",)}),
     ("--functions, requests sampled at 1%", "recording (--functions)", {"agent_extra": ("--sample", "1%")}),
+    ("--functions, observer every 2 ms", "recording (--functions)", {"agent_extra": ("--fn-period-us", "2000")}),
 ]
 
 
