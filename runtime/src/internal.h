@@ -89,6 +89,9 @@ struct ts_process {
 };
 
 extern struct ts_process ts_proc TS_HIDDEN;
+
+/* Wakes an agent sleeping on the region's drain futex (request.c). */
+void ts_wake_agent(void) TS_HIDDEN;
 extern TS_TLS struct ts_thread ts_self TS_HIDDEN;
 
 /* region.c */

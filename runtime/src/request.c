@@ -14,13 +14,42 @@
  *
  * No locks, no allocation, no syscalls on either path (clock_gettime and
  * sched_getcpu are vDSO/rseq reads), except a bpf()+mmap at most every
- * 100 ms while an attached agent's kcounters map cannot be opened.
+ * 100 ms while an attached agent's kcounters map cannot be opened, and one
+ * futex wake when a ring reaches TS_RING_WAKE_FILL while the agent sleeps
+ * (at most once per agent sleep; see ts_wake_agent).
  */
 #define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "internal.h"
 #include "tailscope/tailscope.h"
+
+/* A ring reached TS_RING_WAKE_FILL: wake the agent if it sleeps on the
+ * header's drain futex (ABI 5). Dekker with the agent, which sets
+ * drain_waiting, fences, then looks at every ring's fill before it sleeps:
+ * the fence here orders the caller's ring_head store before the load of
+ * drain_waiting, so one of the two sees the other. Only one thread wins the
+ * exchange, so a sleep costs at most one wake syscall. errno is the
+ * application's: kept. Also called by a thread that exits with records
+ * in its ring (slot.c), so its slot is drained and free again soon. */
+__attribute__((noinline)) void ts_wake_agent(void)
+{
+	struct ts_region_header *h = ts_proc.hdr;
+	__atomic_thread_fence(__ATOMIC_SEQ_CST);
+	if (!__atomic_load_n(&h->drain_waiting, __ATOMIC_RELAXED) ||
+	    !__atomic_exchange_n(&h->drain_waiting, 0, __ATOMIC_ACQ_REL))
+		return;
+	__atomic_add_fetch(&h->drain_futex, 1, __ATOMIC_RELEASE);
+	int e = errno;
+	/* Not FUTEX_PRIVATE_FLAG: the agent maps the region from another process. */
+	syscall(SYS_futex, &h->drain_futex, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+	errno = e;
+}
 
 /* Seqlock-publish the slot's cur_* for observers (gen odd while writing). */
 static void slot_publish(struct ts_thread_slot *s, const struct ts_thread *t, uint32_t active)
@@ -162,6 +191,8 @@ static __attribute__((noinline)) void request_end_slow(uint64_t id)
 	r->flags = flags;
 	r->cpu = (uint32_t)sched_getcpu();
 	__atomic_store_n(&s->ring_head, head + 1, __ATOMIC_RELEASE);
+	if (TS_UNLIKELY(head + 1 - tail >= TS_RING_WAKE_FILL))
+		ts_wake_agent();
 }
 
 /* Hot path, unsampled: 7 instructions on x86-64 gcc -O2 (TLS offset, load,

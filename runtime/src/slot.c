@@ -104,6 +104,10 @@ void ts_slot_exit(void *slot)
 	s->cur_active = 0;
 	__atomic_store_n(&s->gen, g + 2, __ATOMIC_RELEASE);
 	__atomic_store_n(&s->state, TS_SLOT_EXITED, __ATOMIC_RELEASE);
+	/* Records left in the ring: an agent asleep until some ring fills
+	 * would leave this slot unusable until its next timed drain. */
+	if (__atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) != s->ring_head)
+		ts_wake_agent();
 	t->state = TS_THREAD_DEAD;
 	t->active = 0;
 	t->slot = NULL;

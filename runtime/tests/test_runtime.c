@@ -8,6 +8,7 @@
  * Tests that need a real kcounters map (an agent running) are skipped.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
@@ -335,6 +336,64 @@ static void test_ring_overflow(void)
 {
 	attach(TS_PPM);
 	on_thread(overflow_thread, NULL);
+	detach();
+}
+
+/* ABI 5: the ring reaching TS_RING_WAKE_FILL wakes a waiting agent once. */
+static void *wake_thread(void *arg)
+{
+	(void)arg;
+	struct ts_region_header *h = hdr;
+	uint32_t futex0 = h->drain_futex;
+	h->drain_waiting = 1;
+	int id = 1;
+	for (; id < TS_RING_WAKE_FILL; id++) {
+		tailscope_request_begin(id);
+		tailscope_request_end(id);
+	}
+	CHECK(h->drain_waiting == 1 && h->drain_futex == futex0); /* below the mark: asleep */
+	errno = 1234;
+	tailscope_request_begin(id);
+	tailscope_request_end(id);
+	CHECK(errno == 1234); /* the wake keeps the application's errno */
+	CHECK(h->drain_waiting == 0 && h->drain_futex == futex0 + 1);
+	id++;
+	tailscope_request_begin(id);
+	tailscope_request_end(id);
+	CHECK(h->drain_futex == futex0 + 1); /* one wake per sleep */
+	struct ts_thread_slot *s = slot_of(gettid());
+	CHECK(s && s->ring_head - s->ring_tail == TS_RING_WAKE_FILL + 1);
+	if (s)
+		drain(s);
+	return NULL;
+}
+
+static void test_ring_wakes_agent(void)
+{
+	attach(TS_PPM);
+	on_thread(wake_thread, NULL);
+	detach();
+}
+
+/* A thread that exits with records in its ring wakes a waiting agent. */
+static void *exit_with_records(void *arg)
+{
+	(void)arg;
+	tailscope_request_begin(7);
+	tailscope_request_end(7);
+	return NULL;
+}
+
+static void test_exit_wakes_agent(void)
+{
+	attach(TS_PPM);
+	uint32_t futex0 = hdr->drain_futex;
+	hdr->drain_waiting = 1;
+	on_thread(exit_with_records, NULL);
+	CHECK(hdr->drain_waiting == 0 && hdr->drain_futex == futex0 + 1);
+	for (uint32_t i = 0; i < hdr->slots_used; i++)
+		if (slots[i].ring_head != slots[i].ring_tail)
+			drain(&slots[i]);
 	detach();
 }
 
@@ -699,6 +758,8 @@ int main(int argc, char **argv)
 	test_agent_change();
 	test_end_without_begin();
 	test_ring_overflow();
+	test_ring_wakes_agent();
+	test_exit_wakes_agent();
 	test_consumer();
 	test_many_threads();
 	test_fork();

@@ -14,7 +14,7 @@ pub mod shadow;
 pub mod synth;
 
 pub const TS_ABI_MAGIC: u64 = 0x3130_504f_4353_5354;
-pub const TS_ABI_VERSION: u32 = 4;
+pub const TS_ABI_VERSION: u32 = 5;
 
 pub const TS_KC_PIN_DIR: &str = "/sys/fs/bpf/tailscope";
 pub const TS_KC_PIN_PREFIX: &str = "/sys/fs/bpf/tailscope/kcounters-";
@@ -34,6 +34,8 @@ pub const TS_WAIT_BLOCKED: u32 = 2;
 pub const TS_REGION_PATH_PREFIX: &str = "/dev/shm/tailscope.";
 pub const TS_MAX_SLOTS: u32 = 256;
 pub const TS_RING_CAPACITY: u32 = 512;
+/// A ring this full wakes an agent sleeping on `drain_futex` (ABI 5).
+pub const TS_RING_WAKE_FILL: u32 = 128;
 pub const TS_MAX_KINDS: usize = 64;
 pub const TS_KIND_NAME_LEN: usize = 24;
 pub const TS_PPM: u32 = 1_000_000;
@@ -230,7 +232,9 @@ pub struct ts_region_header {
     pub burst_gate: u32,
     pub sample_ppm_effective: u32,
     pub agent_heartbeat_ns: u64,
-    pub _reserved: [u8; 400],
+    pub drain_futex: u32,
+    pub drain_waiting: u32,
+    pub _reserved: [u8; 392],
 }
 
 /// Byte offsets and sizes the rest of the agent relies on.

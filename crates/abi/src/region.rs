@@ -185,6 +185,8 @@ pub mod header_offsets {
     pub const BURST_GATE: usize = offset_of!(ts_region_header, burst_gate);
     pub const SAMPLE_PPM_EFFECTIVE: usize = offset_of!(ts_region_header, sample_ppm_effective);
     pub const AGENT_HEARTBEAT_NS: usize = offset_of!(ts_region_header, agent_heartbeat_ns);
+    pub const DRAIN_FUTEX: usize = offset_of!(ts_region_header, drain_futex);
+    pub const DRAIN_WAITING: usize = offset_of!(ts_region_header, drain_waiting);
 }
 
 /// Parses and validates a region header.

@@ -64,7 +64,7 @@ fn all_fields() -> Vec<Field> {
             pid, slots_used, sample_ppm_runtime, sample_ppm_agent, agent_pid, kinds_count,
             created_ns, slots_exhausted, kinds, shadow_depth, event_ring_capacity, features,
             ldb_flags, mutex_thresh_ns, burst_gate, sample_ppm_effective, agent_heartbeat_ns,
-            _reserved,
+            drain_futex, drain_waiting, _reserved,
         }
     }
 }
@@ -95,6 +95,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("TS_WAIT_BLOCKED", TS_WAIT_BLOCKED as u64),
         ("TS_MAX_SLOTS", TS_MAX_SLOTS as u64),
         ("TS_RING_CAPACITY", TS_RING_CAPACITY as u64),
+        ("TS_RING_WAKE_FILL", TS_RING_WAKE_FILL as u64),
         ("TS_MAX_KINDS", TS_MAX_KINDS as u64),
         ("TS_KIND_NAME_LEN", TS_KIND_NAME_LEN as u64),
         ("TS_PPM", TS_PPM as u64),

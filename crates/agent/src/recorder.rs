@@ -281,6 +281,12 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// The longest the agent sleeps between drains.
 const MAX_WAIT: Duration = Duration::from_millis(16);
 
+/// Marker mode: the longest the agent sleeps between drains. A ring that
+/// reaches TS_RING_WAKE_FILL (a quarter) wakes it sooner (ABI 5), so this
+/// bounds only how stale the files and the progress line get, and how late
+/// an exit or a signal is seen.
+const MARKER_WAIT: Duration = Duration::from_millis(100);
+
 /// A thread producing this many requests per second fills a quarter of its
 /// ring in the longest wait the sampling rate allows (see [`max_wait`]).
 const PLANNED_MAX_RATE_PER_THREAD: f64 = 250_000.0;
@@ -340,7 +346,9 @@ impl State {
     }
 
     /// One poll step. It may block for new records up to the adaptive
-    /// period, which stays within [`min_wait`, max_wait(sampling rate)].
+    /// period, which stays within [`min_wait`, max_wait(sampling rate)];
+    /// in marker mode up to MARKER_WAIT, woken early by the target when a
+    /// ring fills (never sooner than `min_wait` after the last drain).
     fn poll(&mut self, tracer: &mut Tracer, min_wait: Duration, infer_loaded: bool) -> Result<()> {
         // In burst windows the rings fill at the in-window rate; between
         // windows nothing is sampled, so the period may grow to IDLE_WAIT
@@ -350,12 +358,17 @@ impl State {
             .burst
             .as_ref()
             .map_or(self.sampling.rate_ppm, |b| b.plan.in_window_ppm);
-        let max = if self.burst.as_ref().is_some_and(|b| b.between_windows()) {
+        let marker = matches!(self.source, Source::Marker(_));
+        let max = if marker {
+            MARKER_WAIT
+        } else if self.burst.as_ref().is_some_and(|b| b.between_windows()) {
             IDLE_WAIT
         } else {
             max_wait(rate, min_wait)
         };
-        let mut wait = self.wait.max(min_wait).min(max.max(min_wait));
+        // Marker mode: the rings wake the agent, so it waits the longest.
+        let mut wait = if marker { max } else { self.wait };
+        wait = wait.max(min_wait).min(max.max(min_wait));
         if let Some(cap) = self.wait_cap.take() {
             wait = wait.min(cap.max(Duration::from_micros(100)));
         }
@@ -382,10 +395,10 @@ impl State {
             }
             self.buf = records;
             if !infer_active {
-                std::thread::sleep(wait);
+                self.sleep(wait, min_wait);
             }
         } else {
-            std::thread::sleep(wait);
+            self.sleep(wait, min_wait);
         }
         if let Source::Marker(m) = &mut self.source {
             let (writer, pid) = (&mut self.writer, self.target_pid);
@@ -394,6 +407,22 @@ impl State {
         }
         self.wait = next_wait(wait, min_wait, max, busiest);
         Ok(())
+    }
+
+    /// Waits `wait` for records: marker mode sleeps on the region's drain
+    /// futex, which the target wakes when a ring fills, but never returns
+    /// sooner than `min_wait` (a target that wakes the agent all the time
+    /// gets drains at the old fixed period, no more).
+    fn sleep(&self, wait: Duration, min_wait: Duration) {
+        let Source::Marker(m) = &self.source else {
+            std::thread::sleep(wait);
+            return;
+        };
+        let t0 = Instant::now();
+        m.wait_for_records(wait);
+        if let Some(rest) = min_wait.min(wait).checked_sub(t0.elapsed()) {
+            std::thread::sleep(rest);
+        }
     }
 
     /// Starts burst sampling once the source is known (see [`burst`]): for
@@ -739,9 +768,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
         Ok(by) => Some(*by),
         Err(_) => None,
     };
-    // No adaptive wait before the last drain (it may have grown to IDLE_WAIT).
+    // No wait before the last drain (it may have grown to IDLE_WAIT, or
+    // MARKER_WAIT in marker mode).
     st.wait = Duration::ZERO;
-    st.wait_cap = None;
+    st.wait_cap = Some(Duration::ZERO);
     let final_drain = st
         .poll(&mut tracer, Duration::ZERO, infer_loaded)
         .and_then(|_| {

@@ -16,6 +16,7 @@ use std::fs::OpenOptions;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::sync::atomic::{fence, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
 
 use tailscope_abi::region::{
     header_offsets, parse_kinds_table, parse_record, parse_region_header, parse_slot, plan_drain,
@@ -23,7 +24,7 @@ use tailscope_abi::region::{
 };
 use tailscope_abi::{
     ts_request_record, RECORD_SIZE, REGION_HEADER_SIZE, TS_REC_COUNTERS, TS_REC_TORN,
-    TS_REGION_PATH_PREFIX, TS_RING_CAPACITY,
+    TS_REGION_PATH_PREFIX, TS_RING_CAPACITY, TS_RING_WAKE_FILL, TS_SLOT_EXITED,
 };
 
 /// Shared memory as the agent may touch it. Reads out of bounds yield zeros
@@ -49,6 +50,14 @@ pub trait RegionMemory {
         let mut b = [0u8; 8];
         self.read(off, &mut b);
         u64::from_le_bytes(b)
+    }
+    /// Sleeps up to `timeout` while the aligned u32 at `off` equals
+    /// `expected`; another process sharing the memory may wake it early
+    /// (FUTEX_WAKE). It may also return early for no reason (a signal, a
+    /// hostile wake): callers re-check what they wait for. Default: sleeps.
+    fn futex_wait(&self, off: usize, expected: u32, timeout: Duration) {
+        let _ = (off, expected);
+        std::thread::sleep(timeout);
     }
 }
 
@@ -276,6 +285,31 @@ impl RegionMemory for MappedRegion {
             unsafe { (*self.ptr.add(off).cast::<AtomicU32>()).store(v, Ordering::Release) }
         }
     }
+    fn futex_wait(&self, off: usize, expected: u32, timeout: Duration) {
+        if !(self.in_bounds(off, 4) && off.is_multiple_of(4)) {
+            std::thread::sleep(timeout);
+            return;
+        }
+        let ts = libc::timespec {
+            tv_sec: timeout.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: timeout.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: an aligned word inside our own shared mapping; the kernel
+        // only reads it (and the timespec) and returns EAGAIN, ETIMEDOUT,
+        // EINTR or a wake, all of which the caller treats alike. Not
+        // FUTEX_PRIVATE_FLAG: the waker is another process.
+        unsafe {
+            libc::syscall(
+                libc::SYS_futex,
+                self.ptr.add(off),
+                libc::FUTEX_WAIT,
+                expected,
+                &ts as *const libc::timespec,
+                0usize,
+                0u32,
+            );
+        }
+    }
     fn cas_u32(&self, off: usize, old: u32, new: u32) -> bool {
         if !(self.in_bounds(off, 4) && off.is_multiple_of(4)) {
             return false;
@@ -393,6 +427,42 @@ impl<M: RegionMemory> MarkerSource<M> {
     /// close the busiest ring came to full.
     pub fn last_busiest(&self) -> usize {
         self.busiest
+    }
+
+    /// Sleeps up to `timeout`, or until the target wakes the agent (ABI 5):
+    /// a thread's ring reached TS_RING_WAKE_FILL records, or a thread
+    /// exited with records in its ring. Returns at once when either is
+    /// already so. The target controls the futex word and may wake the
+    /// agent at any time or never: the caller bounds both (a floor between
+    /// drains, and `timeout`).
+    pub fn wait_for_records(&self, timeout: Duration) {
+        let seen = self.mem.load_u32(header_offsets::DRAIN_FUTEX);
+        self.mem.store_u32(header_offsets::DRAIN_WAITING, 1);
+        // Dekker with the runtime (request.c ts_wake_agent): our store of
+        // drain_waiting before our loads of the rings, its ring_head store
+        // before its load of drain_waiting; one of us sees the other.
+        fence(Ordering::SeqCst);
+        if !self.records_waiting() {
+            self.mem
+                .futex_wait(header_offsets::DRAIN_FUTEX, seen, timeout);
+        }
+        self.mem.store_u32(header_offsets::DRAIN_WAITING, 0);
+    }
+
+    /// A ring at least TS_RING_WAKE_FILL full, or an exited thread's ring
+    /// not empty. Bounded by max_slots; reads only.
+    fn records_waiting(&self) -> bool {
+        let used = self
+            .mem
+            .load_u32(header_offsets::SLOTS_USED)
+            .min(self.header.max_slots);
+        (0..used).any(|i| {
+            let base = slot_offset(i);
+            let head = self.mem.load_u64_acquire(base + slot_offsets::RING_HEAD);
+            let fill = head.wrapping_sub(self.mem.load_u64(base + slot_offsets::RING_TAIL));
+            fill >= u64::from(TS_RING_WAKE_FILL)
+                || (fill != 0 && self.mem.load_u32(base + slot_offsets::STATE) == TS_SLOT_EXITED)
+        })
     }
 
     fn refresh_header(&mut self) {
@@ -576,6 +646,7 @@ where
 mod tests {
     use super::*;
     use std::cell::RefCell;
+    use std::time::Instant;
 
     /// Pids of two processes that have exited (reaped).
     fn dead_pids() -> (u32, u32) {
@@ -630,6 +701,90 @@ mod tests {
         );
     }
     use tailscope_abi::{synth, TS_REC_SAMPLED, TS_SLOT_EXITED, TS_SLOT_LIVE};
+
+    /// ABI 5: the agent sleeps on the header's futex word and the target
+    /// wakes it through its own mapping of the region (another process in
+    /// real life; here another mapping, which needs the shared futex key).
+    #[test]
+    fn the_target_wakes_a_waiting_agent_through_the_drain_futex() {
+        let (pid, full_pid) = dead_pids();
+        let (path, full_path) = (MappedRegion::path(pid), MappedRegion::path(full_pid));
+        if path.exists() || full_path.exists() {
+            eprintln!("SKIP: a region of these pids exists already");
+            return;
+        }
+        let mut b = synth::region(4, pid);
+        synth::claim_slot(&mut b, 0, 100, TS_SLOT_LIVE);
+        std::fs::write(&path, &b).unwrap();
+        let mut full = synth::region(4, full_pid);
+        synth::claim_slot(&mut full, 0, 100, TS_SLOT_LIVE);
+        for i in 0..u64::from(TS_RING_WAKE_FILL) {
+            synth::push_record(&mut full, 0, &rec(100, i + 1));
+        }
+        std::fs::write(&full_path, &full).unwrap();
+        let cleanup = || {
+            let _ = std::fs::remove_file(&path);
+            let _ = std::fs::remove_file(&full_path);
+        };
+        let agent = MarkerSource::attach(MappedRegion::open(pid).unwrap(), 7, None, 0).unwrap();
+        let target = MappedRegion::open(pid).unwrap();
+
+        // Nothing waiting: sleeps the whole timeout, and is awake after it.
+        let t0 = Instant::now();
+        agent.wait_for_records(Duration::from_millis(30));
+        let slept = t0.elapsed();
+        let waiting_after = agent.mem.load_u32(header_offsets::DRAIN_WAITING);
+
+        // The target's side of request.c ts_wake_agent, from another thread
+        // through another mapping, 50 ms into a 20 s wait.
+        let waker = std::thread::spawn(move || {
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while target.load_u32(header_offsets::DRAIN_WAITING) == 0 && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(
+                target.cas_u32(header_offsets::DRAIN_WAITING, 1, 0),
+                "agent waits"
+            );
+            let v = target.load_u32(header_offsets::DRAIN_FUTEX);
+            target.store_u32(header_offsets::DRAIN_FUTEX, v + 1);
+            // SAFETY: an aligned word of the test's own shared mapping.
+            unsafe {
+                let word = target.ptr.add(header_offsets::DRAIN_FUTEX);
+                libc::syscall(
+                    libc::SYS_futex,
+                    word,
+                    libc::FUTEX_WAKE,
+                    i32::MAX,
+                    0usize,
+                    0usize,
+                    0u32,
+                )
+            }
+        });
+        let t1 = Instant::now();
+        agent.wait_for_records(Duration::from_secs(20));
+        let woken = t1.elapsed();
+        let woke = waker.join();
+
+        // A ring already a quarter full: no sleep at all.
+        let full_agent =
+            MarkerSource::attach(MappedRegion::open(full_pid).unwrap(), 7, None, 0).unwrap();
+        let t2 = Instant::now();
+        full_agent.wait_for_records(Duration::from_secs(20));
+        let immediate = t2.elapsed();
+        cleanup();
+
+        assert!(slept >= Duration::from_millis(30), "slept {slept:?}");
+        assert_eq!(waiting_after, 0, "drain_waiting is cleared on waking");
+        woke.unwrap();
+        assert!(
+            woken >= Duration::from_millis(40) && woken < Duration::from_secs(10),
+            "woken after {woken:?}"
+        );
+        assert!(immediate < Duration::from_secs(5), "{immediate:?}");
+    }
 
     fn rec(tid: u32, id: u64) -> ts_request_record {
         ts_request_record {

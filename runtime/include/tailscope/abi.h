@@ -60,6 +60,10 @@
  * heartbeat (agent_heartbeat_ns), from its reserved bytes. A
  * version-3 runtime would look for the old pin and record without
  * counters.
+ * 5: drain_futex and drain_waiting, from the reserved bytes: the agent
+ * sleeps until a ring is a quarter full (TS_RING_WAKE_FILL) instead of
+ * waking every millisecond. A version-4 runtime would never wake it, and
+ * its rings would overflow between the agent's (now long) drains.
  */
 #ifndef TAILSCOPE_ABI_H
 #define TAILSCOPE_ABI_H
@@ -69,7 +73,7 @@
 #endif
 
 #define TS_ABI_MAGIC 0x3130504f43535354ULL /* "TSSCOP01" little-endian */
-#define TS_ABI_VERSION 4
+#define TS_ABI_VERSION 5
 
 /* ---- 1. kernel-counter array (BPF map, pinned) ------------------------ */
 
@@ -133,6 +137,7 @@ struct ts_kcounters {
 #define TS_REGION_PATH_FMT "/dev/shm/tailscope.%d"
 #define TS_MAX_SLOTS 256             /* threads per process that can record */
 #define TS_RING_CAPACITY 512         /* records per thread ring; power of two */
+#define TS_RING_WAKE_FILL 128        /* a ring this full wakes a waiting agent */
 #define TS_MAX_KINDS 64              /* distinct request kinds per process */
 #define TS_KIND_NAME_LEN 24          /* including the NUL */
 #define TS_PPM 1000000u              /* sampling rates are parts per million */
@@ -306,7 +311,13 @@ struct ts_region_header {
 	 * sampled request: an agent killed with SIGKILL cannot detach, and
 	 * nobody would drain what it sampled. */
 	__u64 agent_heartbeat_ns;
-	__u8 _reserved[400];
+	/* ABI 5: the agent sleeps on drain_futex (a shared futex word) with
+	 * drain_waiting = 1. A thread whose request ring reaches
+	 * TS_RING_WAKE_FILL records clears drain_waiting, bumps drain_futex and
+	 * wakes it, so the agent need not poll at the rate a ring could fill. */
+	__u32 drain_futex;
+	__u32 drain_waiting;
+	__u8 _reserved[392];
 };
 
 #endif /* TAILSCOPE_ABI_H */
