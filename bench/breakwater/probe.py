@@ -6,6 +6,8 @@ per thread. Not part of `make bench`; used to decide what the bench runs.
     flock -x /tmp/ts-quiet.lock .venv/bin/python bench/breakwater/probe.py \\
         --control breakwater --demand 2 --runs 3 \\
         --variant 'base||' --variant 'slice100|--io-slice-us 100|'
+    # server-pushed credits (session 7) against the thesis protocol:
+    ... --variant 'thesis||' --variant 'push||--bw-push'
 
 A variant is `name|bw-server flags|loadgen flags`. `--closed` instead runs
 the closed loop of the bench's overhead line (8 in flight, one per
@@ -48,6 +50,8 @@ def per_run(r: dict, cap: float, dur: float) -> dict:
         "no_credit_per_admitted": s.get("rejected_no_credit", 0) / adm,
         "aqm_per_admitted": s.get("rejected_queue_delay", 0) / adm,
         "registers_per_admitted": s.get("registers", 0) / adm,
+        "pushed_per_admitted": s.get("pushed_credits", 0) / adm,
+        "push_chunks_per_admitted": s.get("push_chunks", 0) / adm,
         "io_us_per_msg": io * 1e6 / max(arrivals, 1),
         "worker_us_per_admitted": worker * 1e6 / adm,
         "server_us_per_admitted": s.get("cpu_s", 0.0) * 1e6 / adm,
@@ -109,7 +113,8 @@ def main() -> int:
                     f"  {name:>14}: goodput {row['goodput_x']:.3f}x  p99 {row['p99_us']:6.0f}  "
                     f"rej p99 {row['reject_p99_us']:6.0f}  msgs/adm {row['msgs_per_admitted']:.2f} "
                     f"(waits {row['credit_waits_per_admitted']:.2f}, parked {row['parked_waits_per_admitted']:.2f}, "
-                    f"rejects {row['rejects_per_admitted']:.2f})  io {row['io_us_per_msg']:.1f} us/msg  "
+                    f"rejects {row['rejects_per_admitted']:.2f}, pushed {row['pushed_per_admitted']:.2f} "
+                    f"in {row['push_chunks_per_admitted']:.2f} chunks)  io {row['io_us_per_msg']:.1f} us/msg  "
                     f"worker {row['worker_us_per_admitted']:.0f} us/adm  busy {row['server_busy']:.2f}",
                     flush=True,
                 )

@@ -17,7 +17,7 @@
 
 use breakwater::asqm::{AsqmMutex, QueueBudget};
 use breakwater::control::{ControlKind, ControlSpec};
-use breakwater::http::serve;
+use breakwater::http::{serve, serve_with_push};
 use breakwater::policy::none::NoControl;
 use breakwater::rng::SplitMix64;
 use breakwater::server::{BoxError, Server, ServerConfig, ServerLayer, WorkerPriority};
@@ -299,7 +299,10 @@ fn run(args: Args) -> Result<(), String> {
                 .service(server);
             tokio::spawn(serve(listener, svc, 4096))
         } else {
-            tokio::spawn(serve(listener, server, 4096))
+            // Credit streams are always served: clients that subscribe one
+            // get explicit credits pushed; the others are unaffected.
+            let hub = server.push_hub();
+            tokio::spawn(serve_with_push(listener, server, hub, 4096))
         };
         let period = if args.trace_ms > 0 { args.trace_ms } else { 50 };
         while !STOP.load(Ordering::SeqCst) && !serving.is_finished() {

@@ -19,6 +19,11 @@
 //! deadline plus one SLO, and a server answer `expired` (a held request
 //! that never ran) is reported as [`ClientError::Expired`].
 //!
+//! With a credit stream ([`PushLink`], [`ClientLayer::layer_pushed`]) the
+//! client names its connection's stream when it registers, and while the
+//! stream is up a drained client sends no credit wait: its requests wait
+//! locally for a credit the server pushes ([`crate::push`]), or expire.
+//!
 //! Invariants: a permit taken for a waiter that has meanwhile expired is
 //! given back; at most one credit wait per client is outstanding; a
 //! client's id never changes (re-registration resets the credit count).
@@ -29,11 +34,12 @@ use crate::rng::SplitMix64;
 use crate::server::BoxError;
 use crate::wire;
 use http::{Request, Response};
+use std::collections::HashMap;
 use std::collections::VecDeque;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use tokio::sync::oneshot;
 use tower::{Layer, Service, ServiceExt};
@@ -78,6 +84,8 @@ pub struct ClientStats {
     pub expired: AtomicU64,
     pub dropped: AtomicU64,
     pub deregisters_sent: AtomicU64,
+    /// Explicit credits received on credit streams.
+    pub pushed_received: AtomicU64,
 }
 
 pub type PolicyFactory = Arc<dyn Fn() -> Box<dyn ClientPolicy> + Send + Sync>;
@@ -113,9 +121,20 @@ impl ClientLayer {
     }
 }
 
-impl<S> Layer<S> for ClientLayer {
-    type Service = Client<S>;
-    fn layer(&self, inner: S) -> Client<S> {
+impl ClientLayer {
+    /// A new logical client on `inner` whose explicit credits come on
+    /// `link`, its connection's credit stream
+    /// ([`crate::http::H2Transport::open_credit_stream`]).
+    pub fn layer_pushed<S>(&self, inner: S, link: &Arc<PushLink>) -> Client<S> {
+        let client = self.make(inner, Some(link.clone()));
+        link.clients
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(client.shared.id, Arc::downgrade(&client.shared));
+        client
+    }
+
+    fn make<S>(&self, inner: S, push: Option<Arc<PushLink>>) -> Client<S> {
         let id = crate::rng::entropy() >> 1;
         Client {
             inner,
@@ -123,6 +142,7 @@ impl<S> Layer<S> for ClientLayer {
                 id,
                 slo_ns: self.slo_ns,
                 stats: self.stats.clone(),
+                push,
                 state: Mutex::new(State {
                     policy: (self.factory)(),
                     queue: VecDeque::new(),
@@ -132,6 +152,89 @@ impl<S> Layer<S> for ClientLayer {
                     rng: SplitMix64::new(id),
                 }),
             }),
+        }
+    }
+}
+
+impl<S> Layer<S> for ClientLayer {
+    type Service = Client<S>;
+    fn layer(&self, inner: S) -> Client<S> {
+        self.make(inner, None)
+    }
+}
+
+/// The client end of one connection's credit stream: routes each pushed
+/// explicit credit to its logical client. Made and started by
+/// [`crate::http::H2Transport::open_credit_stream`] (or [`Self::new`] +
+/// [`Self::run`] on any streaming body).
+pub struct PushLink {
+    stream: u64,
+    live: AtomicBool,
+    clients: Mutex<HashMap<u64, Weak<Shared>>>,
+}
+
+impl PushLink {
+    pub fn new() -> Arc<Self> {
+        Arc::new(PushLink {
+            stream: crate::rng::entropy() >> 1,
+            live: AtomicBool::new(false),
+            clients: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The id clients name in `bw-stream` when they register.
+    pub fn stream_id(&self) -> u64 {
+        self.stream
+    }
+
+    /// Whether the stream is up (the server accepted it and it has not
+    /// ended). While it is not, clients fall back to credit waits.
+    pub fn is_live(&self) -> bool {
+        self.live.load(Ordering::Relaxed)
+    }
+
+    pub fn set_live(&self, live: bool) {
+        self.live.store(live, Ordering::Relaxed);
+    }
+
+    /// Read the credit stream's body until it ends, applying each explicit
+    /// credit to its client and handing the credit to its waiting requests.
+    pub async fn run<Bd>(self: Arc<Self>, body: Bd)
+    where
+        Bd: http_body::Body<Data = bytes::Bytes> + Send,
+    {
+        use http_body_util::BodyExt;
+        let mut body = std::pin::pin!(body);
+        let mut buf = Vec::new();
+        let mut grants = Vec::new();
+        while let Some(Ok(frame)) = body.frame().await {
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.extend_from_slice(&data);
+            wire::decode_pushes(&mut buf, &mut grants);
+            self.apply(&mut grants);
+        }
+        self.set_live(false);
+    }
+
+    /// Hand explicit credits `(client, limit)` (drained) to their clients
+    /// and their waiting requests. Takes each client's lock in turn: call
+    /// it holding none.
+    fn apply(&self, grants: &mut Vec<(u64, u64)>) {
+        if grants.is_empty() {
+            return;
+        }
+        let now = clock::now();
+        let clients = self.clients.lock().unwrap_or_else(|p| p.into_inner());
+        for (id, limit) in grants.drain(..) {
+            let Some(shared) = clients.get(&id).and_then(Weak::upgrade) else {
+                continue;
+            };
+            shared.stats.pushed_received.fetch_add(1, Ordering::Relaxed);
+            let mut st = shared.lock();
+            st.policy.on_pushed(now, Feedback::CreditLimit(limit));
+            st.release(now);
         }
     }
 }
@@ -186,7 +289,16 @@ struct Shared {
     id: u64,
     slo_ns: Nanos,
     stats: Arc<ClientStats>,
+    /// The connection's credit stream, if the client registers with one.
+    push: Option<Arc<PushLink>>,
     state: Mutex<State>,
+}
+
+impl Shared {
+    /// Explicit credits come pushed: no credit waits.
+    fn pushed(&self) -> bool {
+        self.push.as_ref().is_some_and(|l| l.is_live())
+    }
 }
 
 impl Shared {
@@ -265,7 +377,12 @@ where
     if st.demand(now) == 0 {
         return;
     }
-    if !st.credit_wait && st.policy.needs_credit_wait(st.inflight) && st.policy.carries_requests() {
+    let pushed = shared.pushed();
+    if !pushed
+        && !st.credit_wait
+        && st.policy.needs_credit_wait(st.inflight)
+        && st.policy.carries_requests()
+    {
         // The credit wait carries the oldest live request: hand it the
         // `Await` kind; its response (or its drop) ends the wait.
         while let Some(w) = st.queue.pop_front() {
@@ -282,7 +399,10 @@ where
             }
         }
     }
-    if !st.credit_wait && st.policy.needs_credit_wait(st.inflight) && !st.policy.carries_requests()
+    if !pushed
+        && !st.credit_wait
+        && st.policy.needs_credit_wait(st.inflight)
+        && !st.policy.carries_requests()
     {
         st.credit_wait = true;
         let demand = st.queue.len() as u32;
@@ -462,6 +582,12 @@ where
                     priority,
                 },
             );
+            if kind == Kind::Register {
+                if let Some(link) = &shared.push {
+                    req.headers_mut()
+                        .insert(wire::STREAM, http::HeaderValue::from(link.stream_id()));
+                }
+            }
             shared.stats.requests_sent.fetch_add(1, Ordering::Relaxed);
             if kind != Kind::Await {
                 return send(shared, inner, req, kind, sent_at, None).await;
@@ -516,6 +642,13 @@ where
 {
     let result = inner.clone().oneshot(req).await.map_err(Into::into);
     let now = clock::now();
+    // Explicit credits for other clients of this connection that rode on
+    // our response: hand them over outside our own lock.
+    let mut pushed = Vec::new();
+    if let (Some(link), Ok(resp)) = (&shared.push, &result) {
+        wire::parse_pushes(resp.headers(), &mut pushed);
+        link.apply(&mut pushed);
+    }
     {
         let mut st = shared.lock();
         st.inflight -= 1;

@@ -1,16 +1,20 @@
 //! Glue between tower and hyper 1.x over HTTP/2 (h2c): serve a tower
 //! service on a listener, and a tower service that sends on an HTTP/2
-//! client connection. Nothing Breakwater-specific lives here.
+//! client connection, and the two ends of a credit stream
+//! ([`serve_with_push`], [`H2Transport::open_credit_stream`]).
 
+use crate::client::PushLink;
+use crate::push::{CreditFeed, PushHub};
 use crate::server::BoxError;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full};
+use http_body_util::{BodyExt, Either, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use tokio::net::{TcpListener, TcpStream};
 use tower::{Service, ServiceExt};
@@ -73,6 +77,87 @@ where
     }
 }
 
+/// [`Hyper`] that also answers credit-stream subscriptions
+/// (`bw-subscribe: <id>`) itself, with a never-ending body fed by `hub`.
+#[derive(Clone)]
+pub struct HyperPush<S> {
+    svc: Hyper<S>,
+    hub: Arc<PushHub>,
+}
+
+type PushBody = Either<Full<Bytes>, CreditFeed>;
+
+impl<S> hyper::service::Service<Request<Incoming>> for HyperPush<S>
+where
+    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+{
+    type Response = Response<PushBody>;
+    type Error = std::convert::Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future {
+        let sub = req.headers().get(crate::wire::SUBSCRIBE).cloned();
+        if let Some(raw) = sub {
+            let r = match crate::wire::parse_stream(req.headers(), crate::wire::SUBSCRIBE) {
+                Ok(Some(id)) => {
+                    let mut r = Response::new(Either::Right(self.hub.subscribe(id)));
+                    // Echoed, so a client can tell a subscription from a
+                    // server that served the request as an ordinary RPC.
+                    r.headers_mut().insert(crate::wire::SUBSCRIBE, raw);
+                    r
+                }
+                _ => {
+                    let e = crate::wire::WireError::Malformed {
+                        header: crate::wire::SUBSCRIBE,
+                        value: String::from_utf8_lossy(raw.as_bytes()).into_owned(),
+                    };
+                    let mut r = Response::new(Either::Left(Full::new(Bytes::new())));
+                    *r.status_mut() = e.status();
+                    if let Ok(v) = http::HeaderValue::from_str(&e.token()) {
+                        r.headers_mut().insert(crate::wire::REJECT, v);
+                    }
+                    r
+                }
+            };
+            return Box::pin(std::future::ready(Ok(r)));
+        }
+        let fut = hyper::service::Service::call(&self.svc, req);
+        Box::pin(async move { Ok(fut.await?.map(Either::Left)) })
+    }
+}
+
+/// [`serve`], plus credit streams: a client connection may subscribe one
+/// (`bw-subscribe`), and the explicit credits the server layer pushes to
+/// `hub` ([`crate::server::Server::push_hub`]) are written into it.
+pub async fn serve_with_push<S>(
+    listener: TcpListener,
+    svc: S,
+    hub: Arc<PushHub>,
+    max_streams: u32,
+) -> std::io::Result<()>
+where
+    S: Service<Request<Incoming>, Response = Response<Full<Bytes>>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: Send,
+{
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let svc = HyperPush {
+            svc: Hyper(svc.clone()),
+            hub: hub.clone(),
+        };
+        tokio::spawn(async move {
+            let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                .max_concurrent_streams(max_streams)
+                .serve_connection(TokioIo::new(stream), svc)
+                .await;
+        });
+    }
+}
+
 /// An HTTP/2 client connection as a tower service. The response body is
 /// read to the end before the response is returned.
 #[derive(Clone)]
@@ -94,6 +179,47 @@ impl H2Transport {
         });
         Ok(H2Transport { sender })
     }
+
+    /// Subscribe this connection's credit stream and read it on a task of
+    /// the current runtime. Clients made with
+    /// [`crate::ClientLayer::layer_pushed`] on the returned link register
+    /// with it and wait for pushed credits instead of sending credit
+    /// waits (while the stream is up). Fails if the server does not serve
+    /// credit streams ([`serve_with_push`]).
+    pub async fn open_credit_stream(&self) -> Result<Arc<PushLink>, BoxError> {
+        let link = PushLink::new();
+        let mut req = Request::new(Full::new(Bytes::new()));
+        req.headers_mut().insert(
+            crate::wire::SUBSCRIBE,
+            http::HeaderValue::from(link.stream_id()),
+        );
+        let mut sender = self.sender.clone();
+        futures_ready(&mut sender).await?;
+        let resp = sender.send_request(req).await?;
+        let echoed = resp
+            .headers()
+            .get(crate::wire::SUBSCRIBE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if !resp.status().is_success() || echoed != Some(link.stream_id()) {
+            return Err(format!(
+                "server does not serve credit streams (status {})",
+                resp.status()
+            )
+            .into());
+        }
+        link.set_live(true);
+        tokio::spawn(link.clone().run(resp.into_body()));
+        Ok(link)
+    }
+}
+
+async fn futures_ready(
+    sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+) -> Result<(), BoxError> {
+    std::future::poll_fn(|cx| sender.poll_ready(cx))
+        .await
+        .map_err(Into::into)
 }
 
 impl Service<Request<Full<Bytes>>> for H2Transport {

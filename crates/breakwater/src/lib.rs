@@ -22,6 +22,8 @@
 //! - [`sim`]: a discrete-event simulator driving the same policy code.
 //! - [`control`]: build a control's two halves by name.
 //! - [`http`]: hyper 1.x glue (serve / connect over HTTP/2).
+//! - [`push`]: server-pushed explicit credits over a per-connection
+//!   credit stream (the client half is [`client::PushLink`]).
 
 pub mod asqm;
 pub mod client;
@@ -29,6 +31,7 @@ pub mod clock;
 pub mod control;
 pub mod http;
 pub mod policy;
+pub mod push;
 pub mod rng;
 pub mod server;
 pub mod sim;

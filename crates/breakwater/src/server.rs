@@ -24,7 +24,9 @@
 //! The feedback (the credit window) is written into the response headers
 //! by the worker that completes the request, at that moment (lazy credit
 //! distribution). Parked credit waits are answered by a ticker thread that
-//! runs [`Policy::on_tick`] every `tick`.
+//! runs [`Policy::on_tick`] every `tick`. Clients that registered with a
+//! credit stream ([`crate::push`]) instead get the pool's spare credits
+//! pushed ([`Policy::push_credits`], after every completion and tick).
 
 use crate::asqm::QueueBudget;
 use crate::clock;
@@ -189,6 +191,8 @@ struct Counters {
     rejected_no_credit: AtomicU64,
     rejected_queue_delay: AtomicU64,
     held_expired: AtomicU64,
+    pushed_credits: AtomicU64,
+    push_chunks: AtomicU64,
 }
 
 impl Counters {
@@ -234,6 +238,11 @@ pub struct ServerStats {
     pub rejected_queue_delay: u64,
     /// Of `rejected`: held requests answered `expired` (`hold_expired`).
     pub held_expired: u64,
+    /// Explicit credits pushed (in `bw-push` on a response to another
+    /// client of the same connection, or on its credit stream), and the
+    /// credit-stream chunks (HTTP/2 DATA frames at most) that carried some.
+    pub pushed_credits: u64,
+    pub push_chunks: u64,
     pub queue_len: usize,
     #[serde(flatten)]
     pub control: PolicyStats,
@@ -273,6 +282,8 @@ struct Shared<B, RB> {
     counters: Counters,
     name: &'static str,
     requires_metadata: bool,
+    /// Credit streams of the clients that subscribed one.
+    push: Arc<crate::push::PushHub>,
 }
 
 impl<B, RB> Shared<B, RB> {
@@ -394,6 +405,7 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             ticker: std::sync::OnceLock::new(),
             ticker_dozing: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
+            push: crate::push::PushHub::new(),
         });
         for i in 0..workers {
             let shared = shared.clone();
@@ -421,6 +433,13 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
         }
     }
 
+    /// The hub of this server's credit streams: hand it to
+    /// [`crate::http::serve_with_push`] so clients can subscribe one, and
+    /// the policy's explicit credits are pushed to them.
+    pub fn push_hub(&self) -> Arc<crate::push::PushHub> {
+        self.shared.push.clone()
+    }
+
     pub fn stats(&self) -> ServerStats {
         let c = &self.shared.counters;
         let control = self.shared.lock_policy().stats();
@@ -442,6 +461,8 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             rejected_no_credit: c.rejected_no_credit.load(Ordering::Relaxed),
             rejected_queue_delay: c.rejected_queue_delay.load(Ordering::Relaxed),
             held_expired: c.held_expired.load(Ordering::Relaxed),
+            pushed_credits: c.pushed_credits.load(Ordering::Relaxed),
+            push_chunks: c.push_chunks.load(Ordering::Relaxed),
             queue_len,
             control,
         }
@@ -485,13 +506,25 @@ where
             Ok(None) => return ready_err(shared, wire::WireError::Missing),
             Err(e) => return ready_err(shared, e),
         };
+        let mut stream = None;
         if arrival.kind == crate::Kind::Register {
             shared.counters.registers.fetch_add(1, Ordering::Relaxed);
+            match wire::parse_stream(request.headers(), wire::STREAM) {
+                Ok(s) => stream = s,
+                Err(e) => return ready_err(shared, e),
+            }
         }
         let mut policy = shared.lock_policy();
         let mut fifo = shared.lock_fifo();
         let view = shared.view(&fifo);
-        match policy.on_arrival(now, &arrival, &view) {
+        let verdict = policy.on_arrival(now, &arrival, &view);
+        if let Some(s) = stream {
+            // Registered with a credit stream: explicit credits may go to it.
+            if shared.push.route(arrival.client, s) {
+                policy.set_pushable(arrival.client, s);
+            }
+        }
+        match verdict {
             Verdict::Admit => {
                 let budget_ns = arrival.budget_ns.unwrap_or(u64::MAX);
                 let (tx, rx) = oneshot::channel();
@@ -610,7 +643,9 @@ where
         .expect("worker runtime");
     let mut explicit = Vec::new();
     let mut releases = Vec::new();
+    let mut pushes = Vec::new();
     loop {
+        pushes.clear();
         let mut job = {
             let mut fifo = shared.lock_fifo();
             loop {
@@ -651,6 +686,11 @@ where
                 policy.on_tick(now, &view, &mut explicit);
             }
             shared.release_held(&mut **policy, now, &mut releases);
+            // Spare credits the response's own grant left go to drained
+            // clients of the responder's connection, riding on its response.
+            if shared.push.active() {
+                policy.push_credits(now, Some(job.client), &mut pushes);
+            }
             fb
         };
         if !explicit.is_empty() {
@@ -666,6 +706,13 @@ where
         let result = match result {
             Ok(mut r) => {
                 wire::write_feedback(r.headers_mut(), fb);
+                if !pushes.is_empty() {
+                    shared
+                        .counters
+                        .pushed_credits
+                        .fetch_add(pushes.len() as u64, Ordering::Relaxed);
+                    wire::write_pushes(r.headers_mut(), &mut pushes);
+                }
                 Ok(r)
             }
             Err(e) => Err(e),
@@ -679,6 +726,7 @@ where
 fn ticker<B, RB: Default>(shared: Weak<Shared<B, RB>>, tick: Duration) {
     let mut explicit = Vec::new();
     let mut releases = Vec::new();
+    let mut pushes = Vec::new();
     let mut doze = false;
     loop {
         if doze {
@@ -701,13 +749,21 @@ fn ticker<B, RB: Default>(shared: Weak<Shared<B, RB>>, tick: Duration) {
             let view = shared.view(&shared.lock_fifo());
             policy.on_tick(now, &view, &mut explicit);
             shared.release_held(&mut **policy, now, &mut releases);
-            doze = policy.parked_requests() == 0 && !shared.has_parked.load(Ordering::SeqCst);
+            if shared.push.active() {
+                policy.push_credits(now, None, &mut pushes);
+            }
+            doze = policy.parked_requests() == 0
+                && !shared.has_parked.load(Ordering::SeqCst)
+                && pushes.is_empty();
             if doze {
                 shared.ticker_dozing.store(true, Ordering::SeqCst);
             }
         }
         if !explicit.is_empty() {
             shared.answer_parked(&mut explicit);
+        }
+        if !pushes.is_empty() {
+            shared.deliver_pushes(&mut pushes);
         }
     }
 }
@@ -768,6 +824,17 @@ impl<B, RB> Shared<B, RB> {
                 t.unpark();
             }
         }
+    }
+
+    /// Write explicit credits to their clients' credit streams.
+    fn deliver_pushes(&self, pushes: &mut Vec<(u64, Feedback)>) {
+        let d = self.push.deliver(pushes);
+        self.counters
+            .pushed_credits
+            .fetch_add(d.credits, Ordering::Relaxed);
+        self.counters
+            .push_chunks
+            .fetch_add(d.chunks, Ordering::Relaxed);
     }
 
     /// Send explicit window updates to parked credit waits.

@@ -11,7 +11,12 @@
 //! | `bw-credit-limit` | response | cumulative credit edge (absolute) |
 //! | `bw-threshold` | response | DAGOR admission threshold |
 //! | `bw-reject` | response | why a request was refused (with its status) |
+//! | `bw-subscribe` | request | open this connection's credit stream, named by a u64 (see [`crate::push`]) |
+//! | `bw-stream` | request (`register`) | the credit stream explicit credits for this client go to |
+//! | `bw-push` | response | explicit credits for *other* clients of the same credit stream, riding on this response: `<client>:<limit>,...` |
 //!
+//! A credit stream's body is a sequence of lines `<client> <limit>\n`,
+//! each an explicit credit: the client's new cumulative edge.
 //! A message without `bw-client` is "missing metadata" (428 where the
 //! policy requires it); a header that does not parse is "malformed" (400).
 
@@ -26,6 +31,74 @@ pub const PRIORITY: &str = "bw-priority";
 pub const CREDIT_LIMIT: &str = "bw-credit-limit";
 pub const THRESHOLD: &str = "bw-threshold";
 pub const REJECT: &str = "bw-reject";
+pub const SUBSCRIBE: &str = "bw-subscribe";
+pub const STREAM: &str = "bw-stream";
+pub const PUSH: &str = "bw-push";
+
+/// Write explicit credits (drained) into a response's `bw-push` header.
+pub fn write_pushes(headers: &mut HeaderMap, grants: &mut Vec<(u64, Feedback)>) {
+    use std::fmt::Write;
+    let mut v = String::new();
+    for (client, fb) in grants.drain(..) {
+        if let Feedback::CreditLimit(limit) = fb {
+            if !v.is_empty() {
+                v.push(',');
+            }
+            let _ = write!(v, "{client}:{limit}");
+        }
+    }
+    if let Ok(v) = HeaderValue::from_str(&v) {
+        headers.insert(PUSH, v);
+    }
+}
+
+/// Read a response's `bw-push` explicit credits into `out`; entries that
+/// do not parse are skipped.
+pub fn parse_pushes(headers: &HeaderMap, out: &mut Vec<(u64, u64)>) {
+    let Some(v) = headers.get(PUSH).and_then(|v| v.to_str().ok()) else {
+        return;
+    };
+    for item in v.split(',') {
+        if let Some((c, l)) = item.split_once(':') {
+            if let (Ok(c), Ok(l)) = (c.parse(), l.parse()) {
+                out.push((c, l));
+            }
+        }
+    }
+}
+
+/// The credit stream a request names (`bw-subscribe` or `bw-stream`):
+/// `Ok(None)` when absent, malformed otherwise.
+pub fn parse_stream(headers: &HeaderMap, name: &'static str) -> Result<Option<u64>, WireError> {
+    number::<u64>(headers, name)
+}
+
+/// Append one explicit credit to a credit-stream chunk.
+pub fn encode_push(out: &mut Vec<u8>, client: u64, limit: u64) {
+    use std::io::Write;
+    let _ = writeln!(out, "{client} {limit}");
+}
+
+/// Decode the complete lines of a credit-stream chunk into `(client,
+/// limit)`; a trailing partial line is left in `buf` for the next chunk,
+/// and a line that does not parse is skipped.
+pub fn decode_pushes(buf: &mut Vec<u8>, out: &mut Vec<(u64, u64)>) {
+    let Some(end) = buf.iter().rposition(|&b| b == b'\n') else {
+        return;
+    };
+    for line in buf[..end].split(|&b| b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        let mut it = line.split(' ');
+        if let (Some(c), Some(l), None) = (it.next(), it.next(), it.next()) {
+            if let (Ok(c), Ok(l)) = (c.parse(), l.parse()) {
+                out.push((c, l));
+            }
+        }
+    }
+    buf.drain(..=end);
+}
 
 /// Bad control metadata on a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -245,6 +318,40 @@ mod tests {
             assert_eq!(e.status(), StatusCode::BAD_REQUEST, "{h}={v}");
             assert!(e.token().starts_with("malformed-"), "{}", e.token());
         }
+    }
+
+    #[test]
+    fn pushes_round_trip_across_split_chunks_and_skip_garbage() {
+        let mut chunk = Vec::new();
+        encode_push(&mut chunk, 7, 12);
+        encode_push(&mut chunk, u64::MAX, 1);
+        chunk.extend_from_slice(b"junk line\n-1 3\n9 4");
+        let mut buf = chunk[..4].to_vec();
+        let mut out = Vec::new();
+        decode_pushes(&mut buf, &mut out);
+        assert!(out.is_empty(), "no complete line yet");
+        buf.extend_from_slice(&chunk[4..]);
+        decode_pushes(&mut buf, &mut out);
+        assert_eq!(out, vec![(7, 12), (u64::MAX, 1)]);
+        assert_eq!(buf, b"9 4", "the partial line waits");
+        buf.extend_from_slice(b"\n");
+        decode_pushes(&mut buf, &mut out);
+        assert_eq!(out.last(), Some(&(9, 4)));
+        assert!(buf.is_empty());
+        let mut h = HeaderMap::new();
+        write_pushes(
+            &mut h,
+            &mut vec![(3, Feedback::CreditLimit(9)), (4, Feedback::CreditLimit(1))],
+        );
+        let mut got = Vec::new();
+        parse_pushes(&h, &mut got);
+        assert_eq!(got, vec![(3, 9), (4, 1)]);
+        got.clear();
+        parse_pushes(&headers(&[(PUSH, "1:2,x:3,4,5:6")]), &mut got);
+        assert_eq!(got, vec![(1, 2), (5, 6)], "garbage entries skipped");
+        let bad = headers(&[(SUBSCRIBE, "x1")]);
+        assert!(parse_stream(&bad, SUBSCRIBE).is_err());
+        assert_eq!(parse_stream(&HeaderMap::new(), STREAM), Ok(None));
     }
 
     #[test]

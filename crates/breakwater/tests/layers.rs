@@ -459,3 +459,87 @@ async fn expired_held_requests_keep_the_client_quiet_until_credit() {
         "sent on the credit, no wait"
     );
 }
+
+/// Server-pushed credits over real HTTP/2: drained clients send no credit
+/// wait, their queued requests go out on credits the server pushes (riding
+/// on responses to other clients of the connection or on the credit
+/// stream), and every request is served. A server without credit streams
+/// refuses the subscription, so clients keep the thesis's credit waits.
+#[test]
+fn pushed_credits_replace_credit_waits_over_real_http2() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let spec = ControlSpec::new(ControlKind::Breakwater, 200_000_000, 1);
+        let make_server = || -> Server<hyper::body::Incoming, Body> {
+            ServerLayer::new(spec.server().unwrap(), ServerConfig::default())
+                .unwrap()
+                .layer(tower::service_fn(
+                    |_req: Request<hyper::body::Incoming>| async {
+                        std::thread::sleep(Duration::from_millis(1));
+                        Ok::<_, BoxError>(Response::new(Full::new(Bytes::from_static(b"hi"))))
+                    },
+                ))
+        };
+        // A plain `serve` does not answer subscriptions.
+        let plain = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let plain_addr = plain.local_addr().unwrap();
+        tokio::spawn(breakwater::http::serve(plain, make_server(), 256));
+        let t = breakwater::http::H2Transport::connect(plain_addr)
+            .await
+            .unwrap();
+        assert!(t.open_credit_stream().await.is_err());
+
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = make_server();
+        let stats = server.clone();
+        let hub = server.push_hub();
+        tokio::spawn(breakwater::http::serve_with_push(
+            listener, server, hub, 256,
+        ));
+        let transport = breakwater::http::H2Transport::connect(addr).await.unwrap();
+        let link = transport.open_credit_stream().await.unwrap();
+        assert!(link.is_live());
+        let spec2 = spec.clone();
+        let layer = ClientLayer::new(
+            Arc::new(move || spec2.client().unwrap()),
+            Duration::from_millis(200),
+        )
+        .unwrap();
+        let clients: Vec<_> = (0..20)
+            .map(|_| layer.layer_pushed(transport.clone(), &link))
+            .collect();
+        let mut tasks = Vec::new();
+        for c in &clients {
+            for _ in 0..5 {
+                let c = c.clone();
+                tasks.push(tokio::spawn(async move {
+                    c.oneshot(Request::new(Body::default())).await
+                }));
+            }
+        }
+        for t in tasks {
+            let r = t.await.unwrap().expect("served, not expired");
+            assert_eq!(r.status(), StatusCode::OK);
+        }
+        let cs = layer.stats();
+        assert_eq!(
+            cs.credit_waits_sent
+                .load(std::sync::atomic::Ordering::Relaxed),
+            0,
+            "a pushed client never asks for credit"
+        );
+        assert!(
+            cs.pushed_received
+                .load(std::sync::atomic::Ordering::Relaxed)
+                > 0
+        );
+        let s = stats.stats();
+        assert_eq!(s.credit_waits, 0);
+        assert_eq!(s.completed_ok, 100);
+        assert!(s.pushed_credits > 0, "{s:?}");
+    });
+}

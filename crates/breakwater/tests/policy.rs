@@ -120,6 +120,9 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
             match rng.below(10) {
                 0 => {
                     p.on_arrival(now, &msg(x, Kind::Register, demand), &q);
+                    if rng.below(2) == 0 {
+                        p.set_pushable(x, x % 3);
+                    }
                 }
                 1..=4 => {
                     let mut m = msg(x, Kind::Request, demand);
@@ -162,6 +165,32 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
                     }
                     assert!(p.held() as u64 <= p.config().max_held, "held past max_held");
                 }
+                8 if rng.below(3) == 0 => {
+                    // Explicit credits: clients of group x % 3 are pushable
+                    // (set on registration, below); pushes go only to
+                    // drained ones, and only from the spare pool.
+                    let before: Vec<Option<u64>> = ids.iter().map(|&y| p.unused(y)).collect();
+                    let via = (rng.below(2) == 0).then_some(x);
+                    let mut out = Vec::new();
+                    p.push_credits(now, via, &mut out);
+                    for &(y, fb) in &out {
+                        assert!(matches!(fb, Feedback::CreditLimit(_)));
+                        assert_eq!(
+                            before[y as usize],
+                            Some(0),
+                            "pushed to a client with credit"
+                        );
+                        assert!(p.unused(y).unwrap() >= 1);
+                        if let Some(v) = via {
+                            assert_eq!(y % 3, v % 3, "pushed outside the responder's group");
+                        }
+                        let g = p.last_grant().unwrap();
+                        assert!(g.unused_after <= g.demand + g.c_oc, "{g:?}");
+                    }
+                    if !out.is_empty() {
+                        assert!(p.issued() <= p.c_total() as u64, "a push overdrew the pool");
+                    }
+                }
                 8 => {
                     let mut out = Vec::new();
                     p.on_tick(now, &q, &mut out);
@@ -193,6 +222,69 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
             check(&p, &ids);
         }
     }
+}
+
+#[test]
+fn explicit_credits_are_pushed_to_drained_clients_round_each_group() {
+    let mut p = bw();
+    let q = empty();
+    let now = 1_000;
+    for x in [1, 2, 3, 4, 9] {
+        p.on_arrival(now, &msg(x, Kind::Register, 0), &q);
+        // Spend whatever the registration granted: drained, in flight.
+        while p.unused(x).unwrap() > 0 {
+            assert_eq!(
+                p.on_arrival(now, &msg(x, Kind::Request, 0), &q),
+                Verdict::Admit
+            );
+        }
+        if x != 9 {
+            p.set_pushable(x, if x <= 2 { 7 } else { 8 }); // 9: no stream
+        }
+    }
+    let mut out = Vec::new();
+    p.push_credits(now, Some(1), &mut out);
+    assert!(out.is_empty(), "no spare credit: nothing to push");
+    p.set_c_total(p.issued() as f64 + 3.0);
+    p.push_credits(now, Some(1), &mut out);
+    let got: Vec<u64> = out.iter().map(|&(x, _)| x).collect();
+    assert_eq!(
+        got,
+        vec![1, 2],
+        "only the responder's group, round its ring"
+    );
+    for &(x, fb) in &out {
+        assert_eq!(p.unused(x), Some(1), "Eq. 2.5: demand 0 + C_oc 1");
+        assert!(matches!(fb, Feedback::CreditLimit(_)));
+    }
+    out.clear();
+    p.push_credits(now, Some(2), &mut out);
+    assert!(out.is_empty(), "group 7 holds its credits now");
+    p.push_credits(now, None, &mut out);
+    assert_eq!(out.len(), 1, "the last spare credit");
+    assert_eq!(out[0].0, 3, "group 8's first");
+    assert_eq!(p.issued(), p.c_total() as u64);
+    out.clear();
+    p.push_credits(now, None, &mut out);
+    assert!(out.is_empty(), "the pool is spent");
+    p.set_c_total(p.issued() as f64 + 1.0);
+    p.push_credits(now, None, &mut out);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0, 4, "group 8's ring moved on");
+    assert_eq!(
+        p.unused(9),
+        Some(0),
+        "never pushed to a client without a stream"
+    );
+    // The client half keeps the higher edge: a push overtaken by a
+    // response is stale.
+    let mut c = BreakwaterClient::new();
+    assert_eq!(c.try_acquire(0, 1), Acquire::Send(Kind::Register));
+    c.on_feedback(0, Feedback::CreditLimit(5));
+    c.on_pushed(0, Feedback::CreditLimit(3));
+    assert_eq!(c.available(), 4);
+    c.on_pushed(0, Feedback::CreditLimit(7));
+    assert_eq!(c.available(), 6);
 }
 
 #[test]

@@ -100,6 +100,11 @@ pub struct Args {
     /// with `bw-server --carry`.
     #[arg(long)]
     pub bw_carry: bool,
+    /// Breakwater: each connection subscribes a credit stream and its
+    /// clients wait for credits the server pushes on it instead of sending
+    /// credit waits (server push; bw-server serves it always).
+    #[arg(long)]
+    pub bw_push: bool,
 }
 
 impl Args {
@@ -199,6 +204,7 @@ impl Args {
             seda_adj_i: self.seda_adj_i,
             seda_initial_rate: self.seda_initial_rate,
             bw_carry: self.bw_carry,
+            bw_push: self.bw_push,
         })
     }
 }

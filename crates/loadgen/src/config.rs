@@ -63,6 +63,9 @@ pub struct Config {
     /// Breakwater: a drained client's credit wait carries its oldest
     /// request (`await`) instead of going alone (`wait`, the default).
     pub bw_carry: bool,
+    /// Breakwater: explicit credits pushed on a per-connection credit
+    /// stream; drained clients send no credit waits.
+    pub bw_push: bool,
 }
 
 impl Config {
@@ -91,6 +94,7 @@ impl Config {
             seda_adj_i: None,
             seda_initial_rate: None,
             bw_carry: false,
+            bw_push: false,
         }
     }
 

@@ -109,8 +109,24 @@ async fn drive(config: &Config, addr: SocketAddr, kind: ControlKind) -> Result<S
         slo,
     )
     .map_err(|e| e.to_string())?;
+    let mut links = Vec::new();
+    if config.bw_push {
+        for t in &transports {
+            links.push(
+                t.open_credit_stream()
+                    .await
+                    .map_err(|e| format!("--bw-push: {e}"))?,
+            );
+        }
+    }
     let clients: Vec<Logical> = (0..config.clients)
-        .map(|i| layer.layer(transports[i % transports.len()].clone()))
+        .map(|i| {
+            let t = transports[i % transports.len()].clone();
+            match links.get(i % transports.len()) {
+                Some(link) => layer.layer_pushed(t, link),
+                None => layer.layer(t),
+            }
+        })
         .collect();
     let warmup_ns = (config.warmup_s * 1e9) as u64;
     let mut recorder = Recorder::new(warmup_ns, &config.measured_steps(), config.bin_ms);

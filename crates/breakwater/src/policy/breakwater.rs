@@ -225,6 +225,9 @@ struct ClientState {
     parked: bool,
     /// A request of this client is held ([`Kind::Await`]).
     awaiting: bool,
+    /// The group (connection) whose credit stream explicit credits for it
+    /// can be pushed on.
+    push_group: Option<u64>,
 }
 
 impl ClientState {
@@ -283,6 +286,15 @@ pub struct Breakwater {
     /// Grants made on responses / explicit updates, for message counts.
     pub explicit_updates: u64,
     last_grant: Option<GrantRecord>,
+    /// Pushable clients by group, least recently pushed to first: explicit
+    /// credits go round these rings (the thesis picks at random; with every
+    /// client equally likely to have a request next, a ring is as good and
+    /// spreads the credits evenly). Stale ids are dropped lazily.
+    push_rings: HashMap<u64, VecDeque<ClientId>>,
+    /// Groups, in the order pushes without a `via` visit them.
+    push_groups: VecDeque<u64>,
+    /// Credits granted by [`Policy::push_credits`].
+    pub pushed: u64,
 }
 
 /// A request held for a credit.
@@ -322,6 +334,9 @@ impl Breakwater {
             eff: Efficiency::default(),
             explicit_updates: 0,
             last_grant: None,
+            push_rings: HashMap::new(),
+            push_groups: VecDeque::new(),
+            pushed: 0,
         })
     }
 
@@ -687,6 +702,36 @@ impl Breakwater {
         Verdict::Admit
     }
 
+    /// Push spare credits round group `g`'s ring (see `push_credits`).
+    fn push_group(&mut self, g: u64, out: &mut Vec<(ClientId, Feedback)>) {
+        let Some(mut ring) = self.push_rings.remove(&g) else {
+            return;
+        };
+        let mut visits = ring.len();
+        while visits > 0 && self.claimed() < self.total() {
+            visits -= 1;
+            let Some(id) = ring.pop_front() else {
+                break;
+            };
+            let Some(c) = self.clients.get(&id) else {
+                continue; // forgotten (idle, deregistered): leaves the ring
+            };
+            if c.push_group != Some(g) {
+                continue;
+            }
+            ring.push_back(id);
+            if c.unused() > 0 || c.parked || c.awaiting {
+                continue;
+            }
+            let limit = self.grant(id);
+            if self.clients[&id].unused() > 0 {
+                self.pushed += 1;
+                out.push((id, Feedback::CreditLimit(limit)));
+            }
+        }
+        self.push_rings.insert(g, ring);
+    }
+
     /// Requests currently held for a credit (expired ones included).
     pub fn held(&self) -> usize {
         self.held.len() + self.expired.len()
@@ -718,6 +763,7 @@ impl Policy for Breakwater {
                 if let Some(c) = self.clients.get_mut(&msg.client) {
                     let unused = c.unused();
                     c.limit = c.received;
+                    c.push_group = None;
                     self.issued -= unused;
                     if c.parked {
                         c.parked = false;
@@ -938,6 +984,57 @@ impl Policy for Breakwater {
         self.held.len() + self.expired.len() + self.held_rejects.len()
     }
 
+    fn set_pushable(&mut self, client: ClientId, group: u64) {
+        let Some(c) = self.clients.get_mut(&client) else {
+            return;
+        };
+        if c.push_group == Some(group) {
+            return;
+        }
+        c.push_group = Some(group);
+        let ring = self.push_rings.entry(group).or_insert_with(|| {
+            self.push_groups.push_back(group);
+            VecDeque::new()
+        });
+        ring.push_back(client);
+    }
+
+    /// Spare credits (`C_total − C_issued − held`, after the response's
+    /// lazy grant) go to pushable clients holding no credit, round their
+    /// group's ring, each by Eq. 2.5 (`min(demand + C_oc, C_avail)`: with
+    /// the floor of 1 and no known demand, one credit). A client with
+    /// unused credit, a parked credit wait (answered by `on_tick`) or a
+    /// held request gets nothing here. Never grants past `C_total`.
+    fn push_credits(
+        &mut self,
+        _now: Nanos,
+        via: Option<ClientId>,
+        out: &mut Vec<(ClientId, Feedback)>,
+    ) {
+        if self.claimed() >= self.total() {
+            return;
+        }
+        match via {
+            Some(v) => {
+                if let Some(g) = self.clients.get(&v).and_then(|c| c.push_group) {
+                    self.push_group(g, out);
+                }
+            }
+            None => {
+                for _ in 0..self.push_groups.len() {
+                    if self.claimed() >= self.total() {
+                        break;
+                    }
+                    let Some(g) = self.push_groups.pop_front() else {
+                        break;
+                    };
+                    self.push_groups.push_back(g);
+                    self.push_group(g, out);
+                }
+            }
+        }
+    }
+
     fn stats(&self) -> PolicyStats {
         PolicyStats {
             control: self.c_total,
@@ -1016,6 +1113,19 @@ impl ClientPolicy for BreakwaterClient {
                 self.registered = true;
             }
             self.limit = limit;
+        }
+    }
+
+    /// A push only ever grants (the server pushes to clients it believes
+    /// drained), so a pushed edge below the current one is an old push
+    /// that a response overtook: keep the higher edge. (The server honours
+    /// requests up to the highest edge it ever sent, so this cannot get a
+    /// request refused.)
+    fn on_pushed(&mut self, now: Nanos, feedback: Feedback) {
+        if let Feedback::CreditLimit(limit) = feedback {
+            if self.registered && limit > self.limit {
+                self.on_feedback(now, feedback);
+            }
         }
     }
 

@@ -231,6 +231,25 @@ pub trait Policy: Send + 'static {
     fn stats(&self) -> PolicyStats {
         PolicyStats::default()
     }
+    /// The transport can push to `client` without a request to answer: it
+    /// registered a credit stream, shared by the clients of `group` (one
+    /// connection). Called after the arrival that registered it.
+    fn set_pushable(&mut self, _client: ClientId, _group: u64) {}
+    /// Explicit credits (thesis §2.3.2: "only generated when piggybacking
+    /// a credit on a response is not possible"): grant the pool's spare
+    /// credits to pushable clients and push `(client, feedback)` for the
+    /// transport to deliver. With `via`, a response to that client is
+    /// about to leave: grant only to clients of its group, so the credits
+    /// ride on that response; without, to any group (the transport writes
+    /// them to the credit streams). Called after completions (after the
+    /// response's own lazy grant) and ticks.
+    fn push_credits(
+        &mut self,
+        _now: Nanos,
+        _via: Option<ClientId>,
+        _out: &mut Vec<(ClientId, Feedback)>,
+    ) {
+    }
 }
 
 /// What the client half says about sending a request now.
@@ -252,6 +271,12 @@ pub trait ClientPolicy: Send + 'static {
     /// Give back a permit that was taken but not used.
     fn release(&mut self) {}
     fn on_feedback(&mut self, _now: Nanos, _feedback: Feedback) {}
+    /// An explicit credit pushed on a credit stream ([`crate::push`]). It
+    /// travels apart from the responses, so it may overtake or trail them;
+    /// by default it is applied like any feedback.
+    fn on_pushed(&mut self, now: Nanos, feedback: Feedback) {
+        self.on_feedback(now, feedback);
+    }
     /// A response (success or failure) arrived `latency_ns` after sending.
     fn on_response(&mut self, _now: Nanos, _latency_ns: Nanos, _ok: bool) {}
     /// When a waiting request could next get a permit without feedback
