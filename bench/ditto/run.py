@@ -55,8 +55,10 @@ def _wait_port(port: int, timeout: float = 20) -> None:
     raise SystemExit(f"bench ditto: server did not listen on {port}")
 
 
-def run_service(name: str, spec: dict, work: Path, quick: bool) -> dict:
+def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "all") -> dict:
     out = work / name
+    if stage == "report":  # the clone from an earlier `--stage pipeline` run, validated now
+        return validate_service(name, out, quick, json.loads((out / "private" / "bench_times.json").read_text()))
     shutil.rmtree(out, ignore_errors=True)
     srv = subprocess.Popen(
         ["taskset", "-c", "0", *spec["cmd"]],
@@ -103,6 +105,15 @@ def run_service(name: str, spec: dict, work: Path, quick: bool) -> dict:
     t0 = time.monotonic()
     subprocess.run(["make", "-s", "-C", str(out)], check=True)
     build_s = time.monotonic() - t0
+    times = {"pipeline_s": pipeline_s, "build_s": build_s}
+    if stage == "pipeline":
+        (out / "private" / "bench_times.json").write_text(json.dumps(times))
+        print(f"[ditto] {name}: pipeline {pipeline_s / 60:.1f} min, build {build_s:.1f} s; next: --stage report")
+        return {}
+    return validate_service(name, out, quick, times)
+
+
+def validate_service(name: str, out: Path, quick: bool, times: dict) -> dict:
     t0 = time.monotonic()
     rp = subprocess.run(
         [sys.executable, "-m", "tailscope", "clone-report", str(out), "--json", "--duration", "3" if quick else "4"],
@@ -119,16 +130,14 @@ def run_service(name: str, spec: dict, work: Path, quick: bool) -> dict:
     prof = json.loads((priv / "profile.json").read_text())
     tuning = json.loads((priv / "tuning.json").read_text())
     leak = json.loads((priv / "leakage.json").read_text())
-    times = {"pipeline_s": pipeline_s, "build_s": build_s, "validate_s": validate_s}
+    times = {"pipeline_s": times["pipeline_s"], "build_s": times["build_s"], "validate_s": validate_s}
     (priv / "bench_times.json").write_text(json.dumps(times))
     return {
         "validation": res,
         "profile": prof,
         "tuning": tuning,
         "leakage": leak,
-        "pipeline_s": pipeline_s,
-        "build_s": build_s,
-        "validate_s": validate_s,
+        **times,
         "clone_dir": str(out.relative_to(ROOT)),
     }
 
@@ -157,6 +166,14 @@ def main() -> int:
         help="services to report from their last run (bench/work/ditto/<name>) without re-running them, "
         "so that each service's run can hold the exclusive lock on its own",
     )
+    ap.add_argument(
+        "--stage",
+        choices=("all", "pipeline", "report"),
+        default="all",
+        help="pipeline: profile, generate, tune and build only; report: validate the clone a pipeline "
+        "stage left (so that the heavy pipeline runs under a shared lock and the timed validation under "
+        "the exclusive one)",
+    )
     args = ap.parse_args()
     if os.geteuid() != 0:
         print("bench ditto: skipped: needs root (eBPF, network namespaces)")
@@ -170,15 +187,23 @@ def main() -> int:
     results = {}
     also = [n for n in args.also.split(",") if n]
     for name in args.services.split(","):
-        results[name] = run_service(name, SERVICES[name], work, args.quick)
+        results[name] = run_service(name, SERVICES[name], work, args.quick, args.stage)
+    if args.stage == "pipeline":
+        return 0
     for name in also:
         results[name] = load_service(name, work)
     results = {n: results[n] for n in sorted(results, key=lambda n: list(SERVICES).index(n))}
     quick = " --quick" if args.quick else ""
-    command = f".venv/bin/python bench/ditto/run.py --services {args.services}{quick}"
+    py = ".venv/bin/python bench/ditto/run.py"
+
+    def steps(n: str) -> str:
+        if args.stage == "report":  # the pipeline under the shared lock, then the timed validation
+            return f"{py} --services {n} --stage pipeline{quick}; {py} --services {n} --stage report{quick}"
+        return f"{py} --services {n}{quick}"
+
+    command = steps(args.services)
     if also:  # the services were run one per locked run: the earlier ones first, then this one
-        earlier = "; ".join(f".venv/bin/python bench/ditto/run.py --services {n}{quick}" for n in also)
-        command = f"{earlier}; {command} --also {args.also}"
+        command = f"{'; '.join(steps(n) for n in also)}; {command} --also {args.also}"
     out_dir = ROOT / "bench" / "results"
     report.write_html(out_dir / "ditto.html", results, command=command)
     summary = {

@@ -577,3 +577,41 @@ def test_clone_serves_the_load(tmp_path):
             finally:
                 srv.stop()
         assert lg["completed"] > 100 and lg["errors"] == 0 and lg["timeouts"] == 0, lg
+
+
+def test_rows_whose_original_varies_more_than_the_limit_are_not_judged():
+    """validate.verdict / errors: the original measured twice; a row whose own spread exceeds the
+    limit is neither a pass nor a fail, a judged row beyond the limit fails the target."""
+    from tailscope.clone import report, validate
+
+    v = validate.verdict([("cache A", 0.04, 0.01), ("cache B", 0.40, 0.30)], 0.10)
+    assert v["holds"] is None and v["max_judged_error"] == 0.04 and v["max_error"] == 0.40
+    assert [u["where"] for u in v["unjudged"]] == ["cache B"]
+    assert report.holds_text(v).startswith("yes where judged (not judged: cache B")
+    assert validate.verdict([("cache A", 0.12, 0.01), ("cache B", 0.40, 0.30)], 0.10)["holds"] is False
+    assert validate.verdict([("cache A", 0.04, 0.01), ("cache B", 0.09, None)], 0.10)["holds"] is True
+    assert validate.verdict([("cache B", 0.01, 0.5)], 0.10)["holds"] is None
+    # errors(): the spread comes from the original's two callgrind windows and its two native sessions
+    sim = {"I1_miss_rate": 0.02, "D1_miss_rate": 0.01, "LL_miss_rate": 1e-6, "branch_mispredict_rate": 0.01}
+    sim |= {"instructions_per_request": 6000.0}
+    runs = [dict(sim, LL_miss_rate=1e-6), dict(sim, LL_miss_rate=2e-6)]  # LL: 67% apart
+    native = {k: 100.0 for k in validate.NATIVE_KEYS} | {"throughput_rps": 1000.0}
+    orig = native | {
+        "syscalls_per_request": {"read": 1.0},
+        "net_bytes_in_per_request": 30.0,
+        "net_bytes_out_per_request": 40.0,
+        "sessions": [native, native | {"latency_p99_us": 150.0}],  # p99: 40% apart
+    }
+    clone = dict(orig, latency_avg_us=112.0)
+    res = {
+        "rates": {"medium": 1000.0},
+        "levels": {"medium": {"original": orig, "clone": clone}},
+        "simulated": {
+            "B": {"original": dict(sim, LL_miss_rate=1.5e-6, runs=runs), "clone": dict(sim, LL_miss_rate=3e-6)}
+        },
+    }
+    t = validate.errors(res)["targets"]
+    assert t["LL_miss_rate"]["holds"] is None and t["LL_miss_rate"]["unjudged"][0]["where"] == "cache B"
+    assert t["latency_p99_us"]["holds"] is None
+    assert t["latency_avg_us"]["holds"] is True and abs(t["latency_avg_us"]["max_error"] - 0.12) < 1e-9
+    assert t["I1_miss_rate"]["holds"] is True

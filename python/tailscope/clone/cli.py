@@ -38,7 +38,7 @@ def register(sub) -> None:
     )
     c.add_argument("--iterations", type=int, default=10, help="tuning iterations, at most 10 (default 10)")
     c.add_argument("--vg-rate", type=float, default=400, help="request rate under valgrind (default 400)")
-    c.add_argument("--vg-requests", type=int, default=2000, help="requests per valgrind window (default 2000)")
+    c.add_argument("--vg-requests", type=int, default=6000, help="requests per valgrind window (default 6000)")
     c.add_argument("--sweep-requests", type=int, default=600, help="requests per sweep window (default 600)")
     c.add_argument("--seconds", type=float, default=4.0, help="eBPF window at medium load (default 4)")
     c.add_argument("--quiet", action="store_true", help="no progress lines")

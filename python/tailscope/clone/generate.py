@@ -96,6 +96,8 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         if len(i_bins) >= 3:
             cold_code = max(0.0, i_bins[-1][1])
             i_bins = i_bins[:-1]
+        if "I_cold" in b:  # measured in a window as long as the validation's (profile.py)
+            cold_code = max(0.0, b["I_cold"])
         cap = max(4096, int(b.get("code_footprint_bytes", 1 << 20)) * 2)
         capped: dict[int, float] = {}
         for s_, n in i_bins:  # bins beyond the cap merge into one (a ring per bin: no duplicates)
@@ -177,8 +179,9 @@ def generate(
         # code fetched for the first time is a count per run, not per request (a fresh process runs
         # rarely taken paths once): the sweep's windows are shorter than the validation window,
         # so its cold code per event is spread over the window's requests
+        # (a profile from before session 7; newer ones measure it in a window of that length)
         vgp = prof.get("valgrind") or {}
-        if vgp.get("sweep_requests") and vgp.get("window_requests"):
+        if "I_cold" not in b and vgp.get("sweep_requests") and vgp.get("window_requests"):
             specs[ci].cold_code_lines *= min(1.0, vgp["sweep_requests"] / vgp["window_requests"])
     asmgen.layer_walkers(list(specs.values()), knobs)
     for ci, spec in specs.items():

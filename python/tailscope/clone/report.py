@@ -51,39 +51,74 @@ def _fmt(v: float) -> str:
     return f"{v:.5f}"
 
 
+def _pct(v: float | None) -> str:
+    return "–" if v is None else f"{100 * v:.1f}%"
+
+
+def holds_text(row: dict) -> str:
+    """yes / no / cannot be judged, with the rows whose original varied more than the limit."""
+    if row.get("holds") is False:
+        word = "no"
+    elif row.get("holds"):
+        word = "yes"
+    else:
+        word = "cannot be judged" if row.get("max_judged_error") is None else "yes where judged"
+    un = row.get("unjudged") or []
+    if un:
+        word += (
+            " (not judged: "
+            + ", ".join(f"{u['where']}, the original's own spread {_pct(u['original_spread'])}" for u in un)
+            + ")"
+        )
+    return word
+
+
 def error_table_md(service: str, res: dict) -> str:
-    """The issue's target table with the measured worst error per metric."""
+    """The issue's target table with the measured worst error per metric, the original's own
+    largest spread over the same rows, and the verdict (validate.verdict)."""
     t = res["errors"]["targets"]
-    lines = [f"| {service}: metric | limit | worst error | holds |", "|---|---|---|---|"]
+    lines = [
+        f"| {service}: metric | limit | worst error | original's own spread | holds |",
+        "|---|---|---|---|---|",
+    ]
     for k, lab in TARGET_LABELS.items():
         row = t.get(k)
         if not row:
             continue
-        me = "–" if row["max_error"] is None else f"{100 * row['max_error']:.1f}%"
-        lines.append(f"| {lab} | ≤ {100 * row['limit']:.0f}% | {me} | {'yes' if row['holds'] else 'no'} |")
+        sps = [r["original_spread"] for r in row.get("rows", []) if r.get("original_spread") is not None]
+        sp = _pct(max(sps)) if sps else "–"
+        lines.append(f"| {lab} | ≤ {100 * row['limit']:.0f}% | {_pct(row['max_error'])} | {sp} | {holds_text(row)} |")
     return "\n".join(lines)
 
 
 def detail_table_md(res: dict) -> str:
-    lines = ["| metric | load | original | clone | error |", "|---|---|---|---|---|"]
+    lines = [
+        "| metric | load | original | clone | error | original's own spread |",
+        "|---|---|---|---|---|---|",
+    ]
+    osp = res["errors"].get("original_spread", {})
     for lvl, row in res["levels"].items():
         e = res["errors"]["levels"][lvl]
+        sp = osp.get("levels", {}).get(lvl, {})
         for k, lab in NATIVE_ROWS:
             lines.append(
-                f"| {lab} | {lvl} | {_fmt(row['original'][k])} | {_fmt(row['clone'][k])} | {100 * e[k]:.1f}% |"
+                f"| {lab} | {lvl} | {_fmt(row['original'][k])} | {_fmt(row['clone'][k])} | {100 * e[k]:.1f}% "
+                f"| {_pct(sp.get(k))} |"
             )
-        lines.append(f"| syscall mix (total variation) | {lvl} | | | {100 * e['syscall_mix']:.1f}% |")
+        lines.append(f"| syscall mix (total variation) | {lvl} | | | {100 * e['syscall_mix']:.1f}% | – |")
         ob = row["original"]["net_bytes_in_per_request"] + row["original"]["net_bytes_out_per_request"]
         cb = row["clone"]["net_bytes_in_per_request"] + row["clone"]["net_bytes_out_per_request"]
         lines.append(
-            f"| network bytes per request | {lvl} | {_fmt(ob)} | {_fmt(cb)} | {100 * e['net_bytes_per_request']:.1f}% |"
+            f"| network bytes per request | {lvl} | {_fmt(ob)} | {_fmt(cb)} | {100 * e['net_bytes_per_request']:.1f}% "
+            "| – |"
         )
     for cfg, sides in res["simulated"].items():
         e = res["errors"]["simulated"][cfg]
+        sp = osp.get("simulated", {}).get(cfg, {})
         for k, lab in SIM_ROWS:
             lines.append(
                 f"| {lab} | cache {cfg} | {_fmt(sides['original'].get(k))} | {_fmt(sides['clone'].get(k))} "
-                f"| {100 * e[k]:.1f}% |"
+                f"| {100 * e[k]:.1f}% | {_pct(sp.get(k))} |"
             )
     return "\n".join(lines)
 

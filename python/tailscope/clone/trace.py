@@ -13,6 +13,9 @@ per-event output, so a busy server does not overflow a ring):
                                  read on it (request -> reply sizes)
   sw[tid, voluntary]             context switches; wake[tid] wakeups
   fork / exit                    threads created and exited in the window
+  gsleep[tid], gsw[tid], gns     while a connection is open (whatever `gate_conns` says): sleeps
+                                 (nanosleep, clock_nanosleep), voluntary switches, and the
+                                 time in ns (5 ms ticks): the period of timer threads under load
 
 Connection fds are learnt from accept/accept4 return values inside the window (the load
 generator connects after the trace starts), the listening fds are passed in.
@@ -165,7 +168,7 @@ READY = "tailscope-trace-ready"
 def bpftrace_script(pid: int, listen_fds: list[int], notify_fds: list[int], gate_conns: bool = False) -> str:
     """The bpftrace program for `pid` (see the module docstring for the maps and the gate)."""
     # every map gets a key up front: bpftrace rejects reads of a map that is never assigned
-    init = "  @lfd[-1] = 0; @nfd[-1] = 0; @cfd[-1] = 0; @last[-1] = 0; @open = 0; @t0 = 0; @t1 = 0;\n"
+    init = "  @lfd[-1] = 0; @nfd[-1] = 0; @cfd[-1] = 0; @last[-1] = 0; @open = 0; @t0 = 0; @t1 = 0; @gns = 0;\n"
     init += "".join(f"  @lfd[{fd}] = 1;\n" for fd in listen_fds)
     init += "".join(f"  @nfd[{fd}] = 1;\n" for fd in notify_fds)
     arg_rules = []
@@ -207,14 +210,22 @@ tracepoint:raw_syscalls:sys_exit /pid == {pid} && @nr[tid] == args->id/ {{
 {chr(10).join(arg_rules)}
   if ($nr == 54) {{ @sso[$c, (int64)@a1[tid], (int64)@a2[tid]] = count(); }}
   }}
+  if (@open > 0 && ($nr == 35 || $nr == 230)) {{ @gsleep[tid] = count(); }}
   if ($nr == 3 && $c == 2) {{ delete(@cfd[$fd]); @open = @open - 1; }}
   delete(@nr[tid]);
 }}
-tracepoint:sched:sched_switch /pid == {pid}/ {{ @sw[tid, args->prev_state > 0 ? 1 : 0] = count(); }}
+tracepoint:sched:sched_switch /pid == {pid}/ {{
+  @sw[tid, args->prev_state > 0 ? 1 : 0] = count();
+  if (@open > 0 && args->prev_state > 0) {{ @gsw[tid] = count(); }}
+}}
 tracepoint:sched:sched_wakeup /args->pid != 0/ {{ @wake[args->pid] = count(); }}
 tracepoint:sched:sched_process_fork /pid == {pid}/ {{ @fork = count(); }}
 tracepoint:sched:sched_process_exit /pid == {pid}/ {{ @exit = count(); }}
-interval:ms:5 {{ if (@t0 == 0) {{ @t0 = nsecs; printf("{READY}\\n"); }} @t1 = nsecs; }}
+interval:ms:5 {{
+  if (@t0 == 0) {{ @t0 = nsecs; printf("{READY}\\n"); }}
+  @t1 = nsecs;
+  if (@open > 0) {{ @gns = @gns + 5000000; }}
+}}
 END {{ @ns = @t1 - @t0 + 5000000; clear(@t0); clear(@t1); clear(@open);
       clear(@nr); clear(@a0); clear(@a1); clear(@a2); clear(@a3);
       clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); }}
