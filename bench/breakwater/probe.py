@@ -83,7 +83,7 @@ def main() -> int:
     if args.closed:
         for _ in range(args.runs):
             for name, sx, lx in variants:
-                rps = bench.capacity("exponential", args.control, depth=1, server_extra=sx, lg_extra=lx)
+                rps = bench.capacity("exponential", args.control, depth=1, server_extra=sx, lg_extra=lx, push=False)
                 out["runs"][name].append({"rps": rps})
                 print(f"  {name:>14}: {rps:7.0f} req/s", flush=True)
         print()
@@ -105,6 +105,7 @@ def main() -> int:
                     capacity=cap,
                     server_extra=sx,
                     lg_extra=lx,
+                    push=False,  # the variant's own flags decide (--bw-push)
                 )
                 row = per_run(r, cap, dur + warm)
                 row["server"] = r["server"]

@@ -64,6 +64,24 @@ WORKER_PRIORITY = os.environ.get("BW_WORKER_PRIORITY", "normal")
 # kernel's default), the same for every control.
 IO_SLICE_US = int(os.environ.get("BW_IO_SLICE_US", "0"))
 PARTS = ["overhead", "sweep", "bimodal", "shift", "ablation", "lock", "sim"]
+# Breakwater's client protocol for a drained client (no credit, nothing in
+# flight): `push` (session 7; loadgen --bw-push: it waits for an explicit
+# credit the server pushes, riding on a response to another client of its
+# connection or on the connection's credit stream) or `wait` (the thesis
+# protocol over HTTP: it sends a credit wait and the server answers it).
+# The ablation part always runs both (docs/breakwater.md, session 7).
+PROTOCOL = os.environ.get("BW_PROTOCOL", "push")
+if PROTOCOL not in ("push", "wait"):
+    print(f"bench breakwater: error: BW_PROTOCOL must be push or wait, got {PROTOCOL!r}", file=sys.stderr)
+    sys.exit(1)
+
+
+def push_flags(client_control: str, lg_extra: list[str], push: bool | None) -> list[str]:
+    """`--bw-push` for a Breakwater client unless told otherwise (or carrying)."""
+    push = PROTOCOL == "push" if push is None else push
+    if push and client_control == "breakwater" and "--bw-carry" not in lg_extra:
+        return ["--bw-push"]
+    return []
 
 
 def die(msg: str) -> None:
@@ -238,8 +256,10 @@ def run_one(
     mean_us: int = MEAN_US,
     workers: int = 1,
     lg_extra: list[str] | None = None,
+    push: bool | None = None,
 ) -> dict:
-    """One server + one loadgen run; returns the merged summary."""
+    """One server + one loadgen run; returns the merged summary. `push`:
+    Breakwater's protocol (None: `PROTOCOL`)."""
     PORT[0] += 1
     port = PORT[0]
     server_control = control
@@ -252,6 +272,7 @@ def run_one(
     if steps:
         extra += ["--steps", steps]
     extra += lg_extra or []
+    extra += push_flags(client_control, extra, push)
     try:
         lg = loadgen(port, client_control, f"{rate:.0f}", duration, warmup, extra, slo_us)
     finally:
@@ -291,6 +312,7 @@ def capacity(
     depth: int = 4,
     server_extra: list[str] | None = None,
     lg_extra: list[str] | None = None,
+    push: bool | None = None,
 ) -> float:
     """Closed-loop maximum throughput (8 connections x `depth` outstanding,
     i.e. 8 x depth logical clients each with one request in flight) through
@@ -298,7 +320,9 @@ def capacity(
     PORT[0] += 1
     srv = Server(PORT[0], control, service, server_extra or [], SLO_US, MEAN_US)
     try:
-        lg = loadgen(PORT[0], control, "max", 2.0, 0.5, ["--max-outstanding-per-conn", str(depth), *(lg_extra or [])])
+        extra = ["--max-outstanding-per-conn", str(depth), *(lg_extra or [])]
+        extra += push_flags(control, extra, push)
+        lg = loadgen(PORT[0], control, "max", 2.0, 0.5, extra)
     finally:
         srv.stop()
     return lg["achieved_rps"] - lg["rejected"] / lg["duration_s"]
@@ -379,6 +403,7 @@ def main() -> int:
             "load": os.getloadavg(),
             "worker_priority": WORKER_PRIORITY,
             "io_slice_us": IO_SLICE_US,
+            "protocol": PROTOCOL,
         },
     }
     part_log = dict(previous.get("parts_run", {}))
@@ -456,6 +481,9 @@ def main() -> int:
     if real_ok and "ablation" in parts:
         print("ablation...", flush=True)
         abl = {}
+        # The thesis protocol over HTTP (drained clients send credit waits)
+        # unless the name says push: without speculation a pushing server
+        # knows no drained client's demand, so the first rows keep waits.
         variants = {
             "credits": ["--no-overcommit", "--no-aqm"],
             "credits+speculation": ["--no-aqm"],
@@ -466,13 +494,23 @@ def main() -> int:
             # Session 6: await whose expired held requests stay as their
             # clients' credit waits, with Eq. 2.4's floor of 1 (the thesis's).
             "credits+speculation+aqm+await+hold": ["--carry", "--hold-expired", "--overcommit-floor", "1"],
+            # Session 7: explicit credits pushed (bw-push on responses to the
+            # same connection, else its credit stream); no credit waits.
+            "credits+speculation+aqm+push": [],
         }
         for name, flags in variants.items():
             abl[name] = []
             lgx = ["--bw-carry"] if "--carry" in flags else []
             for d in [1.0, 2.0] if not args.quick else [2.0]:
                 r = run_one(
-                    "breakwater", d * c, server_extra=flags, duration=dur, warmup=warm, capacity=c, lg_extra=lgx
+                    "breakwater",
+                    d * c,
+                    server_extra=flags,
+                    duration=dur,
+                    warmup=warm,
+                    capacity=c,
+                    lg_extra=lgx,
+                    push=name.endswith("+push"),
                 )
                 r.pop("timeseries", None)
                 r["demand_x"] = d

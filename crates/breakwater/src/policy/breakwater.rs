@@ -59,6 +59,15 @@
 //! flight parks a credit wait; ticks answer parked clients in FIFO order as
 //! soon as credits are available. Clients silent for `client_idle` lose
 //! their unused credits and are forgotten.
+//!
+//! **Explicit credits (server push).** Where the transport can push
+//! (`set_pushable`: the client registered a credit stream, see
+//! [`crate::push`]), drained clients send no credit wait; instead
+//! `push_credits` hands the pool's spare credits — what is left after the
+//! responses' lazy grants — to pushable clients that hold none, round a
+//! ring per connection (the thesis picks at random), each by Eq. 2.5.
+//! After a completion only clients of the responder's connection are
+//! picked, so the credits ride on that response.
 
 use super::{
     fraction, positive_f64, positive_u64, Acquire, Arrival, ClientId, ClientPolicy, Completion,
