@@ -175,6 +175,17 @@ def render_md(r: dict) -> str:
             + " (bw-server `--io-slice-us`; see docs/breakwater.md, session 6).",
             "",
         ]
+    if s.get("protocol"):
+        how = {
+            "push": "server push (explicit credits pushed to drained clients: in `bw-push` on a response to "
+            "another client of the same connection, else on the connection's credit stream; loadgen `--bw-push`)",
+            "wait": "the thesis protocol over HTTP (a drained client sends a credit wait)",
+        }.get(s["protocol"], s["protocol"])
+        lines += [
+            f"Breakwater's client protocol (sweep, bimodal, shift, overhead): {how}; "
+            "the ablation runs both (docs/breakwater.md, session 7).",
+            "",
+        ]
     if r.get("parts_run"):
         lines += ["Parts and when they ran (each against the capacity measured just before it):", ""]
         for part, info in r["parts_run"].items():

@@ -40,6 +40,10 @@ struct Args {
     duration: f64,
     #[arg(long, default_value = "2000")]
     slo_us: u64,
+    /// Subscribe the connection's credit stream: drained clients wait for
+    /// credits the server pushes instead of sending credit waits.
+    #[arg(long)]
+    push: bool,
 }
 
 fn main() -> ExitCode {
@@ -78,8 +82,21 @@ async fn run(args: Args) -> Result<(), String> {
         Duration::from_micros(args.slo_us),
     )
     .map_err(|e| e.to_string())?;
+    let link = if args.push {
+        Some(
+            transport
+                .open_credit_stream()
+                .await
+                .map_err(|e| format!("--push: {e}"))?,
+        )
+    } else {
+        None
+    };
     let clients: Vec<_> = (0..args.clients)
-        .map(|_| layer.layer(transport.clone()))
+        .map(|_| match &link {
+            Some(link) => layer.layer_pushed(transport.clone(), link),
+            None => layer.layer(transport.clone()),
+        })
         .collect();
     let outcomes = Arc::new(Mutex::new(BTreeMap::<String, u64>::new()));
     let mut rng = SplitMix64::new(1);
