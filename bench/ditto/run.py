@@ -58,7 +58,11 @@ def _wait_port(port: int, timeout: float = 20) -> None:
 def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "all") -> dict:
     out = work / name
     if stage == "report":  # the clone from an earlier `--stage pipeline` run, validated now
-        return validate_service(name, out, quick, json.loads((out / "private" / "bench_times.json").read_text()))
+        try:
+            times = json.loads((out / "private" / "bench_times.json").read_text())
+        except (OSError, json.JSONDecodeError):
+            raise SystemExit(f"bench ditto: no pipeline run in {out}: run --stage pipeline first") from None
+        return validate_service(name, out, quick, times)
     shutil.rmtree(out, ignore_errors=True)
     srv = subprocess.Popen(
         ["taskset", "-c", "0", *spec["cmd"]],
