@@ -40,8 +40,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-AGENT = ROOT / "target" / "release" / "tailscope-agent"
-LOADGEN = ROOT / "target" / "release" / "tailscope-loadgen"
+# VARMRI_BENCH_AGENT / _LOADGEN: copies to use (the shared target/ may be rebuilt mid-run by others).
+AGENT = Path(os.environ.get("VARMRI_BENCH_AGENT") or ROOT / "target" / "release" / "tailscope-agent")
+LOADGEN = Path(os.environ.get("VARMRI_BENCH_LOADGEN") or ROOT / "target" / "release" / "tailscope-loadgen")
 MEMCACHED_MARKED = ROOT / "build" / "memcached-marked"
 # The same source, configure line and flags, without the patch or the runtime
 # (bench/memcached/build.sh builds both): the control for the marker rows.
