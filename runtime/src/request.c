@@ -36,7 +36,9 @@
  * drain_waiting, so one of the two sees the other. Only one thread wins the
  * exchange, so a sleep costs at most one wake syscall. errno is the
  * application's: kept. Also called by a thread that exits with records
- * in its ring (slot.c), so its slot is drained and free again soon. */
+ * in its ring (slot.c), so its slot is drained and free again soon. A
+ * winner descheduled between the exchange and the wake delays the agent
+ * until it runs again (bounded by the agent's own timeout, MARKER_WAIT). */
 __attribute__((noinline)) void ts_wake_agent(void)
 {
 	struct ts_region_header *h = ts_proc.hdr;
@@ -191,7 +193,10 @@ static __attribute__((noinline)) void request_end_slow(uint64_t id)
 	r->flags = flags;
 	r->cpu = (uint32_t)sched_getcpu();
 	__atomic_store_n(&s->ring_head, head + 1, __ATOMIC_RELEASE);
-	if (TS_UNLIKELY(head + 1 - tail >= TS_RING_WAKE_FILL))
+	/* Only at the crossing: the fill seen here rises by one per record
+	 * (a drain only lowers it), so no ring passes the mark unseen, and a
+	 * ring kept full by a stopped agent costs no fence per record. */
+	if (TS_UNLIKELY(head + 1 - tail == TS_RING_WAKE_FILL))
 		ts_wake_agent();
 }
 

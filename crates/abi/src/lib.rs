@@ -232,9 +232,10 @@ pub struct ts_region_header {
     pub burst_gate: u32,
     pub sample_ppm_effective: u32,
     pub agent_heartbeat_ns: u64,
+    pub _pad_drain: [u8; 16],
     pub drain_futex: u32,
     pub drain_waiting: u32,
-    pub _reserved: [u8; 392],
+    pub _reserved: [u8; 376],
 }
 
 /// Byte offsets and sizes the rest of the agent relies on.

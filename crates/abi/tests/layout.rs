@@ -64,7 +64,7 @@ fn all_fields() -> Vec<Field> {
             pid, slots_used, sample_ppm_runtime, sample_ppm_agent, agent_pid, kinds_count,
             created_ns, slots_exhausted, kinds, shadow_depth, event_ring_capacity, features,
             ldb_flags, mutex_thresh_ns, burst_gate, sample_ppm_effective, agent_heartbeat_ns,
-            drain_futex, drain_waiting, _reserved,
+            _pad_drain, drain_futex, drain_waiting, _reserved,
         }
     }
 }

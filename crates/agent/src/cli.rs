@@ -46,8 +46,10 @@ OPTIONS:
                         requests/*.parquet are replaced, nothing else touched
     --quiet             no progress line (the final summary is kept)
     --poll-us N         shortest drain period in microseconds (default 1000);
-                        the agent backs off to up to 16 ms while the rings
-                        stay near empty (low sampling rates)
+                        marker mode sleeps up to 50 ms unless a ring fills
+                        a quarter (the target wakes it); zero-instrumentation
+                        mode backs off to up to 16 ms while the rings stay
+                        near empty (low sampling rates)
     --functions         also record function-level latency (LDB): scan the
                         target's shadow stacks (build it with `tailscope
                         flags` or tailscope-cc) into DIR/functions/, and its

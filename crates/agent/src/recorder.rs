@@ -278,14 +278,15 @@ const GC_SWEEP_S: u32 = 64;
 /// clients need. Bounded so that exits and signals are seen soon.
 const IDLE_WAIT: Duration = Duration::from_millis(50);
 
-/// The longest the agent sleeps between drains.
+/// The longest the agent sleeps between drains (zero-instrumentation and
+/// undecided sources; marker mode: MARKER_WAIT).
 const MAX_WAIT: Duration = Duration::from_millis(16);
 
 /// Marker mode: the longest the agent sleeps between drains. A ring that
 /// reaches TS_RING_WAKE_FILL (a quarter) wakes it sooner (ABI 5), so this
 /// bounds only how stale the files and the progress line get, and how late
-/// an exit or a signal is seen.
-const MARKER_WAIT: Duration = Duration::from_millis(100);
+/// an exit or a signal is seen (as IDLE_WAIT).
+const MARKER_WAIT: Duration = Duration::from_millis(50);
 
 /// A thread producing this many requests per second fills a quarter of its
 /// ring in the longest wait the sampling rate allows (see [`max_wait`]).
@@ -768,8 +769,8 @@ pub fn run(args: RecordArgs) -> Result<()> {
         Ok(by) => Some(*by),
         Err(_) => None,
     };
-    // No wait before the last drain (it may have grown to IDLE_WAIT, or
-    // MARKER_WAIT in marker mode).
+    // No real wait before the last drain (it may have grown to IDLE_WAIT,
+    // or MARKER_WAIT in marker mode): the cap's floor, 100 us.
     st.wait = Duration::ZERO;
     st.wait_cap = Some(Duration::ZERO);
     let final_drain = st
@@ -983,6 +984,11 @@ fn record_loop(
     let by = loop {
         if let Some(sig) = signals.which() {
             break sig;
+        }
+        if let Some(d) = args.duration {
+            // not past --duration by a whole (marker mode: 50 ms) wait
+            let left = d.saturating_sub(started.elapsed());
+            st.wait_cap = Some(st.wait_cap.map_or(left, |c| c.min(left)));
         }
         st.poll(tracer, args.poll, infer_loaded)?;
         let now = Instant::now();

@@ -5,7 +5,9 @@
 //! the hostile-input parsers of `tailscope_abi::region` — never by casting
 //! the mapping to a struct. The only words the agent writes are its own:
 //! each slot's `ring_tail` (store-release, after the records are copied) and
-//! the header's `agent_pid` / `sample_ppm_agent`.
+//! the header's `agent_pid`, `sample_ppm_agent`, `sample_ppm_effective`,
+//! `burst_gate`, `agent_heartbeat_ns` and `drain_waiting` (and exited slots'
+//! `state`, handed back by the LDB observer).
 //!
 //! A target that truncates its region file while mapped would make the next
 //! read fault (SIGBUS): [`crate::shmguard`] replaces the mapping with zeros
@@ -24,7 +26,7 @@ use tailscope_abi::region::{
 };
 use tailscope_abi::{
     ts_request_record, RECORD_SIZE, REGION_HEADER_SIZE, TS_REC_COUNTERS, TS_REC_TORN,
-    TS_REGION_PATH_PREFIX, TS_RING_CAPACITY, TS_RING_WAKE_FILL, TS_SLOT_EXITED,
+    TS_REGION_PATH_PREFIX, TS_RING_CAPACITY, TS_RING_WAKE_FILL, TS_SLOT_EXITED, TS_SLOT_LIVE,
 };
 
 /// Shared memory as the agent may touch it. Reads out of bounds yield zeros
@@ -449,8 +451,10 @@ impl<M: RegionMemory> MarkerSource<M> {
         self.mem.store_u32(header_offsets::DRAIN_WAITING, 0);
     }
 
-    /// A ring at least TS_RING_WAKE_FILL full, or an exited thread's ring
-    /// not empty. Bounded by max_slots; reads only.
+    /// A live or exited thread's ring at least TS_RING_WAKE_FILL full, or
+    /// an exited thread's ring not empty. A nonsensical fill (tail past
+    /// head, more than the ring) is not a reason to stay awake: the drain
+    /// resynchronises such a ring anyway. Bounded by max_slots; reads only.
     fn records_waiting(&self) -> bool {
         let used = self
             .mem
@@ -458,10 +462,14 @@ impl<M: RegionMemory> MarkerSource<M> {
             .min(self.header.max_slots);
         (0..used).any(|i| {
             let base = slot_offset(i);
+            let state = self.mem.load_u32(base + slot_offsets::STATE);
+            if state != TS_SLOT_LIVE && state != TS_SLOT_EXITED {
+                return false;
+            }
             let head = self.mem.load_u64_acquire(base + slot_offsets::RING_HEAD);
             let fill = head.wrapping_sub(self.mem.load_u64(base + slot_offsets::RING_TAIL));
-            fill >= u64::from(TS_RING_WAKE_FILL)
-                || (fill != 0 && self.mem.load_u32(base + slot_offsets::STATE) == TS_SLOT_EXITED)
+            fill <= u64::from(TS_RING_CAPACITY)
+                && (fill >= u64::from(TS_RING_WAKE_FILL) || (fill != 0 && state == TS_SLOT_EXITED))
         })
     }
 
@@ -701,6 +709,40 @@ mod tests {
         );
     }
     use tailscope_abi::{synth, TS_REC_SAMPLED, TS_SLOT_EXITED, TS_SLOT_LIVE};
+
+    /// What keeps the agent awake: a quarter-full ring, an exited thread's
+    /// records; not fewer records, nor a corrupt ring.
+    #[test]
+    fn records_waiting_wants_a_quarter_full_ring_or_an_exited_threads_records() {
+        let mut b = synth::region(4, 99);
+        synth::claim_slot(&mut b, 0, 100, TS_SLOT_LIVE);
+        synth::claim_slot(&mut b, 1, 101, TS_SLOT_EXITED);
+        let src = MarkerSource::attach(RefCell::new(b), 7, None, 0).unwrap();
+        assert!(!src.records_waiting(), "empty");
+        for i in 1..u64::from(TS_RING_WAKE_FILL) {
+            synth::push_record(&mut src.mem.borrow_mut(), 0, &rec(100, i));
+        }
+        assert!(!src.records_waiting(), "a live ring one short of the mark");
+        synth::push_record(&mut src.mem.borrow_mut(), 0, &rec(100, 999));
+        assert!(src.records_waiting(), "a live ring at the mark");
+        let base = slot_offset(0);
+        let head = src.mem.load_u64(base + slot_offsets::RING_HEAD);
+        src.mem
+            .store_u64_release(base + slot_offsets::RING_TAIL, head);
+        assert!(!src.records_waiting(), "drained");
+        src.mem
+            .store_u64_release(base + slot_offsets::RING_TAIL, head + 1000);
+        assert!(
+            !src.records_waiting(),
+            "a tail past the head is no reason to wake"
+        );
+        src.mem
+            .store_u64_release(base + slot_offsets::RING_TAIL, head);
+        synth::push_record(&mut src.mem.borrow_mut(), 1, &rec(101, 1));
+        assert!(src.records_waiting(), "one record of an exited thread");
+        src.mem.store_u32(slot_offset(1) + slot_offsets::STATE, 7);
+        assert!(!src.records_waiting(), "a slot in no known state");
+    }
 
     /// ABI 5: the agent sleeps on the header's futex word and the target
     /// wakes it through its own mapping of the region (another process in

@@ -26,7 +26,8 @@
  *    sampled request, whichever comes first). BPF accumulates the thread's
  *    counters there for as long as the thread lives, under a seqlock
  *    (seq odd while BPF writes). The runtime snapshots an entry at request
- *    begin and end, and records the difference. No syscalls on that path.
+ *    begin and end, and records the difference. No syscalls on that path
+ *    (but one futex wake when a ring fills while the agent sleeps, below).
  *
  * 2. The per-process region, a file TS_REGION_PATH_FMT (e.g.
  *    /dev/shm/tailscope.1234) created by the runtime and mapped by the
@@ -313,11 +314,14 @@ struct ts_region_header {
 	__u64 agent_heartbeat_ns;
 	/* ABI 5: the agent sleeps on drain_futex (a shared futex word) with
 	 * drain_waiting = 1. A thread whose request ring reaches
-	 * TS_RING_WAKE_FILL records clears drain_waiting, bumps drain_futex and
-	 * wakes it, so the agent need not poll at the rate a ring could fill. */
-	__u32 drain_futex;
+	 * TS_RING_WAKE_FILL records, or that exits with records in its ring,
+	 * clears drain_waiting, bumps drain_futex and wakes it, so the agent
+	 * need not poll at the rate a ring could fill. On their own cache line:
+	 * burst_gate and the heartbeat above are read on every sampled request. */
+	__u8 _pad_drain[16];
+	__u32 drain_futex __attribute__((aligned(64)));
 	__u32 drain_waiting;
-	__u8 _reserved[392];
+	__u8 _reserved[376];
 };
 
 #endif /* TAILSCOPE_ABI_H */
