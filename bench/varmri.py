@@ -341,6 +341,7 @@ def attach_half(srv: Server, setup: str, on: bool, seconds: float, tmp: Path) ->
         mx = loadgen(srv, "max", seconds, tmp / "max.json", warmup=0.0)
         cpu1 = server_cpu_ns(srv.proc.pid)
         b1 = bpf_prog_ns(apid) if apid else None
+        a1 = server_cpu_ns(apid) if apid else None
         alive = tr is None or tr.proc.poll() is None
     finally:
         if tr is not None:
@@ -354,8 +355,33 @@ def attach_half(srv: Server, setup: str, on: bool, seconds: float, tmp: Path) ->
             own["bpf_runs_per_req"] = (b1[1] - b0[1]) / n
         if n and a0 is not None and info.get("cpu_s") is not None:
             own["agent_ns_per_req"] = (info["cpu_s"] * 1e9 - a0) / n
+            if a1 is not None:
+                # while the load ran, and from SIGINT to its exit
+                own["agent_steady_ns_per_req"] = (a1 - a0) / n
+                own["agent_exit_ns"] = info["cpu_s"] * 1e9 - a1
+                own["requests"] = n
     cpu = (cpu1 - cpu0) / n if cpu0 is not None and cpu1 is not None and n else None
     return {"max_rps": mx["achieved_rps"], "cpu_ns_per_req": cpu, **own}
+
+
+def idle_exit_ns(srv: Server, setup: str, seconds: float, tmp: Path, runs: int = 3) -> float | None:
+    """The agent's fixed cost of stopping (detach, file footers, meta.json):
+    its CPU from SIGINT to its exit after a half with no load (median of
+    `runs`). A recording pays it once, not per request; the attach pairs'
+    1.5 s halves would otherwise charge it to the half's requests. What the
+    exit costs beyond this (encoding the half's last records) stays charged."""
+    got = []
+    for _ in range(runs):
+        trace = tmp / "trace"
+        if trace.is_dir():
+            shutil.rmtree(trace)
+        tr = Tracer(setup, srv.proc.pid, tmp)
+        time.sleep(seconds)
+        a1 = server_cpu_ns(tr.proc.pid)
+        info = tr.stop()
+        if a1 is not None and info.get("rc") == 0 and info.get("cpu_s") is not None:
+            got.append(info["cpu_s"] * 1e9 - a1)
+    return statistics.median(got) if got else None
 
 
 def attach_pairs(workload: str, setup: str, port: int, pairs: int, seconds: float, tmp: Path) -> dict:
@@ -372,6 +398,7 @@ def attach_pairs(workload: str, setup: str, port: int, pairs: int, seconds: floa
     out: dict = {"pairs": []}
     try:
         loadgen(srv, "2000", 0.5, tmp / "preload.json", preload=True)
+        out["idle_exit_ns"] = idle_exit_ns(srv, setup, seconds, tmp)
         for i in range(pairs):
             try:
                 half = {state: attach_half(srv, setup, state == "on", seconds, tmp)
@@ -602,8 +629,18 @@ def summarise_attach(table: dict) -> list[dict]:
             # tailscope's own CPU per request, as the kernel accounts it: its
             # BPF programs (bpf_stats) and the agent's threads (schedstat);
             # marker rows add the runtime's sampled path in the server.
-            own = [p["on"]["bpf_ns_per_req"] + p["on"]["agent_ns_per_req"] for p in ps
-                   if p["on"].get("bpf_ns_per_req") is not None and p["on"].get("agent_ns_per_req") is not None]
+            # The agent's part: its CPU while the load ran, plus what its exit
+            # cost beyond the fixed exit of an idle recording (idle_exit_ns).
+            fixed_exit = a.get("idle_exit_ns")
+            for p in ps:
+                on = p["on"]
+                on["agent_charged_ns_per_req"] = (
+                    on["agent_steady_ns_per_req"] + max(0.0, on["agent_exit_ns"] - fixed_exit) / on["requests"]
+                    if fixed_exit is not None and on.get("agent_steady_ns_per_req") is not None
+                    and on.get("requests") else on.get("agent_ns_per_req"))
+            own = [p["on"]["bpf_ns_per_req"] + p["on"]["agent_charged_ns_per_req"] for p in ps
+                   if p["on"].get("bpf_ns_per_req") is not None
+                   and p["on"].get("agent_charged_ns_per_req") is not None]
             own_ns = statistics.median(own) if own else None
             if own_ns is not None and "marker" in s:
                 rate = 1.0 if "100%" in s else 0.01
@@ -621,7 +658,9 @@ def summarise_attach(table: dict) -> list[dict]:
                 "total_loss_pct": loss + idle_pct if idle_pct is not None else None,
                 "own_ns_per_req": own_ns,
                 "bpf_ns_per_req": med([p["on"].get("bpf_ns_per_req") for p in ps]),
-                "agent_ns_per_req": med([p["on"].get("agent_ns_per_req") for p in ps]),
+                "agent_ns_per_req": med([p["on"].get("agent_charged_ns_per_req") for p in ps]),
+                "agent_whole_life_ns_per_req": med([p["on"].get("agent_ns_per_req") for p in ps]),
+                "agent_exit_fixed_ms": a.get("idle_exit_ns") / 1e6 if a.get("idle_exit_ns") is not None else None,
                 "server_ns_per_req": off_cpu,
                 "accounted_pct": accounted,
                 "failed_pairs": a.get("failed_pairs", 0),
@@ -645,8 +684,10 @@ def render_attach(rows: list[dict]) -> list[str]:
              "per request, so `total` is the loss against no tracing at all.", "",
              "`accounted` is tailscope's own CPU per request as the kernel counts it, which host "
              "noise barely moves: its BPF programs (`bpf_stats`, on every CPU), the agent's CPU from "
-             "the half's start to its exit (rusage; the exit's fixed ~3 ms adds ~30 ns per request at "
-             "1.5 s halves) and, for marker rows, the runtime's sampled path (microbenchmark) and idle "
+             "the half's start to its exit (schedstat, rusage) less its fixed cost of stopping (`exit ms`: "
+             "SIGINT to exit after an idle half, median of 3; a recording pays it once, the 1.5 s halves "
+             "would charge it to ~60k requests; what the exit costs beyond it, the half's last records, "
+             "stays charged) and, for marker rows, the runtime's sampled path (microbenchmark) and idle "
              "path; as a % of the untraced server's CPU per request it is the capacity loss if all of "
              "it came out of the server's core. It is the DIRECT cost only: it leaves out cache and "
              "TLB pollution, the IPIs of attaching and detaching burst windows and the agent's "
@@ -654,14 +695,14 @@ def render_attach(rows: list[dict]) -> list[str]:
              "it only that the direct part fits (`direct cost within`). Pairs whose agent did not "
              "record through its half are dropped and counted.", "",
              "| workload | setup | pairs | max req/s off → on | loss % (range) | CPU/request increase | "
-             "idle path % | total loss % | verdict (measured) | BPF + agent ns/req | server ns/req | "
-             "accounted % | goal | verdict (accounted) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "idle path % | total loss % | verdict (measured) | BPF + agent ns/req | agent exit ms | "
+             "server ns/req | accounted % | goal | verdict (accounted) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         goal = GOALS.get(r["setup"])
         if r.get("failed"):
             lines.append(f"| {r['workload']} | {r['setup']} | 0 | failed: {r['failed']} | | | | | unmeasured "
-                         "| | | | | unmeasured |")
+                         "| | | | | | unmeasured |")
             continue
         tot = r["total_loss_pct"]
         ci = r.get("loss_ci90_pct")
@@ -687,7 +728,8 @@ def render_attach(rows: list[dict]) -> list[str]:
             f"{r['loss_pct']:.1f} ({lo:.1f} to {hi:.1f}{ci_text}) | "
             f"{fmt(r['cpu_increase_pct'], '+.1f')}% | "
             f"{fmt(r['idle_path_pct'], '.2f')} | {fmt(tot, '.1f')} | {verdict} | {parts} | "
-            f"{fmt(r.get('server_ns_per_req'), '.0f')} | {fmt(acc, '.2f')} | "
+            f"{fmt(r.get('agent_exit_fixed_ms'), '.1f')} | {fmt(r.get('server_ns_per_req'), '.0f')} | "
+            f"{fmt(acc, '.2f')} | "
             f"{'≤ ' + format(goal, 'g') + '%' if goal is not None else '—'} | {acc_verdict} |")
     return lines
 
