@@ -46,6 +46,12 @@ NOINST int ts_event_push3(struct ts_thread *t, const struct ts_event *ev, int n)
 	uint64_t tail = __atomic_load_n(&s->ev_tail, __ATOMIC_ACQUIRE);
 	if (head - tail > (uint64_t)(TS_EVENT_RING_CAPACITY - n)) {
 		__atomic_store_n(&s->ev_dropped, s->ev_dropped + (uint64_t)n, __ATOMIC_RELAXED);
+		/* Full: is anybody draining? An agent killed with SIGKILL leaves
+		 * ldb_flags set; its stale heartbeat stops the events (and the
+		 * lock shim's stamps) until another agent's heartbeat appears. */
+		uint64_t hb = __atomic_load_n(&ts_proc.hdr->agent_heartbeat_ns, __ATOMIC_RELAXED);
+		if (hb && ts_now_ns() > hb + TS_AGENT_STALE_NS)
+			__atomic_store_n(&ts_proc.ldb_dead_hb, hb, __ATOMIC_RELAXED);
 		return 0;
 	}
 	for (int i = 0; i < n; i++) {
@@ -62,7 +68,7 @@ static NOINST void req_event(uint32_t type, uint64_t id, const void *queue)
 {
 	if (!ts_process_ready())
 		return;
-	if (!(__atomic_load_n(&ts_proc.hdr->ldb_flags, __ATOMIC_RELAXED) & TS_LDB_REQUESTS))
+	if (!ts_ldb_on(ts_proc.hdr, TS_LDB_REQUESTS))
 		return;
 	struct ts_event e = {
 	    .ts_ns = now_ns(), .object = id, .arg = (uint64_t)(uintptr_t)queue, .type = type};

@@ -86,9 +86,22 @@ struct ts_process {
 	uint64_t kc_next_try_ns; /* rate limit for failed opens */
 	pthread_mutex_t kc_lock; /* only ever trylock'ed */
 	uint32_t fn_clock;       /* TAILSCOPE_FN_CLOCK=1 */
+	/* The heartbeat of an agent found gone (its event rings full and its
+	 * heartbeat stale): lock and request events stop until the header
+	 * carries another heartbeat. UINT64_MAX: none. */
+	uint64_t ldb_dead_hb;
 };
 
 extern struct ts_process ts_proc TS_HIDDEN;
+
+/* Lock and request events are wanted: an agent's --functions flag is set
+ * (flag) and its heartbeat is not one found dead (events.c). */
+static inline int ts_ldb_on(const struct ts_region_header *h, uint32_t flag)
+{
+	return h && (__atomic_load_n(&h->ldb_flags, __ATOMIC_RELAXED) & flag) &&
+	       __atomic_load_n(&h->agent_heartbeat_ns, __ATOMIC_RELAXED) !=
+	           __atomic_load_n(&ts_proc.ldb_dead_hb, __ATOMIC_RELAXED);
+}
 
 /* Wakes an agent sleeping on the region's drain futex (request.c). */
 void ts_wake_agent(void) TS_HIDDEN;

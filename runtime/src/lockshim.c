@@ -176,7 +176,7 @@ static NOINST inline uint64_t stamp(int tsc)
 static NOINST inline int locks_on(void)
 {
 	struct ts_region_header *h = __atomic_load_n(&ts_proc.hdr, __ATOMIC_RELAXED);
-	return h && (__atomic_load_n(&h->ldb_flags, __ATOMIC_RELAXED) & TS_LDB_LOCKS);
+	return ts_ldb_on(h, TS_LDB_LOCKS);
 }
 
 static NOINST void held_push(const pthread_mutex_t *m, uint64_t wait_start, uint64_t acquired,

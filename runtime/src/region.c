@@ -35,6 +35,7 @@
 struct ts_process ts_proc = {
     .kind_lock = PTHREAD_MUTEX_INITIALIZER,
     .kc_lock = PTHREAD_MUTEX_INITIALIZER,
+    .ldb_dead_hb = UINT64_MAX,
 };
 static pthread_once_t ts_once = PTHREAD_ONCE_INIT;
 

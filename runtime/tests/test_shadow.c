@@ -413,6 +413,40 @@ static NOINST void test_locks_tsc(void)
 	hdr->agent_pid = 0;
 }
 
+/* An agent killed with SIGKILL leaves ldb_flags set. Once its event ring
+ * is full and its heartbeat stale, events stop (no more drops counted,
+ * no stamps) until another agent's heartbeat appears. */
+static NOINST void test_dead_agent_stops_events(void)
+{
+	struct ts_thread_slot *s = my_slot();
+	struct ts_event ev[64];
+	while (drain_events(s, ev, 64) > 0)
+		;
+	hdr->agent_pid = 1;
+	hdr->ldb_flags = TS_LDB_LOCKS | TS_LDB_REQUESTS;
+	hdr->agent_heartbeat_ns = now_ns() - 4000000000ull; /* stale: TS_AGENT_STALE_NS is 3 s */
+	for (int i = 0; i < TS_EVENT_RING_CAPACITY + 1; i++)
+		tailscope_req_start(100 + (uint64_t)i,
+		                    NULL); /* fills the ring; the last one drops */
+	uint64_t dropped = s->ev_dropped;
+	for (int i = 0; i < 10; i++)
+		tailscope_req_start(7, NULL);
+	pthread_mutex_lock(&mu);
+	usleep(2000); /* a hold the shim would log */
+	pthread_mutex_unlock(&mu);
+	CHECK(s->ev_dropped == dropped); /* stopped: not even attempted */
+	/* A live agent (a new heartbeat) drains: events again. */
+	hdr->agent_heartbeat_ns = now_ns();
+	while (drain_events(s, ev, 64) > 0)
+		;
+	tailscope_req_start(8, NULL);
+	int n = drain_events(s, ev, 64);
+	CHECK(n == 1 && ev[0].object == 8);
+	hdr->ldb_flags = 0;
+	hdr->agent_pid = 0;
+	hdr->agent_heartbeat_ns = 0;
+}
+
 /* ---- thread churn -------------------------------------------------------- */
 
 static NOINLINE void *churn(void *arg)
@@ -464,6 +498,7 @@ int main(void)
 	test_signals();
 	test_locks();
 	test_locks_tsc();
+	test_dead_agent_stops_events();
 	test_churn();
 	printf("shadow: %d passed, %d failed\n", passed, failed);
 	return failed != 0;
