@@ -526,6 +526,27 @@ fn random_salt() -> u32 {
     }
 }
 
+/// The start time (clock ticks since boot, /proc/<tgid>/stat field 22) of
+/// process `tgid`, which tells it apart from a later process with its pid;
+/// None if it is gone or a zombie (its exit has run).
+fn process_start(tgid: u32) -> Option<u64> {
+    let s = std::fs::read_to_string(format!("/proc/{tgid}/stat")).ok()?;
+    // after "pid (comm)": state is field 3, starttime field 22
+    let mut f = s.get(s.rfind(')')? + 1..)?.split_whitespace();
+    if matches!(f.next()?, "Z" | "X") {
+        return None;
+    }
+    f.nth(18)?.parse().ok()
+}
+
+/// Removes `key` from a map with u32 keys (absent: nothing to do).
+fn map_delete(fd: &OwnedFd, key: u32) {
+    // SAFETY: a u32 key for a map with u32 keys.
+    unsafe {
+        libbpf_sys::bpf_map_delete_elem(fd.as_raw_fd(), &key as *const u32 as *const c_void);
+    }
+}
+
 /// `map[key] = value` on a map with u32 keys.
 fn map_set<V: Copy>(fd: &OwnedFd, key: u32, value: V) -> std::io::Result<()> {
     let rc = unsafe {
@@ -866,12 +887,22 @@ impl Tracer {
 
     /// Accounts the threads of process `tgid` (and of the children it forks).
     pub fn add_target(&mut self, tgid: u32) -> Result<(), TracerError> {
+        let gone = || TracerError::Io(format!("add target {tgid}: the process has exited"));
+        let started = process_start(tgid).ok_or_else(gone)?;
         // The pre-filter bucket first: BPF checks it before the set.
         let bucket = tgid & (TS_TGID_BUCKETS - 1);
         map_set(&self.buckets_fd, bucket, 1u32)
             .map_err(|e| TracerError::Io(format!("add target {tgid}: bucket: {e}")))?;
         map_set(&self.targets_fd, tgid, 1u8)
             .map_err(|e| TracerError::Io(format!("add target {tgid}: {e}")))?;
+        // BPF removes a target when it exits (sched_process_exit). One that
+        // exited before the insert would stay, and its pid could later name
+        // another user's process: accounted, and given the pinned array
+        // (restrict_pin). So the same process must still be there.
+        if process_start(tgid) != Some(started) {
+            map_delete(&self.targets_fd, tgid);
+            return Err(gone());
+        }
         if self.server_ports_fd.is_some() {
             self.mark_listening_ports(tgid)?;
             self.watch_unix(tgid)?;

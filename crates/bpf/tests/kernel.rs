@@ -720,6 +720,28 @@ fn forked_children_are_followed_and_exits_cleaned() {
     }
 }
 
+/// A process that exited (reaped, or a zombie whose exit already ran) is
+/// refused and left out of the target set: no exit event would ever remove
+/// it, and its pid could later name another user's process.
+#[test]
+fn exited_processes_are_not_added_as_targets() {
+    require_root!();
+    let _g = LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let mut t = tracer(TracerOptions::default());
+    let mut reaped = std::process::Command::new("true").spawn().unwrap();
+    reaped.wait().unwrap();
+    let mut zombie = std::process::Command::new("true").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(100)); // exited, not reaped
+    for pid in [reaped.id(), zombie.id()] {
+        let e = t.add_target(pid).unwrap_err().to_string();
+        assert!(e.contains("exited"), "{e}");
+        assert!(!t.is_target(pid), "{pid} left out");
+    }
+    zombie.wait().unwrap();
+    t.add_target(std::process::id()).unwrap();
+    assert!(t.is_target(std::process::id()), "a live one is added");
+}
+
 /// BPF_OBJ_GET of `path` by a process running as `uid`: 0 if it opened, or
 /// the errno (python3 does the syscall, so the check runs with that uid).
 fn obj_get_as(uid: u32, path: &str) -> i32 {
