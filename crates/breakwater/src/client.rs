@@ -645,8 +645,18 @@ where
     // Explicit credits for other clients of this connection that rode on
     // our response: hand them over outside our own lock.
     let mut pushed = Vec::new();
+    let mut own_push = None;
     if let (Some(link), Ok(resp)) = (&shared.push, &result) {
         wire::parse_pushes(resp.headers(), &mut pushed);
+        // A push to us on our own response is newer than the response's own
+        // credit limit (the server grants it after the completion's grant
+        // or revoke): applied after that limit below, or it would be lost.
+        pushed.retain(|&(id, limit)| {
+            if id == shared.id {
+                own_push = own_push.max(Some(limit));
+            }
+            id != shared.id
+        });
         link.apply(&mut pushed);
     }
     {
@@ -659,6 +669,10 @@ where
         match &result {
             Ok(resp) => {
                 feedback(&mut st, now, resp);
+                if let Some(limit) = own_push {
+                    shared.stats.pushed_received.fetch_add(1, Ordering::Relaxed);
+                    st.policy.on_pushed(now, Feedback::CreditLimit(limit));
+                }
                 let ok = resp.status().is_success();
                 st.policy.on_response(now, now - sent_at, ok);
             }

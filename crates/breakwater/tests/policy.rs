@@ -224,6 +224,36 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
     }
 }
 
+/// A pushable client that stays silent past `client_idle` (drained, waiting
+/// for a push) loses its unused credits but is not forgotten: a later
+/// spare credit is still pushed to it.
+#[test]
+fn idle_pushable_clients_are_revoked_not_forgotten() {
+    let mut p = bw();
+    let q = empty();
+    let now = 1_000;
+    for x in [1, 2] {
+        p.on_arrival(now, &msg(x, Kind::Register, 0), &q);
+        let done = Completion {
+            client: x,
+            ok: true,
+            sojourn_ns: 0,
+        };
+        p.on_complete(now, &done, &q); // nothing in flight
+    }
+    p.set_pushable(1, 7); // 2: no stream
+    let later = now + 2 * BreakwaterConfig::for_slo(SLO, 4).client_idle_ns;
+    let mut out = Vec::new();
+    p.on_tick(later, &q, &mut out);
+    assert_eq!(p.unused(1), Some(0), "revoked");
+    assert_eq!(p.unused(2), None, "a client without a stream is forgotten");
+    out.clear();
+    p.set_c_total(p.issued() as f64 + 1.0);
+    p.push_credits(later, None, &mut out);
+    let got: Vec<u64> = out.iter().map(|&(x, _)| x).collect();
+    assert_eq!(got, vec![1], "still pushed to");
+}
+
 #[test]
 fn explicit_credits_are_pushed_to_drained_clients_round_each_group() {
     let mut p = bw();

@@ -584,6 +584,10 @@ impl Breakwater {
     }
 
     /// Forget clients silent for `client_idle` (revoking unused credits).
+    /// A pushable client is only revoked, never forgotten: drained, it
+    /// waits silently for a push, and once forgotten it would never be
+    /// pushed again nor ask (it sends no credit waits while its stream is
+    /// up). It leaves when it deregisters.
     fn expire_idle(&mut self, now: Nanos) {
         let idle = self.config.client_idle_ns;
         if now.saturating_sub(self.last_idle_scan) < idle / 4 {
@@ -597,7 +601,7 @@ impl Breakwater {
             }
             revoked += c.unused();
             c.limit = c.received;
-            c.inflight > 0
+            c.inflight > 0 || c.push_group.is_some()
         });
         self.issued -= revoked;
     }
