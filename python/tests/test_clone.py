@@ -591,6 +591,8 @@ def test_rows_whose_original_varies_more_than_the_limit_are_not_judged():
     assert validate.verdict([("cache A", 0.12, 0.01), ("cache B", 0.40, 0.30)], 0.10)["holds"] is False
     assert validate.verdict([("cache A", 0.04, 0.01), ("cache B", 0.09, None)], 0.10)["holds"] is True
     assert validate.verdict([("cache B", 0.01, 0.5)], 0.10)["holds"] is None
+    # ... unless the clone is further off than the limit plus the original's own spread
+    assert validate.verdict([("cache B", 0.90, 0.30)], 0.10)["holds"] is False
     # errors(): the spread comes from the original's two callgrind windows and its two native sessions
     sim = {"I1_miss_rate": 0.02, "D1_miss_rate": 0.01, "LL_miss_rate": 1e-6, "branch_mispredict_rate": 0.01}
     sim |= {"instructions_per_request": 6000.0}
@@ -611,7 +613,8 @@ def test_rows_whose_original_varies_more_than_the_limit_are_not_judged():
         },
     }
     t = validate.errors(res)["targets"]
-    assert t["LL_miss_rate"]["holds"] is None and t["LL_miss_rate"]["unjudged"][0]["where"] == "cache B"
+    # LL at B: the clone 100% off, the original 67% apart from itself: beyond limit + spread, fails
+    assert t["LL_miss_rate"]["holds"] is False and not t["LL_miss_rate"]["unjudged"]
     assert t["latency_p99_us"]["holds"] is None
     assert t["latency_avg_us"]["holds"] is True and abs(t["latency_avg_us"]["max_error"] - 0.12) < 1e-9
     assert t["I1_miss_rate"]["holds"] is True

@@ -303,11 +303,17 @@ def errors(res: dict) -> dict:
 
 
 def verdict(rows: list[tuple[str, float, float | None]], tol: float) -> dict:
-    """A target over its rows. A row whose original spread exceeds the limit is not judged.
+    """A target over its rows. A row whose original spread exceeds the limit is not judged,
+    unless the clone's error exceeds the limit plus that spread: the original's own noise cannot
+    explain that much, so the row is judged (and fails).
     holds: False if a judged row exceeds the limit; True if every row is judged and within it;
     None if no judged row fails but some rows could not be judged."""
-    judged = [(w, e) for w, e, sp in rows if sp is None or sp <= tol]
-    unjudged = [{"where": w, "error": e, "original_spread": sp} for w, e, sp in rows if sp is not None and sp > tol]
+
+    def judgeable(e: float, sp: float | None) -> bool:
+        return sp is None or sp <= tol or e > tol + sp
+
+    judged = [(w, e) for w, e, sp in rows if judgeable(e, sp)]
+    unjudged = [{"where": w, "error": e, "original_spread": sp} for w, e, sp in rows if not judgeable(e, sp)]
     worst = max((e for _, e in judged), default=None)
     if judged and worst > tol:
         ok: bool | None = False
