@@ -318,6 +318,13 @@ static NOINST void test_locks(void)
 		CHECK(ev[0].object == (uint64_t)(uintptr_t)&mu);
 		CHECK(ev[0].ts_ns >= t0 && ev[1].ts_ns <= t1 &&
 		      ev[1].ts_ns - ev[0].ts_ns > 5000000);
+		if (!(ev[0].ts_ns >= t0 && ev[1].ts_ns <= t1 &&
+		      ev[1].ts_ns - ev[0].ts_ns > 5000000))
+			fprintf(stderr,
+			        "lock stamps: wait %+lld ns after t0, lock %+lld after t1, waited "
+			        "%lld ns\n",
+			        (long long)(ev[0].ts_ns - t0), (long long)(ev[1].ts_ns - t1),
+			        (long long)(ev[1].ts_ns - ev[0].ts_ns));
 		CHECK(ev[0].tid == (uint32_t)gettid());
 	}
 	struct ts_thread_slot *hs = slot_of(holder_tid);
