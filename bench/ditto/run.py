@@ -55,13 +55,31 @@ def _wait_port(port: int, timeout: float = 20) -> None:
     raise SystemExit(f"bench ditto: server did not listen on {port}")
 
 
+def read_times(path: Path, fields: tuple[str, ...], hint: str) -> dict:
+    """bench_times.json of an earlier stage, with the fields named (numbers); anything else is one
+    line on stderr and exit 1 (a missing field raised KeyError with a traceback)."""
+    try:
+        times = json.loads(path.read_text())
+    except OSError:
+        raise SystemExit(f"bench ditto: no pipeline run in {path.parents[1]}: {hint}") from None
+    except json.JSONDecodeError as exc:
+        raise SystemExit(f"bench ditto: {path} is corrupt: not JSON ({exc.msg}); {hint}") from None
+    if not isinstance(times, dict):
+        raise SystemExit(f"bench ditto: {path} is corrupt: not a JSON object; {hint}")
+    for f in fields:
+        v = times.get(f)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+            what = "missing" if f not in times else f"not a time in seconds ({v!r})"
+            raise SystemExit(f"bench ditto: {path} is corrupt: field '{f}' is {what}; {hint}")
+    return times
+
+
 def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "all") -> dict:
     out = work / name
     if stage == "report":  # the clone from an earlier `--stage pipeline` run, validated now
-        try:
-            times = json.loads((out / "private" / "bench_times.json").read_text())
-        except (OSError, json.JSONDecodeError):
-            raise SystemExit(f"bench ditto: no pipeline run in {out}: run --stage pipeline first") from None
+        times = read_times(
+            out / "private" / "bench_times.json", ("pipeline_s", "build_s"), "run --stage pipeline first"
+        )
         return validate_service(name, out, quick, times)
     shutil.rmtree(out, ignore_errors=True)
     srv = subprocess.Popen(
@@ -153,9 +171,15 @@ def load_service(name: str, work: Path) -> dict:
     try:
         r = {k: json.loads((priv / f"{k}.json").read_text()) for k in ("profile", "tuning", "leakage")}
         r["validation"] = json.loads((priv / "validation.json").read_text())
-        r.update(json.loads((priv / "bench_times.json").read_text()))
     except (OSError, json.JSONDecodeError) as exc:
         raise SystemExit(f"bench ditto: --also {name}: no complete earlier run in {out} ({exc})") from None
+    r.update(
+        read_times(
+            priv / "bench_times.json",
+            ("pipeline_s", "build_s", "validate_s"),
+            f"re-run it: --services {name} --stage pipeline, then --stage report",
+        )
+    )
     r["clone_dir"] = str(out.relative_to(ROOT))
     return r
 

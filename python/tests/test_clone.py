@@ -215,6 +215,71 @@ def test_walkers_back_to_back_all_count(tmp_path):
     assert abs(got - want) <= 0.08 * want, (got, want)
 
 
+@needs_valgrind
+@needs_gcc
+def test_fractional_walker_touches_its_region_only_for_new_lines(tmp_path):
+    """A walker with fewer than one new line per event reads its region only in the events where a
+    line is new (lackey's exact address trace). Up to session 7 it read the next line at every
+    event, and that line was read again the next event: one access per walker and event at the
+    distance of everything run between two events, in no bin of the profile (memcached's timer
+    body missed a 32 KiB D1 on every walker at every event)."""
+    spec = _spec(
+        instructions=3000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=[(262144, 1.0)],
+        mem_per_insn=0.4,
+        main_fraction=0.6 / (0.4 * 3000),  # 0.6 lines per event: two walkers of 0.3
+        icode_bins=[(512, 1.0)],
+    )
+    asmgen.layer_walkers([spec], {})
+    asmgen.write_standalone(spec, tmp_path, seed=3, calls=200)
+    text = (tmp_path / "body.S").read_text()
+    # each walker: from its cursor's load (`mov r13, [r15 + SLOT]`), the first `r13 + OFF]` is its
+    # region's first line (whole = 0) and `cmp r13, LAST + 1` its last cursor (the region is
+    # LAST + 64 bytes)
+    regions = []
+    for part in text.split("    mov r13, [r15 + ")[1:]:
+        first, last = re.search(r"r13 \+ (\d+)\]", part), re.search(r"cmp r13, (\d+)", part)
+        if first and last:
+            regions.append((int(first.group(1)), int(last.group(1)) - 1 + 64))
+    assert len(regions) == 2, text[-3000:]
+    # the harness prints the arena's address; lackey prints every data access
+    harness = (tmp_path / "harness.c").read_text()
+    # (after the start-up touch of the arena, just before the calls: only the calls' accesses count)
+    harness = harness.replace("#include <stdint.h>", "#include <stdint.h>\n#include <stdio.h>").replace(
+        "\tfor (long i = 0; i < n; i++)",
+        '\tfprintf(stderr, "arena %p\\n", (void *)st.data);\n\tfor (long i = 0; i < n; i++)',
+    )
+    (tmp_path / "harness.c").write_text(harness)
+    subprocess.run(
+        ["gcc", "-O1", "-o", str(tmp_path / "harness"), str(tmp_path / "harness.c"), str(tmp_path / "body.S")],
+        check=True,
+    )
+    calls = 200
+    p = subprocess.run(
+        ["valgrind", "--tool=lackey", "--trace-mem=yes", str(tmp_path / "harness"), str(calls)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    mark = re.search(r"arena (0x[0-9a-f]+)", p.stderr)
+    base, trace = int(mark.group(1), 16), p.stderr[mark.end() :]
+    for off, size in regions:
+        lo, hi = base + off, base + off + size
+        touched = []
+        for m in re.finditer(r"^ ?[LSM] ([0-9a-f]+),", trace, re.M):
+            a = int(m.group(1), 16)
+            if lo <= a < hi:
+                touched.append((a - lo) // 64)
+        # 0.3 new lines per event (16.16 accumulator): ~60 in 200 events, each line once
+        # (the region holds more lines than that), and no access that is not a new line
+        want = 0.3 * calls
+        assert abs(len(touched) - want) <= 2, (off, size, len(touched), want)
+        assert len(set(touched)) == len(touched), (off, touched[:20])
+
+
 def test_coupling_preserves_both_marginals():
     segs = asmgen.couple([(256, 0.7), (4096, 0.3)], [(0, 0.5), (8192, 0.25), (65536, 0.25)])
     assert abs(sum(m for m, _, _ in segs) - 1) < 1e-9
@@ -373,6 +438,36 @@ def test_cold_code_ring_misses_every_ll(tmp_path):
     asmgen.write_standalone(_spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 1.0)]), tmp_path / "n", 5, 800)
     tc = _cg_run(tmp_path, tmp_path / "n" / "harness", 800, "none", ("--cache-sim=yes",))
     assert tc.fn_total("ILmr", "clone_far_t") / 800 < 0.01
+
+
+def test_cold_code_window_request_count_is_checked(tmp_path):
+    """The cold code ring's calls per event come from a count per run (`I_cold`, over the cold
+    window's `cold_requests`): they are rescaled to the window's requests, and a profile without
+    the count, or with a cold window of another length, is a one-line error, not a silent fit."""
+    prof = generate.neutral_profile(icode_bins=[(512, 0.5), (65536, 0.5)], data_bins=[(0, 1.0)])
+    prof["valgrind"]["requests"] = 1000
+    body = prof["body"]["0"]
+    body["I_cold"] = 0.2
+
+    def cold_calls(p):
+        meta_dir = tmp_path / f"g{len(list(tmp_path.iterdir()))}"
+        generate.generate(p, meta_dir, seed=1)
+        text = (meta_dir / "body.S").read_text()
+        # the cold ring's 16.16 rate: `add r12, N` right after its slot's load (its table has 4096 entries)
+        m = re.search(r"add r12, (\d+)\n(?:.*\n){5,10}?.*cmp rax, 4096", text)
+        assert m, text[:2000]
+        return int(m.group(1)) / 65536
+
+    with pytest.raises(CloneError, match="no cold_requests count"):
+        generate.generate(prof, tmp_path / "x", seed=1)
+    body["cold_requests"] = 1000
+    full = cold_calls(prof)
+    assert abs(full - 0.2) < 1e-3, full
+    body["cold_requests"] = 800  # the same count per run over fewer requests: fewer per event here
+    assert abs(cold_calls(prof) - 0.2 * 0.8) < 1e-3
+    body["cold_requests"] = 300
+    with pytest.raises(CloneError, match="counted over 300 requests and the window has 1000"):
+        generate.generate(prof, tmp_path / "y", seed=1)
 
 
 def test_a_knob_changes_only_what_it_tunes():

@@ -115,3 +115,53 @@ def test_clone_report_bad_dirs(tmp_path):
     _one_line_error(_run("clone-report", tmp_path), "not a tailscope clone profile")
     (tmp_path / "private" / "profile.json").write_text(json.dumps({"version": 1, "network": {}}))
     _one_line_error(_run("clone-report", tmp_path), "is corrupt", "no 'threads' section")
+
+
+def _bench_ditto():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "bench" / "ditto" / "run.py"
+    spec = importlib.util.spec_from_file_location("bench_ditto_run", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_ditto_times_file_errors_are_one_line(tmp_path, monkeypatch):
+    """bench/ditto/run.py --stage report (and --also) read the pipeline stage's bench_times.json:
+    a missing or non-numeric field is one line naming the file and the field (it was a KeyError
+    with a traceback), and a complete file is read as it is."""
+    run = _bench_ditto()
+    priv = tmp_path / "memcached" / "private"
+    priv.mkdir(parents=True)
+    times = priv / "bench_times.json"
+    cases = [
+        (None, "no pipeline run in"),
+        ("{ not json", "is corrupt: not JSON"),
+        ("[1, 2]", "not a JSON object"),
+        (json.dumps({"pipeline_s": 400.0}), "field 'build_s' is missing"),
+        (json.dumps({"pipeline_s": 400.0, "build_s": "fast"}), "field 'build_s' is not a time"),
+    ]
+    for text, needle in cases:
+        if text is None:
+            times.unlink(missing_ok=True)
+        else:
+            times.write_text(text)
+        with pytest.raises(SystemExit) as exc:
+            run.run_service("memcached", run.SERVICES["memcached"], tmp_path, quick=False, stage="report")
+        msg = str(exc.value.code)
+        assert needle in msg and "\n" not in msg, msg
+        if text is not None:
+            assert str(times) in msg, msg
+    # --also: the validation's time is needed as well
+    for k in ("profile", "tuning", "leakage", "validation"):
+        (priv / f"{k}.json").write_text("{}")
+    times.write_text(json.dumps({"pipeline_s": 400.0, "build_s": 0.4}))
+    with pytest.raises(SystemExit) as exc:
+        run.load_service("memcached", tmp_path)
+    assert "field 'validate_s' is missing" in str(exc.value.code), exc.value.code
+    times.write_text(json.dumps({"pipeline_s": 400.0, "build_s": 0.4, "validate_s": 300}))
+    monkeypatch.setattr(run, "ROOT", tmp_path)  # the clone directory is named relative to the repo
+    r = run.load_service("memcached", tmp_path)
+    assert (r["pipeline_s"], r["build_s"], r["validate_s"]) == (400.0, 0.4, 300)

@@ -87,6 +87,7 @@ class BodySpec:
     hot_code_bytes: float = 0.0  # code the blocks run per event (0: as the bins say)
     events_per_request: float = 1.0  # how often the body runs, per request of the window
     walk_base: int = 0  # which 16 walker slots of the arena this body uses (bodies sharing an arena)
+    touch: list | None = None  # set by generate_body: (offset, bytes, rank) ranges to touch at start-up
 
 
 def couple(icode_bins, data_bins, min_mass: float = 0.05) -> list[tuple[float, int, int]]:
@@ -377,6 +378,15 @@ def _walk_split(lines: float) -> tuple[int, float]:
     """A walker's lines per event as whole lines and a fraction (at most 256 whole lines)."""
     whole = min(256, int(lines))
     return whole, (lines - whole if whole < 256 else 0.0)
+
+
+def walker_cost(w: dict) -> tuple[int, int]:
+    """A cursor walker's instructions and data references per event (_far_function): the
+    accumulator and cursor (7 instructions, 3 references), `whole` loads and their sink store,
+    the fractional line's conditional load and its store (5, 2), the cursor update (6, 1)."""
+    whole, frac = _walk_split(w["lines"])
+    f = round(frac * 65536) > 0
+    return 13 + whole + (1 if whole else 0) + (5 if f else 0), 4 + whole + (1 if whole else 0) + (2 if f else 0)
 
 
 def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, off: int) -> tuple[list[dict], int]:
@@ -678,15 +688,21 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             walk_ins += w["per_pass"] + 1
             walk_refs += w["per_pass"] + 1
             continue
-        whole, frac = _walk_split(w["lines"])
-        n_loads = whole + (1 if frac > 0 else 0)
-        walk_ins += 14 + n_loads
-        walk_refs += 5 + n_loads
+        ins, refs = walker_cost(w)
+        walk_ins += ins
+        walk_refs += refs
     rings = plan_rings(spec, instructions, knobs)
     cr = cold_ring(spec, knobs)
     if cr:
         rings.append(cr)
     arena = off + COLD_BYTES + 4096
+    # the start-up touch of the arena, as (offset, bytes, rank) ranges: the walkers' regions
+    # ranked by their bin (the reuse distance they keep), and everything before the first one
+    # (tiny region, slots, the blocks' regions) last; the skeleton touches the ranges of all
+    # arenas together, largest rank first (generate.py: clone_touch)
+    regions = sorted((w for w in walkers if not w["cold"]), key=lambda w: w["off"])
+    near_end = regions[0]["off"] if regions else off
+    spec.touch = [(0, near_end, 0)] + [(w["off"], w["bytes"], w["bin"] * 4 + w["bytes"] / (1 << 30)) for w in regions]
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
     mixf = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
     mixf = mixf / mixf.sum() if mixf.sum() > 0 else np.full(len(keys), 1 / len(keys))
@@ -933,13 +949,14 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
             continue
         slot = _slot(spec, w["slot"])
         whole, frac = _walk_split(w["lines"])
-        n_loads = whole + (1 if frac > 0 else 0)
+        has_frac = round(frac * 65536) > 0
+        n_loads = whole + (1 if has_frac else 0)
         last = max(0, w["bytes"] - 64 * n_loads)  # the last cursor whose lines stay in the region
-        # branchless: the whole lines are new every event; one more line is touched every event and
-        # becomes new when the accumulator overflows (a fractional rate with no branch to mispredict);
-        # the cursor restarts at 0 when the next event's lines would leave the region (the region is
-        # a whole number of events' lines, so the walk is a cycle over all of it: subtracting the
-        # span instead, as the first version did, re-walked the same lines shifted by one)
+        # branchless: the whole lines are new every event, and one more line is new when the
+        # accumulator overflows (a fractional rate with no branch to mispredict); the cursor
+        # restarts at 0 when the next event's lines would leave the region (the region is a whole
+        # number of events' lines, so the walk is a cycle over all of it: subtracting the span
+        # instead, as the first version did, re-walked the same lines shifted by one)
         out += [
             f"    mov r12, [r15 + {slot}]",
             f"    add r12, {round(frac * 65536)}",
@@ -949,11 +966,27 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
             f"    mov [r15 + {slot}], r12",
             f"    mov r13, [r15 + {slot + 8}]",
         ]
-        out += [f"    add r12, qword ptr [r15 + r13 + {w['off'] + 64 * j}]" for j in range(n_loads)]
+        out += [f"    add r12, qword ptr [r15 + r13 + {w['off'] + 64 * j}]" for j in range(whole)]
         # the sum of the loads is stored: when the next walker overwrote r12 in the same
         # superblock, valgrind's JIT removed every load of this one as dead code (two walkers
         # measured the misses of one; 9 of redis's 10 walkers missed nothing)
-        out.append(f"    mov [r15 + {SINK_OFF}], r12")
+        if whole:
+            out.append(f"    mov [r15 + {SINK_OFF}], r12")
+        if has_frac:
+            # the fractional line is loaded only in the events where it is new; in the others
+            # the load reads the sink (tiny region, always cached). Up to session 7 it loaded the
+            # next line every event, and that line was touched again in the next event: one access
+            # per walker and event at the distance of everything between two events, in no bin
+            # of the profile (memcached's timer body, 3.1 events per request, missed a 32 KiB D1
+            # on every walker at every event, whatever data_far_scale said; the tuner drove that
+            # knob to 0.02 and the walkers' periods grew past the window: LL 740% at A)
+            out += [
+                f"    lea r12, [r13 + {w['off'] + 64 * whole}]",
+                "    test rax, rax",
+                "    cmovz r12, rax",
+                "    mov r12, qword ptr [r15 + r12]",
+                f"    mov [r15 + {SINK_OFF}], r12",
+            ]
         out += [
             "    shl rax, 6",
             f"    lea r13, [r13 + rax + {64 * whole}]",
@@ -962,7 +995,7 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
             "    cmovae r13, rax",
             f"    mov [r15 + {slot + 8}], r13",
         ]
-        expected += 14 + n_loads
+        expected += walker_cost(w)[0]
     out += ["    ret", *variants, f"    .size clone_far_{name}, .-clone_far_{name}"]
     if tables:
         out += ["    .section .rodata", *tables, "    .text"]

@@ -132,6 +132,45 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
     )
 
 
+def _cold_window_ratio(ci: int, b: dict, vgp: dict) -> float:
+    """First-time code is a count per run: `I_cold` per event is that count over the cold
+    window's requests (`cold_requests`), and the clone must fetch it over the validation window's
+    (as long as the profile's detail window: valgrind.requests). Returns cold / window requests;
+    a missing count, or a cold window less than half or more than twice the window (a stalled
+    or different run, whose count per run is not this one's), is a corrupt profile."""
+    creq, wreq = b.get("cold_requests"), vgp.get("requests")
+    for what, v in (("cold_requests", creq), ("valgrind.requests", wreq)):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
+            raise CloneError(f"profile body {ci} has cold code (I_cold) but no {what} count ({v!r}): corrupt profile")
+    if not 0.5 <= creq / wreq <= 2.0:
+        raise CloneError(
+            f"profile body {ci}: its cold code was counted over {creq} requests and the window has {wreq}: "
+            "a count per run needs windows of one length; profile again"
+        )
+    return creq / wreq
+
+
+def _touch_rows(specs: dict, bg_ids: dict[int, int]) -> list[tuple[int, int, int]]:
+    """The start-up touch of all arenas as one LRU stack: (arena, offset, bytes) rows, the ranges
+    that keep the longest reuse distance first. Arena 0 is the workers' (and the acceptor's: the
+    larger body's layout), arena k + 1 the k-th background row's own. Up to session 7 each arena
+    was touched on its own when it was made, the workers' first: the timer's (memcached: 4.7 MiB,
+    3.8 of them walked beyond the LL) came after and pushed all of the workers' regions out of a
+    2 MiB LL, so every line of a slowly walked worker region missed the LL the first time the
+    window reached it (the walkers' periods outgrew warm-up and window once the tuner slowed
+    them: memcached's LL at A 740%)."""
+    rows = []
+    shared = [sp for sp in specs.values() if sp.name in ("worker", "acceptor") and sp.touch]
+    if shared:
+        own = max(shared, key=lambda sp: max(o + n for o, n, _ in sp.touch))
+        rows += [(r, 0, o, n) for o, n, r in own.touch]
+    for ci, row in bg_ids.items():
+        if ci in specs and specs[ci].touch:
+            rows += [(r, row + 1, o, n) for o, n, r in specs[ci].touch]
+    rows.sort(key=lambda x: -x[0])
+    return [(a, o, n) for _, a, o, n in rows if n > 0]
+
+
 def _subtract(a: list[list[float]], b: list) -> list[list[float]]:
     bd = {int(s): n for s, n in b}
     return [[s, max(0.0, n - bd.get(int(s), 0.0))] for s, n in a]
@@ -183,6 +222,8 @@ def generate(
         vgp = prof.get("valgrind") or {}
         if "I_cold" not in b and vgp.get("sweep_requests") and vgp.get("window_requests"):
             specs[ci].cold_code_lines *= min(1.0, vgp["sweep_requests"] / vgp["window_requests"])
+        elif "I_cold" in b:
+            specs[ci].cold_code_lines *= _cold_window_ratio(ci, b, vgp)
     asmgen.layer_walkers(list(specs.values()), knobs)
     for ci, spec in specs.items():
         name = spec.name
@@ -321,6 +362,7 @@ def generate(
         "#define clone_acceptor_body clone_body_acceptor",
     ]
     bg_rows = []
+    bg_ids: dict[int, int] = {}  # cluster index -> its row in clone_bg
     thread_map = [{"vg_thread": 1, "name": "worker" if net["model"] == "single" else "acceptor"}]
     vt = 2
     for ci, c in enumerate(clusters):
@@ -333,12 +375,16 @@ def generate(
         period = c["period_us"] if c["role"] in ("timer", "waiter") else 0
         rep = bodies.get(str(ci), {}).get("replay", [])
         tb += _table(f"bg{ci}_replay", "struct replay_entry", [f"{{{r[0]}, {r[1]}, {r[2]}}}" for r in rep])
+        if arenas.get(ci, 0):
+            bg_ids[ci] = len(bg_rows)
         bg_rows.append(f"{{{c['count']}, {int(period)}, {fn}, {arenas.get(ci, 0)}, bg{ci}_replay, {len(rep)}}}")
         for _ in range(c["count"]):
             thread_map.append({"vg_thread": vt, "name": body_names.get(ci, f"idle{ci}")})
             vt += 1
     tb += _table("clone_bg", "struct clone_bg", bg_rows)
     tb.append(f"#define CLONE_N_BG {len(bg_rows)}")
+    tb += _table("clone_touch", "struct clone_touch", [f"{{{a}, {o}, {n}}}" for a, o, n in _touch_rows(specs, bg_ids)])
+    tb.append(f"#define CLONE_N_TOUCH {len(_touch_rows(specs, bg_ids))}")
     if net["model"] == "dispatch":
         for _ in range(max(1, net["workers"])):
             thread_map.append({"vg_thread": vt, "name": "worker"})

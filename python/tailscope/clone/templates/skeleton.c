@@ -55,27 +55,6 @@ struct body_state {
 	uint64_t blocks[2 * CLONE_MAX_BLOCKS];
 };
 
-static char *arena_new(size_t bytes)
-{
-	char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (p == MAP_FAILED) {
-		perror("clone: mmap");
-		exit(1);
-	}
-	/* touch every line of the body's regions now (not the cold region at the end, which must
-	 * stay cold), so the requests do not page-fault on them and they start warm in the caches,
-	 * as a long-running server's data would. From the end down: the regions are laid out
-	 * smallest first, and each is reused after every smaller one was walked, so the smallest
-	 * must be the most recent. Touched upwards, the largest came last and pushed the small,
-	 * slowly walked regions out of the LL: every first touch of theirs in a window missed it
-	 * (memcached: ~30 LL misses per worker whenever a walker beyond the LL was on) */
-	size_t near = bytes > CLONE_FAR_BYTES ? bytes - CLONE_FAR_BYTES : bytes;
-	for (size_t off = near / 64 * 64; off >= 64; off -= 64)
-		((volatile char *)p)[off - 64] = 0;
-	*(uint32_t *)(p + 120) = 7; /* the divisor the body's div instructions use */
-	return p;
-}
-
 static void thread_init_fp(void)
 {
 	/* flush-to-zero and denormals-are-zero: body fp loads read integer bit patterns */
@@ -248,6 +227,11 @@ struct clone_opt {
 	int level, name, value;
 };
 
+struct clone_touch {
+	int arena; /* 0: the workers', k + 1: clone_bg[k]'s */
+	size_t off, bytes;
+};
+
 struct clone_bg {
 	int count;
 	uint64_t period_us; /* 0: idle */
@@ -258,6 +242,42 @@ struct clone_bg {
 };
 
 #include "clone_tables.h"
+
+static char *arena_new(size_t bytes)
+{
+	char *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (p == MAP_FAILED) {
+		perror("clone: mmap");
+		exit(1);
+	}
+	*(uint32_t *)(p + 120) = 7; /* the divisor the body's div instructions use */
+	if (CLONE_N_TOUCH > 0)
+		return p; /* touched with all the others: arenas_touch */
+	/* touch every line of the body's regions now (not the cold region at the end, which must
+	 * stay cold), so the requests do not page-fault on them and they start warm in the caches,
+	 * as a long-running server's data would. From the end down: the regions are laid out
+	 * smallest first, and each is reused after every smaller one was walked, so the smallest
+	 * must be the most recent. Touched upwards, the largest came last and pushed the small,
+	 * slowly walked regions out of the LL: every first touch of theirs in a window missed it
+	 * (memcached: ~30 LL misses per worker whenever a walker beyond the LL was on) */
+	size_t near = bytes > CLONE_FAR_BYTES ? bytes - CLONE_FAR_BYTES : bytes;
+	for (size_t off = near / 64 * 64; off >= 64; off -= 64)
+		((volatile char *)p)[off - 64] = 0; /* byte 0 of each line: the divisor (120) stays */
+	return p;
+}
+
+/* All arenas' regions touched as one LRU stack (clone_touch: the generator's ranges, those that
+ * keep the longest reuse distance first, each from its end down): the simulated caches are
+ * shared by all threads, so an arena touched on its own after another pushed the other's
+ * regions out of the LL (see generate._touch_rows). */
+static void arenas_touch(char *const *arena)
+{
+	for (int i = 0; i < CLONE_N_TOUCH; i++) {
+		const struct clone_touch *t = &clone_touch[i];
+		for (size_t off = (t->off + t->bytes) / 64 * 64; off > t->off / 64 * 64; off -= 64)
+			((volatile char *)arena[t->arena])[off - 64] = 0;
+	}
+}
 
 /* ---------- wire protocol of the load (framing and replies) ---------- */
 
@@ -804,8 +824,13 @@ int main(int argc, char **argv)
 	workers = calloc((size_t)nw + 1, sizeof *workers);
 	for (int i = 0; i <= nw; i++)
 		worker_init(&workers[i], i, seed);
+	char *arenas[CLONE_N_BG + 1];
+	arenas[0] = worker_arena;
+	for (int c = 0; c < CLONE_N_BG; c++)
+		arenas[c + 1] = clone_bg[c].arena ? arena_new(clone_bg[c].arena) : worker_arena;
+	arenas_touch(arenas);
 	for (int c = 0; c < CLONE_N_BG; c++) {
-		char *arena = clone_bg[c].arena ? arena_new(clone_bg[c].arena) : worker_arena;
+		char *arena = arenas[c + 1];
 		for (int k = 0; k < clone_bg[c].count; k++) {
 			struct bg *b = calloc(1, sizeof *b);
 			b->cluster = c;
