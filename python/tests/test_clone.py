@@ -8,6 +8,7 @@
 - generation is deterministic per seed, builds with plain gcc, and the clone serves the load.
 """
 
+import itertools
 import re
 import shutil
 import subprocess
@@ -468,6 +469,38 @@ def test_cold_code_window_request_count_is_checked(tmp_path):
     body["cold_requests"] = 300
     with pytest.raises(CloneError, match="counted over 300 requests and the window has 1000"):
         generate.generate(prof, tmp_path / "y", seed=1)
+
+
+def test_arenas_are_touched_as_one_stack(tmp_path):
+    """At start-up the skeleton touches every arena's regions in one order: the walkers' regions
+    of all bodies by bin, largest first, then each arena's near part. Arena by arena (up to
+    session 7), memcached's timer arena came after the workers' and pushed them out of the LL."""
+    prof = generate.neutral_profile(
+        icode_bins=[(512, 1.0)], data_bins=[(256, 0.3), (8192, 0.2), (262144, 0.3), (4 << 20, 0.2)]
+    )
+    prof["body"]["0"]["role"] = "worker"
+    timer = dict(prof["body"]["0"], role="timer", events=3000)
+    timer["D_bins"] = [[128, 100.0], [16384, 200.0], [1 << 20, 100.0], [8 << 20, 50.0]]
+    prof["body"]["1"] = timer
+    prof["threads"]["clusters"] = [
+        {"role": "worker", "tids": [1], "count": 1, "period_us": 0, "samples": 0},
+        {"role": "timer", "tids": [2], "count": 1, "period_us": 1000, "samples": 0},
+    ]
+    generate.generate(prof, tmp_path, seed=1)
+    text = (tmp_path / "clone_tables.h").read_text()
+    rows = [tuple(map(int, m)) for m in re.findall(r"\{(\d+), (\d+), (\d+)\}", text.split("clone_touch[]")[1])]
+    arenas = {a for a, _, _ in rows}
+    assert arenas == {0, 1}, rows  # the workers' arena and the timer's own, in one table
+    # interleaved: not all of one arena before the other
+    firsts = [a for a, _, _ in rows]
+    assert firsts != sorted(firsts) and firsts != sorted(firsts, reverse=True), rows
+    # the near parts (offset 0) come last, and the largest regions first
+    assert {r[1] for r in rows[-2:]} == {0}, rows
+    assert rows[0][2] >= max(n for _, o, n in rows if o > 0) / 4, rows
+    # ranges of one arena do not overlap
+    for a in arenas:
+        spans = sorted((o, o + n) for b, o, n in rows if b == a)
+        assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(spans)), spans
 
 
 def test_a_knob_changes_only_what_it_tunes():

@@ -979,7 +979,8 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
             # per walker and event at the distance of everything between two events, in no bin
             # of the profile (memcached's timer body, 3.1 events per request, missed a 32 KiB D1
             # on every walker at every event, whatever data_far_scale said; the tuner drove that
-            # knob to 0.02 and the walkers' periods grew past the window: LL 740% at A)
+            # knob to 0.02, the walkers' periods outgrew warm-up and window, and their lines came
+            # back from the start-up touch, out of the LL: 740% at A; see generate._touch_rows)
             out += [
                 f"    lea r12, [r13 + {w['off'] + 64 * whole}]",
                 "    test rax, rax",
