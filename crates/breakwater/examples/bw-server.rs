@@ -313,6 +313,8 @@ fn run(args: Args) -> Result<(), String> {
                 eprintln!("{v}");
             }
         }
+        // End the credit streams (clients fall back to credit waits).
+        stats_handle.push_hub().close();
         if serving.is_finished() {
             return Err(match serving.await {
                 Ok(Err(e)) => format!("accept failed: {e}"),

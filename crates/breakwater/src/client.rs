@@ -171,6 +171,9 @@ pub struct PushLink {
     stream: u64,
     live: AtomicBool,
     clients: Mutex<HashMap<u64, Weak<Shared>>>,
+    /// Notified when the stream ends: requests waiting for a pushed credit
+    /// then make their client send a credit wait instead.
+    ended: tokio::sync::Notify,
 }
 
 impl PushLink {
@@ -179,6 +182,7 @@ impl PushLink {
             stream: crate::rng::entropy() >> 1,
             live: AtomicBool::new(false),
             clients: Mutex::new(HashMap::new()),
+            ended: tokio::sync::Notify::new(),
         })
     }
 
@@ -190,11 +194,16 @@ impl PushLink {
     /// Whether the stream is up (the server accepted it and it has not
     /// ended). While it is not, clients fall back to credit waits.
     pub fn is_live(&self) -> bool {
-        self.live.load(Ordering::Relaxed)
+        self.live.load(Ordering::SeqCst)
     }
 
+    /// Mark the stream up or down. Down wakes the requests waiting for a
+    /// pushed credit, whose clients then send credit waits.
     pub fn set_live(&self, live: bool) {
-        self.live.store(live, Ordering::Relaxed);
+        self.live.store(live, Ordering::SeqCst);
+        if !live {
+            self.ended.notify_waiters();
+        }
     }
 
     /// Read the credit stream's body until it ends, applying each explicit
@@ -546,16 +555,42 @@ where
                     shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
                     return Err(ClientError::Dropped.into());
                 }
-                Err(Some(rx)) => {
+                Err(Some(mut rx)) => {
                     let deadline = clock::instant(expiry).into();
-                    match tokio::time::timeout_at(deadline, rx).await {
-                        Ok(Ok(Ok(kind))) => {
+                    let waited = 'wait: {
+                        if let Some(link) = shared.push.clone() {
+                            // Waiting for a pushed credit: if the credit
+                            // stream ends meanwhile, nothing will push one,
+                            // so kick the client into a credit wait (once
+                            // the link is down it sends them), then wait on.
+                            let ended = link.ended.notified();
+                            tokio::pin!(ended);
+                            ended.as_mut().enable();
+                            if link.is_live() {
+                                let early = tokio::select! {
+                                    r = &mut rx => Some(Some(r)),
+                                    _ = tokio::time::sleep_until(deadline) => Some(None),
+                                    _ = ended => None,
+                                };
+                                if let Some(r) = early {
+                                    break 'wait r;
+                                }
+                                let now = clock::now();
+                                let mut st = shared.lock();
+                                st.release(now);
+                                kick(&shared, &inner, &mut st, now);
+                            }
+                        }
+                        tokio::time::timeout_at(deadline, rx).await.ok()
+                    };
+                    match waited {
+                        Some(Ok(Ok(kind))) => {
                             if kind == Kind::Await {
                                 wait_guard = Some(AwaitGuard(Some(shared.clone())));
                             }
                             kind
                         }
-                        Ok(Ok(Err(e))) => {
+                        Some(Ok(Err(e))) => {
                             shared.stats.dropped.fetch_add(1, Ordering::Relaxed);
                             return Err(e.into());
                         }

@@ -83,6 +83,9 @@ where
 pub struct HyperPush<S> {
     svc: Hyper<S>,
     hub: Arc<PushHub>,
+    /// This connection: stream ids are scoped to it, and every request
+    /// carries it ([`crate::push::ConnId`]).
+    conn: crate::push::ConnId,
 }
 
 type PushBody = Either<Full<Bytes>, CreditFeed>;
@@ -97,12 +100,13 @@ where
     type Error = std::convert::Infallible;
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
-    fn call(&self, req: Request<Incoming>) -> Self::Future {
+    fn call(&self, mut req: Request<Incoming>) -> Self::Future {
+        req.extensions_mut().insert(self.conn);
         let sub = req.headers().get(crate::wire::SUBSCRIBE).cloned();
         if let Some(raw) = sub {
             let r = match crate::wire::parse_stream(req.headers(), crate::wire::SUBSCRIBE) {
                 Ok(Some(id)) => {
-                    let mut r = Response::new(Either::Right(self.hub.subscribe(id)));
+                    let mut r = Response::new(Either::Right(self.hub.subscribe(self.conn, id)));
                     // Echoed, so a client can tell a subscription from a
                     // server that served the request as an ordinary RPC.
                     r.headers_mut().insert(crate::wire::SUBSCRIBE, raw);
@@ -148,6 +152,7 @@ where
         let svc = HyperPush {
             svc: Hyper(svc.clone()),
             hub: hub.clone(),
+            conn: hub.next_conn(),
         };
         tokio::spawn(async move {
             let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())

@@ -26,23 +26,53 @@ use crate::wire;
 use bytes::Bytes;
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 
 /// Routes explicit credits to the credit streams clients subscribed.
+///
+/// Stream ids are chosen by clients, so they only name a stream within the
+/// connection that subscribed it: a subscription and a registration are
+/// matched on (connection, id), the connection being the [`ConnId`] the
+/// transport ([`crate::http::serve_with_push`]) puts in every request's
+/// extensions. A client cannot route its credits to, nor replace, another
+/// connection's stream by naming its id.
 #[derive(Default)]
 pub struct PushHub {
     state: Mutex<HubState>,
     /// Open streams: lets the server skip the policy call when none is.
     open: AtomicUsize,
+    /// Connection ids handed out by [`Self::next_conn`].
+    conns: AtomicU64,
 }
+
+/// The connection a request came on, as the transport numbers them (in the
+/// request's extensions). Requests without one share connection 0.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct ConnId(pub u64);
 
 #[derive(Default)]
 struct HubState {
+    /// (connection, client-chosen id) → the stream's key.
+    subs: HashMap<(u64, u64), u64>,
+    /// Open streams by key (the key is also the policy's push group).
     streams: HashMap<u64, mpsc::UnboundedSender<Bytes>>,
     routes: HashMap<ClientId, u64>,
+    next_key: u64,
+    /// [`PushHub::close`] was called: no stream is open or opens again.
+    closed: bool,
+}
+
+impl HubState {
+    fn remove_stream(&mut self, key: u64, open: &AtomicUsize) {
+        if self.streams.remove(&key).is_some() {
+            open.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.subs.retain(|_, k| *k != key);
+        self.routes.retain(|_, k| *k != key);
+    }
 }
 
 /// What one [`PushHub::deliver`] did.
@@ -70,31 +100,72 @@ impl PushHub {
         self.open.load(Ordering::Relaxed) > 0
     }
 
-    /// Open credit stream `id` (replacing one of the same id): the returned
-    /// body carries the explicit credits routed to it until it is dropped.
-    pub fn subscribe(self: &Arc<Self>, id: u64) -> CreditFeed {
+    /// A fresh connection id (never 0), for the transport to tag a new
+    /// connection's requests with ([`ConnId`]).
+    pub fn next_conn(&self) -> ConnId {
+        ConnId(self.conns.fetch_add(1, Ordering::Relaxed) + 1)
+    }
+
+    /// Open credit stream `id` of connection `conn` (replacing that
+    /// connection's stream of the same id): the returned body carries the
+    /// explicit credits routed to it until it is dropped or the hub is
+    /// closed. After [`Self::close`] the body ends at once.
+    pub fn subscribe(self: &Arc<Self>, conn: ConnId, id: u64) -> CreditFeed {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut st = self.lock();
-        if st.streams.insert(id, tx).is_none() {
-            self.open.fetch_add(1, Ordering::Relaxed);
+        if st.closed {
+            drop(tx); // the feed ends at once
+            return CreditFeed {
+                rx,
+                hub: Weak::new(),
+                key: 0,
+            };
         }
+        st.next_key += 1;
+        let key = st.next_key;
+        if let Some(old) = st.subs.insert((conn.0, id), key) {
+            // The old stream's body ends; its clients re-register.
+            st.remove_stream(old, &self.open);
+        }
+        st.streams.insert(key, tx);
+        self.open.fetch_add(1, Ordering::Relaxed);
         CreditFeed {
             rx,
             hub: Arc::downgrade(self),
-            id,
+            key,
         }
     }
 
-    /// Explicit credits for `client` go to stream `stream`. False (and no
-    /// route) if that stream is not open here.
-    pub fn route(&self, client: ClientId, stream: u64) -> bool {
+    /// Explicit credits for `client` go to stream `id` of its own
+    /// connection `conn`. Returns the stream's key (the push group), or
+    /// None (and no route) if that connection has no such stream open.
+    pub fn route(&self, client: ClientId, conn: ConnId, id: u64) -> Option<u64> {
         let mut st = self.lock();
-        if !st.streams.contains_key(&stream) {
+        let Some(&key) = st.subs.get(&(conn.0, id)) else {
             st.routes.remove(&client);
-            return false;
-        }
-        st.routes.insert(client, stream);
-        true
+            return None;
+        };
+        st.routes.insert(client, key);
+        Some(key)
+    }
+
+    /// Forget `client`'s route (it deregistered).
+    pub fn unroute(&self, client: ClientId) {
+        self.lock().routes.remove(&client);
+    }
+
+    /// End every credit stream (their bodies end, so HTTP/2 can close the
+    /// streams and the connections can shut down) and refuse new ones:
+    /// clients see their stream end and fall back to credit waits. For
+    /// shutdown; the server's layer calls it when its last handle goes.
+    pub fn close(&self) {
+        let mut st = self.lock();
+        st.closed = true;
+        let n = st.streams.len();
+        st.streams.clear();
+        st.subs.clear();
+        st.routes.clear();
+        self.open.fetch_sub(n, Ordering::Relaxed);
     }
 
     /// Write the grants (drained) to their clients' streams, one chunk per
@@ -119,11 +190,7 @@ impl PushHub {
             let sent = st.streams.get(&s).map(|tx| tx.send(Bytes::from(chunk)));
             match sent {
                 Some(Ok(())) => done.chunks += 1,
-                _ => {
-                    if st.streams.remove(&s).is_some() {
-                        self.open.fetch_sub(1, Ordering::Relaxed);
-                    }
-                }
+                _ => st.remove_stream(s, &self.open),
             }
         }
         done
@@ -131,13 +198,14 @@ impl PushHub {
 }
 
 /// The body of a credit stream's response: explicit credits as they are
-/// pushed, coalesced into one HTTP/2 DATA frame per poll. It never ends by
-/// itself; dropping it (the connection closed) closes the stream at the
-/// hub.
+/// pushed, coalesced into one HTTP/2 DATA frame per poll. It ends when the
+/// hub is closed ([`PushHub::close`]) or a resubscription of the same
+/// connection and id replaces it; dropping it (the connection closed)
+/// closes the stream at the hub.
 pub struct CreditFeed {
     rx: mpsc::UnboundedReceiver<Bytes>,
     hub: Weak<PushHub>,
-    id: u64,
+    key: u64,
 }
 
 impl http_body::Body for CreditFeed {
@@ -176,9 +244,8 @@ impl Drop for CreditFeed {
         if let Some(hub) = self.hub.upgrade() {
             let mut st = hub.lock();
             // Only our own stream: a resubscription may have replaced it.
-            if st.streams.get(&self.id).is_some_and(|tx| tx.is_closed()) {
-                st.streams.remove(&self.id);
-                hub.open.fetch_sub(1, Ordering::Relaxed);
+            if st.streams.get(&self.key).is_some_and(|tx| tx.is_closed()) {
+                st.remove_stream(self.key, &hub.open);
             }
         }
     }
@@ -192,12 +259,18 @@ mod tests {
     #[tokio::test]
     async fn grants_are_routed_coalesced_and_dropped_with_their_stream() {
         let hub = PushHub::new();
+        let c1 = hub.next_conn();
+        let c2 = hub.next_conn();
+        assert_ne!(c1, c2);
         assert!(!hub.active());
-        assert!(!hub.route(1, 10), "no such stream yet");
-        let mut a = hub.subscribe(10);
-        let b = hub.subscribe(20);
+        assert_eq!(hub.route(1, c1, 10), None, "no such stream yet");
+        let mut a = hub.subscribe(c1, 10);
+        let b = hub.subscribe(c2, 20);
         assert!(hub.active());
-        assert!(hub.route(1, 10) && hub.route(2, 10) && hub.route(3, 20));
+        let ka = hub.route(1, c1, 10).unwrap();
+        assert_eq!(hub.route(2, c1, 10), Some(ka));
+        let kb = hub.route(3, c2, 20).unwrap();
+        assert_ne!(ka, kb, "one push group per stream");
         let mut g = vec![
             (1, Feedback::CreditLimit(5)),
             (2, Feedback::CreditLimit(7)),
@@ -228,5 +301,74 @@ mod tests {
         assert!(hub.active(), "stream 10 is still open");
         drop(a);
         assert!(!hub.active());
+    }
+
+    #[tokio::test]
+    async fn stream_ids_only_name_streams_of_their_own_connection() {
+        let hub = PushHub::new();
+        let (c1, c2) = (hub.next_conn(), hub.next_conn());
+        let mut a = hub.subscribe(c1, 7);
+        assert_eq!(
+            hub.route(5, c2, 7),
+            None,
+            "a client on connection 2 cannot name connection 1's stream"
+        );
+        // Connection 2 subscribing the same id gets its own stream; it
+        // does not replace connection 1's.
+        let mut b = hub.subscribe(c2, 7);
+        let ka = hub.route(1, c1, 7).unwrap();
+        let kb = hub.route(2, c2, 7).unwrap();
+        assert_ne!(ka, kb);
+        hub.deliver(&mut vec![
+            (1, Feedback::CreditLimit(3)),
+            (2, Feedback::CreditLimit(4)),
+        ]);
+        let mut got = Vec::new();
+        let mut buf = a
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap()
+            .to_vec();
+        wire::decode_pushes(&mut buf, &mut got);
+        assert_eq!(got, vec![(1, 3)], "connection 1 gets only its client's");
+        got.clear();
+        let mut buf = b
+            .frame()
+            .await
+            .unwrap()
+            .unwrap()
+            .into_data()
+            .unwrap()
+            .to_vec();
+        wire::decode_pushes(&mut buf, &mut got);
+        assert_eq!(got, vec![(2, 4)]);
+        // A resubscription on the same connection replaces its stream: the
+        // old body ends, and its routes go with it.
+        let _a2 = hub.subscribe(c1, 7);
+        assert!(a.frame().await.is_none(), "the replaced stream ends");
+        let d = hub.deliver(&mut vec![(1, Feedback::CreditLimit(9))]);
+        assert_eq!(d.lost, 1, "client 1 must register again");
+    }
+
+    #[tokio::test]
+    async fn close_ends_every_stream_and_refuses_new_ones() {
+        let hub = PushHub::new();
+        let c = hub.next_conn();
+        let mut a = hub.subscribe(c, 1);
+        hub.route(9, c, 1).unwrap();
+        hub.close();
+        assert!(!hub.active());
+        let end = tokio::time::timeout(std::time::Duration::from_secs(30), a.frame()).await;
+        assert!(matches!(end, Ok(None)), "the open stream ends");
+        let mut late = hub.subscribe(c, 2);
+        assert!(late.frame().await.is_none(), "a new one ends at once");
+        assert!(!hub.active());
+        assert_eq!(hub.route(9, c, 2), None);
+        drop(a);
+        drop(late);
+        assert!(!hub.active(), "no double count on drop");
     }
 }

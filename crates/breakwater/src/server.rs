@@ -265,6 +265,11 @@ struct Fifo<B, RB> {
     /// `Await`), by client: not queued, not timestamped as queued.
     held: HashMap<u64, Job<B, RB>>,
     closed: bool,
+    /// Workers blocked on `work`. A producer signals the condvar only when
+    /// one is: std's `notify_one` is a futex syscall even with no waiter,
+    /// and at 2x the worker is busy (not waiting) for most admissions, so
+    /// this saves the I/O thread a syscall per admitted request.
+    waiting: usize,
 }
 
 struct Shared<B, RB> {
@@ -312,6 +317,9 @@ impl<B, RB> Drop for PoolGuard<B, RB> {
     fn drop(&mut self) {
         self.0.lock_fifo().closed = true;
         self.0.work.notify_all();
+        // Credit streams end with the layer (their clients fall back to
+        // credit waits), so their connections can close.
+        self.0.push.close();
     }
 }
 
@@ -396,6 +404,7 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
                 jobs: VecDeque::new(),
                 held: HashMap::new(),
                 closed: false,
+                waiting: 0,
             }),
             work: Condvar::new(),
             busy: AtomicUsize::new(0),
@@ -519,10 +528,19 @@ where
         let view = shared.view(&fifo);
         let verdict = policy.on_arrival(now, &arrival, &view);
         if let Some(s) = stream {
-            // Registered with a credit stream: explicit credits may go to it.
-            if shared.push.route(arrival.client, s) {
-                policy.set_pushable(arrival.client, s);
+            // Registered with a credit stream of its own connection:
+            // explicit credits may go to it (the stream's key is the push
+            // group, so pushes ride on responses to that connection).
+            let conn = request
+                .extensions()
+                .get::<crate::push::ConnId>()
+                .copied()
+                .unwrap_or_default();
+            if let Some(group) = shared.push.route(arrival.client, conn, s) {
+                policy.set_pushable(arrival.client, group);
             }
+        } else if arrival.kind == crate::Kind::Deregister {
+            shared.push.unroute(arrival.client);
         }
         match verdict {
             Verdict::Admit => {
@@ -536,9 +554,12 @@ where
                     budget_ns,
                     reply: tx,
                 });
+                let wake = fifo.waiting > 0;
                 drop(fifo);
                 drop(policy);
-                shared.work.notify_one();
+                if wake {
+                    shared.work.notify_one();
+                }
                 shared.counters.admitted.fetch_add(1, Ordering::Relaxed);
                 Box::pin(async move {
                     rx.await
@@ -656,7 +677,9 @@ where
                 if fifo.closed {
                     return;
                 }
+                fifo.waiting += 1;
                 fifo = shared.work.wait(fifo).unwrap_or_else(|p| p.into_inner());
+                fifo.waiting -= 1;
             }
         };
         let start = clock::now();
@@ -707,17 +730,37 @@ where
             Ok(mut r) => {
                 wire::write_feedback(r.headers_mut(), fb);
                 if !pushes.is_empty() {
+                    let n = wire::write_pushes(r.headers_mut(), &mut pushes);
                     shared
                         .counters
                         .pushed_credits
-                        .fetch_add(pushes.len() as u64, Ordering::Relaxed);
-                    wire::write_pushes(r.headers_mut(), &mut pushes);
+                        .fetch_add(n as u64, Ordering::Relaxed);
                 }
                 Ok(r)
             }
             Err(e) => Err(e),
         };
-        let _ = job.reply.send(result);
+        // What did not fit in `bw-push` (wire::MAX_PUSH_PER_RESPONSE), or
+        // rode on a failed response that carries none, goes on the credit
+        // stream: a granted credit the client never hears of stays issued.
+        if !pushes.is_empty() {
+            shared.deliver_pushes(&mut pushes);
+        }
+        if let Err(Ok(r)) = job.reply.send(result) {
+            // The caller is gone (its stream was reset, its connection
+            // closed): the explicit credits for the other clients that rode
+            // on this response go on the credit stream instead.
+            let mut lost = Vec::new();
+            wire::parse_pushes(r.headers(), &mut lost);
+            if !lost.is_empty() {
+                shared
+                    .counters
+                    .pushed_credits
+                    .fetch_sub(lost.len() as u64, Ordering::Relaxed);
+                pushes.extend(lost.into_iter().map(|(c, l)| (c, Feedback::CreditLimit(l))));
+                shared.deliver_pushes(&mut pushes);
+            }
+        }
     }
 }
 
@@ -800,8 +843,9 @@ impl<B, RB: Default> Shared<B, RB> {
                 }
             }
         }
+        let wake = fifo.waiting.min(admitted as usize);
         drop(fifo);
-        for _ in 0..admitted {
+        for _ in 0..wake {
             self.work.notify_one();
         }
         self.counters

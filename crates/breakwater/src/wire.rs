@@ -35,21 +35,37 @@ pub const SUBSCRIBE: &str = "bw-subscribe";
 pub const STREAM: &str = "bw-stream";
 pub const PUSH: &str = "bw-push";
 
-/// Write explicit credits (drained) into a response's `bw-push` header.
-pub fn write_pushes(headers: &mut HeaderMap, grants: &mut Vec<(u64, Feedback)>) {
+/// At most this many explicit credits ride in one response's `bw-push`
+/// (≤ 42 bytes each: ~2.7 KB, far under h2's default 16 KiB header list
+/// limit, which an unbounded list passed at ~400 entries and turned the
+/// response into a connection error). [`write_pushes`] leaves the rest for
+/// the credit stream.
+pub const MAX_PUSH_PER_RESPONSE: usize = 64;
+
+/// Write up to [`MAX_PUSH_PER_RESPONSE`] explicit credits from the front of
+/// `grants` into a response's `bw-push` header, removing them; what does
+/// not fit stays in `grants` (send it on the credit stream). Returns how
+/// many were written.
+pub fn write_pushes(headers: &mut HeaderMap, grants: &mut Vec<(u64, Feedback)>) -> usize {
     use std::fmt::Write;
+    let take = grants.len().min(MAX_PUSH_PER_RESPONSE);
     let mut v = String::new();
-    for (client, fb) in grants.drain(..) {
+    let mut written = 0;
+    for (client, fb) in grants.drain(..take) {
         if let Feedback::CreditLimit(limit) = fb {
             if !v.is_empty() {
                 v.push(',');
             }
             let _ = write!(v, "{client}:{limit}");
+            written += 1;
         }
     }
-    if let Ok(v) = HeaderValue::from_str(&v) {
-        headers.insert(PUSH, v);
+    if written > 0 {
+        if let Ok(v) = HeaderValue::from_str(&v) {
+            headers.insert(PUSH, v);
+        }
     }
+    written
 }
 
 /// Read a response's `bw-push` explicit credits into `out`; entries that
@@ -352,6 +368,31 @@ mod tests {
         let bad = headers(&[(SUBSCRIBE, "x1")]);
         assert!(parse_stream(&bad, SUBSCRIBE).is_err());
         assert_eq!(parse_stream(&HeaderMap::new(), STREAM), Ok(None));
+    }
+
+    #[test]
+    fn bw_push_is_capped_and_leaves_the_rest() {
+        let n = 3 * MAX_PUSH_PER_RESPONSE + 5;
+        let mut grants: Vec<(u64, Feedback)> = (0..n as u64)
+            .map(|c| (u64::MAX - c, Feedback::CreditLimit(u64::MAX - 1)))
+            .collect();
+        let mut h = HeaderMap::new();
+        let wrote = write_pushes(&mut h, &mut grants);
+        assert_eq!(wrote, MAX_PUSH_PER_RESPONSE);
+        assert_eq!(grants.len(), n - MAX_PUSH_PER_RESPONSE, "the rest stay");
+        assert_eq!(
+            grants[0].0,
+            u64::MAX - MAX_PUSH_PER_RESPONSE as u64,
+            "front first"
+        );
+        let len = h.get(PUSH).unwrap().len();
+        assert!(len <= 4096, "bw-push of {len} bytes with the widest ids");
+        let mut got = Vec::new();
+        parse_pushes(&h, &mut got);
+        assert_eq!(got.len(), MAX_PUSH_PER_RESPONSE);
+        let mut h = HeaderMap::new();
+        assert_eq!(write_pushes(&mut h, &mut Vec::new()), 0);
+        assert!(h.get(PUSH).is_none(), "no empty header");
     }
 
     #[test]

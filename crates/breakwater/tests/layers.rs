@@ -544,3 +544,90 @@ fn pushed_credits_replace_credit_waits_over_real_http2() {
         assert!(s.pushed_credits > 0, "{s:?}");
     });
 }
+
+/// A pushed client whose requests wait for a pushed credit must not stay
+/// stuck when its credit stream ends: the waiters make it send a credit
+/// wait. The "server" is scripted (register: edge 1, so the next request
+/// has no credit; credit wait: edge 10) and the stream is a real
+/// `PushHub` feed that `close` ends. The SLO is 60 s: without the wake-up
+/// the second request would sit until then (the test allows it 20 s).
+#[test]
+fn waiters_fall_back_to_a_credit_wait_when_the_credit_stream_ends() {
+    use breakwater::policy::breakwater::BreakwaterClient;
+    use breakwater::{ClientPolicy, Feedback, Kind};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let waits = Arc::new(AtomicU64::new(0));
+        let w = waits.clone();
+        let mock = tower::service_fn(move |req: Request<Body>| {
+            let w = w.clone();
+            async move {
+                let a = wire::parse_arrival(req.headers()).unwrap().unwrap();
+                let edge = match a.kind {
+                    Kind::Register => 1,
+                    Kind::CreditWait => {
+                        w.fetch_add(1, Ordering::SeqCst);
+                        10
+                    }
+                    _ => 0,
+                };
+                let mut r = Response::new(Full::new(Bytes::from_static(b"ok")));
+                if edge > 0 {
+                    wire::write_feedback(r.headers_mut(), Feedback::CreditLimit(edge));
+                }
+                Ok::<_, BoxError>(r)
+            }
+        });
+        let hub = breakwater::push::PushHub::new();
+        let conn = hub.next_conn();
+        let link = breakwater::client::PushLink::new();
+        let feed = hub.subscribe(conn, link.stream_id());
+        link.set_live(true);
+        let reader = tokio::spawn(link.clone().run(feed));
+        let layer = ClientLayer::new(
+            Arc::new(|| Box::new(BreakwaterClient::new()) as Box<dyn ClientPolicy>),
+            Duration::from_secs(60),
+        )
+        .unwrap();
+        let mut client = layer.layer_pushed(mock, &link);
+        let first = client
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(Body::default()))
+            .await;
+        assert!(first.is_ok(), "register: {:?}", first.err());
+        // No credit left, the stream is live: this one waits for a push.
+        let mut c2 = client.clone();
+        let second = tokio::spawn(async move {
+            c2.ready()
+                .await
+                .unwrap()
+                .call(Request::new(Body::default()))
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(
+            waits.load(Ordering::SeqCst),
+            0,
+            "a pushed client sends no credit wait"
+        );
+        hub.close();
+        tokio::time::timeout(Duration::from_secs(20), reader)
+            .await
+            .expect("the stream ends when the hub closes")
+            .unwrap();
+        assert!(!link.is_live());
+        let got = tokio::time::timeout(Duration::from_secs(20), second)
+            .await
+            .expect("the waiting request must not wait out its 60 s SLO")
+            .unwrap();
+        assert!(got.is_ok(), "served after a credit wait: {:?}", got.err());
+        assert_eq!(waits.load(Ordering::SeqCst), 1, "exactly one credit wait");
+        assert_eq!(layer.stats().expired.load(Ordering::SeqCst), 0);
+    });
+}

@@ -259,20 +259,53 @@ fn explicit_credits_are_pushed_to_drained_clients_round_each_group() {
     let mut p = bw();
     let q = empty();
     let now = 1_000;
+    // Client 100 (no stream) keeps requests in flight throughout, so the
+    // pool can be bound below while the others complete.
+    p.set_c_total(50.0);
+    let mut hog = u64::from(p.on_arrival(now, &msg(100, Kind::Register, 10), &q) == Verdict::Admit);
+    while p.unused(100).unwrap() > 0 {
+        p.on_arrival(now, &msg(100, Kind::Request, 10), &q);
+        hog += 1;
+    }
+    assert!(hog >= 5, "client 100 holds {hog} in flight");
+    let mut sent = Vec::new();
     for x in [1, 2, 3, 4, 9] {
-        p.on_arrival(now, &msg(x, Kind::Register, 0), &q);
-        // Spend whatever the registration granted: drained, in flight.
+        if p.on_arrival(now, &msg(x, Kind::Register, 0), &q) == Verdict::Admit {
+            sent.push(x);
+        }
+        // Spend whatever the registration granted: no credit, in flight.
         while p.unused(x).unwrap() > 0 {
             assert_eq!(
                 p.on_arrival(now, &msg(x, Kind::Request, 0), &q),
                 Verdict::Admit
             );
+            sent.push(x);
         }
         if x != 9 {
             p.set_pushable(x, if x <= 2 { 7 } else { 8 }); // 9: no stream
         }
     }
     let mut out = Vec::new();
+    p.set_c_total(p.issued() as f64 + 3.0);
+    p.push_credits(now, Some(1), &mut out);
+    assert!(
+        out.is_empty(),
+        "spare credit, but every client has a request in flight (its \
+         response carries its credit): nothing pushed, got {out:?}"
+    );
+    // Complete them in a bound pool: each response revokes (Eq. 2.6), so
+    // the clients end drained (no credit, nothing in flight).
+    p.set_c_total(0.0); // clamped to C_min (4), below client 100's share
+
+    for &x in &sent {
+        let done = Completion {
+            client: x,
+            ok: true,
+            sojourn_ns: 10,
+        };
+        p.on_complete(now, &done, &q);
+        assert_eq!(p.unused(x), Some(0), "client {x} revoked");
+    }
     p.push_credits(now, Some(1), &mut out);
     assert!(out.is_empty(), "no spare credit: nothing to push");
     p.set_c_total(p.issued() as f64 + 3.0);

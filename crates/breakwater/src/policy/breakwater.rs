@@ -733,7 +733,12 @@ impl Breakwater {
                 continue;
             }
             ring.push_back(id);
-            if c.unused() > 0 || c.parked || c.awaiting {
+            // Only a drained client (no credit and nothing in flight) is
+            // pushed: one with a request in flight gets its credit lazily
+            // on that response, and a push racing the response could be
+            // revoked by the response's own grant (Eq. 2.6) after the
+            // client had applied it.
+            if c.unused() > 0 || c.inflight > 0 || c.parked || c.awaiting {
                 continue;
             }
             let limit = self.grant(id);
@@ -1013,7 +1018,8 @@ impl Policy for Breakwater {
     }
 
     /// Spare credits (`C_total − C_issued − held`, after the response's
-    /// lazy grant) go to pushable clients holding no credit, round their
+    /// lazy grant) go to drained pushable clients (no credit, nothing in
+    /// flight), round their
     /// group's ring, each by Eq. 2.5 (`min(demand + C_oc, C_avail)`: with
     /// the floor of 1 and no known demand, one credit). A client with
     /// unused credit, a parked credit wait (answered by `on_tick`) or a
