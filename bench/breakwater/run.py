@@ -63,7 +63,11 @@ WORKER_PRIORITY = os.environ.get("BW_WORKER_PRIORITY", "normal")
 # The I/O thread's EEVDF time slice in µs (bw-server --io-slice-us; 0: the
 # kernel's default), the same for every control.
 IO_SLICE_US = int(os.environ.get("BW_IO_SLICE_US", "0"))
-PARTS = ["overhead", "sweep", "bimodal", "shift", "ablation", "lock", "sim"]
+PARTS = ["overhead", "sweep", "openloop", "bimodal", "shift", "ablation", "lock", "sim"]
+# Open-loop capacity scan (part `openloop`): no control at these multiples of
+# the closed-loop capacity, with the sweep's own Poisson clients (1000 over 8
+# connections); see docs/breakwater.md, session 8.
+OPENLOOP_DEMANDS = [0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.2, 1.5]
 # Breakwater's client protocol for a drained client (no credit, nothing in
 # flight): `push` (session 7; loadgen --bw-push: it waits for an explicit
 # credit the server pushes, riding on a response to another client of its
@@ -459,6 +463,46 @@ def main() -> int:
                     flush=True,
                 )
         result["sweep"] = sweep
+    if real_ok and "openloop" in parts:
+        # Capacity as the open-loop clients see it: what the server with no
+        # control completes per second under the sweep's own traffic, and
+        # the highest rate it serves within the SLO. Shown next to the
+        # closed-loop capacity (the bench's denominator), not instead of it.
+        print("open-loop capacity scan (no control)...", flush=True)
+        demands = [0.5, 1.0] if args.quick else OPENLOOP_DEMANDS
+        rows = []
+        for d in demands:
+            r = run_one("none", d * c, duration=dur, warmup=warm, capacity=c)
+            srv = r["server"]
+            th = srv.get("threads_cpu_s", {})
+            rows.append(
+                {
+                    "demand_x": d,
+                    "demand_rps": r["demand_rps"],
+                    "goodput_rps": r["goodput_rps"],
+                    "throughput_rps": r["throughput_rps"],
+                    "p99_us": r["p99_us"],
+                    "cpu_us_per_completed": r["cpu_us_per_completed"],
+                    "io_us_per_msg": th.get("bw-server", 0.0) * 1e6 / max(srv.get("arrivals", 0), 1),
+                }
+            )
+            print(
+                f"  none {d:>4}x: offered {r['demand_rps']:7.0f}  completed {r['throughput_rps']:7.0f}  "
+                f"goodput {r['goodput_rps']:7.0f}  p99 {r['p99_us']:8.0f} us",
+                flush=True,
+            )
+        best = max(rows, key=lambda x: x["throughput_rps"])
+        within = [x for x in rows if x["p99_us"] <= SLO_US and x["goodput_rps"] >= 0.95 * x["demand_rps"]]
+        slo_cap = max(within, key=lambda x: x["demand_rps"]) if within else None
+        result["open_loop_capacity"] = {
+            "closed_loop_rps": c,
+            "rows": rows,
+            "max_throughput_rps": best["throughput_rps"],
+            "max_throughput_at_x": best["demand_x"],
+            "slo_capacity_rps": slo_cap["demand_rps"] if slo_cap else 0.0,
+            "slo_capacity_x": slo_cap["demand_x"] if slo_cap else 0.0,
+        }
+        part_log["openloop"] = {"at": stamp, "capacity_rps": cap, "load": result["setup"]["load"]}
     if real_ok and "bimodal" in parts:
         print("bimodal at 2x...", flush=True)
         cb = cap["bimodal"]
@@ -563,6 +607,7 @@ def main() -> int:
         ("closed_loop_max", "overhead"),
         ("capacity_rps", "sweep"),
         ("sweep", "sweep"),
+        ("open_loop_capacity", "openloop"),
         ("bimodal_2x", "bimodal"),
         ("shift", "shift"),
         ("ablation", "ablation"),
