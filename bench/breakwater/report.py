@@ -204,6 +204,7 @@ def render_md(r: dict) -> str:
             extra = f", capacity {capx:.0f} req/s" if capx else ""
             load = info.get("load")
             extra += f", load {', '.join(f'{x:.2f}' for x in load)}" if load else ""
+            extra += f" ({info['note']})" if info.get("note") else ""
             lines.append(f"- {part}: {info.get('at', '?')}{extra}")
         lines.append("")
     if "sweep" in r:

@@ -408,6 +408,9 @@ def main() -> int:
             "worker_priority": WORKER_PRIORITY,
             "io_slice_us": IO_SLICE_US,
             "protocol": PROTOCOL,
+            # Free text about the box for this run (BW_NOTE), printed with
+            # the setup, e.g. what else was tracing it.
+            "note": os.environ.get("BW_NOTE", ""),
         },
     }
     part_log = dict(previous.get("parts_run", {}))
@@ -422,7 +425,12 @@ def main() -> int:
         c = cap["exponential"]
         print(f"  capacity: exponential {c:.0f} req/s, bimodal {cap['bimodal']:.0f} req/s", flush=True)
         for p in real_parts:
-            part_log[p] = {"at": stamp, "capacity_rps": cap, "load": result["setup"]["load"]}
+            part_log[p] = {
+                "at": stamp,
+                "capacity_rps": cap,
+                "load": result["setup"]["load"],
+                "note": result["setup"]["note"],
+            }
     if real_ok and "sweep" in parts:
         result["capacity_rps"] = cap
     if real_ok and "overhead" in parts:
@@ -502,7 +510,6 @@ def main() -> int:
             "slo_capacity_rps": slo_cap["demand_rps"] if slo_cap else 0.0,
             "slo_capacity_x": slo_cap["demand_x"] if slo_cap else 0.0,
         }
-        part_log["openloop"] = {"at": stamp, "capacity_rps": cap, "load": result["setup"]["load"]}
     if real_ok and "bimodal" in parts:
         print("bimodal at 2x...", flush=True)
         cb = cap["bimodal"]
