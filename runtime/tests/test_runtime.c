@@ -391,11 +391,28 @@ static double mono_s(void)
 	return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+static volatile pid_t waiter_tid;
+
+/* Whether thread `tid` of this process is blocked in futex(2) (x86-64
+ * syscall 202), from /proc/self/task/TID/syscall. */
+static int in_futex(pid_t tid)
+{
+	char path[64], buf[32] = {0};
+	snprintf(path, sizeof(path), "/proc/self/task/%d/syscall", (int)tid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	return n >= 4 && strncmp(buf, "202 ", 4) == 0;
+}
+
 static void *futex_waiter(void *arg)
 {
 	(void)arg;
 	uint32_t seen = __atomic_load_n(&hdr->drain_futex, __ATOMIC_ACQUIRE);
 	__atomic_store_n(&hdr->drain_waiting, 1, __ATOMIC_SEQ_CST);
+	waiter_tid = gettid();
 	waiter_ready = 1;
 	struct timespec timeout = {5, 0};
 	double t0 = mono_s();
@@ -426,7 +443,10 @@ static void test_futex_wakes_another_mapping(void)
 	pthread_create(&w, NULL, futex_waiter, NULL);
 	while (!waiter_ready)
 		usleep(1000);
-	usleep(50000); /* into FUTEX_WAIT */
+	/* into FUTEX_WAIT (else the wake would find no waiter and the wait
+	 * would see the word changed: EAGAIN); at most 5 s */
+	for (int i = 0; i < 5000 && !in_futex(waiter_tid); i++)
+		usleep(1000);
 	on_thread(fill_to_mark, NULL);
 	pthread_join(w, NULL);
 	printf("  futex wake: returned %ld (errno %d) after %.3f s\n", waiter_rc, waiter_errno,
@@ -471,14 +491,21 @@ static void *producer(void *arg)
 	for (long i = 1; i <= n; i++) {
 		tailscope_request_begin(i);
 		tailscope_request_end(i);
-		/* the first half waits (boundedly) for the consumer; the second
-		 * half runs free and overflows */
-		if (i < n / 2 && (i & 127) == 0)
-			for (int spin = 0;
-			     spin < 1000000 &&
-			     s->ring_head - __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) > 256;
-			     spin++)
+		/* the first half waits for the consumer (up to 5 s each time:
+		 * a consumer preempted on a loaded machine must not turn the
+		 * first half's records into drops); the second half runs free
+		 * and overflows */
+		if (i < n / 2 && (i & 127) == 0) {
+			struct timespec t0, t1;
+			clock_gettime(CLOCK_MONOTONIC, &t0);
+			while (s->ring_head - __atomic_load_n(&s->ring_tail, __ATOMIC_ACQUIRE) >
+			       256) {
 				__builtin_ia32_pause();
+				clock_gettime(CLOCK_MONOTONIC, &t1);
+				if (t1.tv_sec - t0.tv_sec > 5)
+					break;
+			}
+		}
 	}
 	__atomic_store_n(&producer_done, 1, __ATOMIC_RELEASE);
 	return NULL;
@@ -495,7 +522,7 @@ static void test_consumer(void)
 	struct ts_thread_slot *s = NULL;
 	while (!s)
 		s = producer_tid ? slot_of(producer_tid) : NULL;
-	uint64_t got = 0, last_id = 0, out_of_order = 0;
+	uint64_t got = 0, last_id = 0, out_of_order = 0, first_half = 0;
 	for (;;) {
 		int done = __atomic_load_n(&producer_done, __ATOMIC_ACQUIRE);
 		uint64_t head = __atomic_load_n(&s->ring_head, __ATOMIC_ACQUIRE);
@@ -505,6 +532,7 @@ static void test_consumer(void)
 				out_of_order++;
 			last_id = id;
 			got++;
+			first_half += id >= 1 && id < (uint64_t)n / 2;
 		}
 		__atomic_store_n(&s->ring_tail, head, __ATOMIC_RELEASE);
 		if (done && head == s->ring_head)
@@ -516,6 +544,11 @@ static void test_consumer(void)
 	       (unsigned long long)got, (unsigned long long)s->dropped_ring_full, n);
 	CHECK(got + s->dropped_ring_full == (uint64_t)n + 1);
 	CHECK(got >= (uint64_t)n / 2);
+	/* the waiting half lost nothing */
+	CHECK(first_half == (uint64_t)n / 2 - 1);
+	if (first_half != (uint64_t)n / 2 - 1)
+		printf("  consumer: %llu of the first half's %ld drained\n",
+		       (unsigned long long)first_half, n / 2 - 1);
 	CHECK(out_of_order == 0);
 	CHECK(s->state == TS_SLOT_EXITED);
 }
@@ -621,25 +654,36 @@ static void *fake_kc_thread(void *arg)
 	if (!s)
 		return NULL;
 	drain(s);
-	tailscope_request_begin_kind(10, 2);
 	struct ts_kcounters *e = fake_kc_entry(fake, gettid());
 	CHECK(e != NULL && e->tid == (__u32)gettid());
 	if (!e)
 		return NULL;
+	/* BPF has not seen this running thread switch in (switch_in_ns 0):
+	 * its on-CPU start is unknown, so the request gets no counters */
+	tailscope_request_begin_kind(9, 2);
 	fake_kc_add(e, 5000, 700, 3);
-	tailscope_request_end(10);
+	tailscope_request_end(9);
 	CHECK(s->ring_head == s->ring_tail + 1);
 	struct ts_request_record *r = &s->ring[s->ring_tail & (TS_RING_CAPACITY - 1)];
-	CHECK(r->flags == (TS_REC_SAMPLED | TS_REC_COUNTERS));
-	CHECK(r->runnable_ns == 5000 && r->runnable_count == 1);
-	CHECK(r->irq_ns == 700 && r->irq_count == 1 && r->fault_user_count == 3);
-	CHECK(r->blocked_ns == 0 && r->oncpu_ns == 0 && r->request_id == 10 && r->kind == 2);
-	/* a thread that is on CPU: its open interval counts as on-CPU time */
+	CHECK(r->request_id == 9 && r->flags == TS_REC_SAMPLED);
+	drain(s);
+	/* a thread that is on CPU since switch_in_ns: its open interval
+	 * counts as on-CPU time */
 	__atomic_fetch_add(&e->seq, 1, __ATOMIC_ACQ_REL);
 	struct timespec ts;
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	e->switch_in_ns = (__u64)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 	__atomic_fetch_add(&e->seq, 1, __ATOMIC_ACQ_REL);
+	tailscope_request_begin_kind(10, 2);
+	fake_kc_add(e, 5000, 700, 3);
+	tailscope_request_end(10);
+	CHECK(s->ring_head == s->ring_tail + 1);
+	r = &s->ring[s->ring_tail & (TS_RING_CAPACITY - 1)];
+	CHECK(r->flags == (TS_REC_SAMPLED | TS_REC_COUNTERS));
+	CHECK(r->runnable_ns == 5000 && r->runnable_count == 1);
+	CHECK(r->irq_ns == 700 && r->irq_count == 1 && r->fault_user_count == 3);
+	CHECK(r->blocked_ns == 0 && r->oncpu_ns <= r->latency_ns && r->request_id == 10 &&
+	      r->kind == 2);
 	tailscope_request_begin(11);
 	usleep(2000);
 	tailscope_request_end(11);
