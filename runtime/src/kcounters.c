@@ -215,7 +215,14 @@ int ts_kc_snapshot(struct ts_thread *t, uint64_t now, struct ts_kc_snap *s)
 	}
 	if (e->tid != t->tid)
 		return TS_SNAP_NONE;
-	if (switch_in && now > switch_in)
+	/* This thread is running, yet BPF has not seen it switch in since its
+	 * entry was claimed or reset: its on-CPU start is unknown (it ran
+	 * since before the agent attached, or the scheduler programs were
+	 * detached between burst windows). No counters rather than wrong ones
+	 * (on-CPU time short by the unseen part). */
+	if (!switch_in)
+		return TS_SNAP_NONE;
+	if (now > switch_in)
 		s->oncpu_ns += now - switch_in;
 	return tries < 4 ? TS_SNAP_OK : TS_SNAP_TORN;
 }

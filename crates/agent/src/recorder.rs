@@ -430,7 +430,7 @@ impl State {
     /// inference with the plan BPF was loaded with; for marker mode from the
     /// runtime's (or --sample's) rate, raising the runtime's rate to the
     /// in-window rate. Not with --functions, which records every call.
-    fn start_burst(&mut self, now: Instant) -> Result<()> {
+    fn start_burst(&mut self, tracer: &mut Tracer, now: Instant) -> Result<()> {
         if self.burst_checked || matches!(self.source, Source::Deciding { .. }) {
             return Ok(());
         }
@@ -442,6 +442,9 @@ impl State {
                 let p = burst::plan(self.burst_arg, self.sampling.rate_ppm)
                     .map_err(AgentError::usage)?;
                 if let Some(p) = p {
+                    // Every snapshot is the runtime's, taken by the running
+                    // thread: the context-switch programs can go too.
+                    tracer.set_sched_burst(true).map_err(agent_error)?;
                     // closed until the first window (Burst::new)
                     m.set_burst_gate(TS_BURST_CLOSED);
                     // the overall rate first: tailscope_sample_ppm() never
@@ -464,6 +467,7 @@ impl State {
         eprintln!("tailscope: warning: burst sampling stopped ({why}); sampling continuously");
         let rate = self.sampling.rate_ppm;
         tracer.set_window(true).map_err(agent_error)?;
+        tracer.set_sched_burst(false).map_err(agent_error)?;
         tracer.set_gate(true).map_err(agent_error)?;
         if let Source::Marker(m) = &mut self.source {
             m.set_burst_gate(0);
@@ -1008,7 +1012,7 @@ fn record_loop(
             meta.sampling = st.sampling.clone();
             meta.write(&args.output)?;
         }
-        st.start_burst(now)?;
+        st.start_burst(tracer, now)?;
         if let Some(b) = st.burst.as_mut() {
             let cap = match &mut st.source {
                 Source::Infer => b.step(now, &mut InferWindows(tracer)),

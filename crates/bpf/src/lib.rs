@@ -30,7 +30,7 @@ use libbpf_rs::{Link, MapCore, Object, ObjectBuilder, OpenObject, PrintLevel};
 use tailscope_abi::{
     kc_pin_path, ts_kc_header, ts_kcounters, ts_request_record, RECORD_SIZE, TS_ABI_MAGIC,
     TS_ABI_VERSION, TS_DEFAULT_SAMPLE_PPM, TS_KC_ENTRIES, TS_KC_ENTRY_SIZE, TS_KC_PIN_DIR,
-    TS_KC_PROBE, TS_PPM,
+    TS_KC_PROBE, TS_PPM, TS_WAIT_NONE,
 };
 
 #[repr(C, align(8))]
@@ -162,6 +162,9 @@ pub struct Tracer {
     /// Burst sampling: the per-request and per-interrupt programs are
     /// detached (see [`Tracer::set_window`]).
     burst_detached: bool,
+    /// Burst sampling also switches the context-switch and wake-up programs
+    /// (marker mode: see [`Tracer::set_sched_burst`]).
+    sched_burst: bool,
     /// Burst windows opened so far (the gate's upper bits).
     window: u32,
     /// Where [`Tracer::gc_dead_threads_step`] resumes.
@@ -194,6 +197,12 @@ const DEFERRED_PROGS: &[&str] = &["sock_recv_length"];
 /// Every switch patches kernel text and interrupts every CPU, several times
 /// per program, so fewer switched programs mean fewer stalls.
 const ALWAYS_ON_PREFIXES: &[&str] = &["sched_", "inet_sock_set_state"];
+
+/// The scheduler programs that [`Tracer::set_sched_burst`] adds to the
+/// switched set: the two that run per context switch and per wake-up (about
+/// half of all program time at 1% sampling). Fork, exit, migration and
+/// new-thread wake-ups are rare and stay.
+const SCHED_BURST_PROGS: &[&str] = &["sched_switch", "sched_wakeup"];
 
 fn burstable(name: &str) -> bool {
     !ALWAYS_ON_PREFIXES
@@ -787,6 +796,7 @@ impl Tracer {
             skipped,
             links: Vec::new(),
             burst_detached: false,
+            sched_burst: false,
             window: 0,
             gc_cursor: 1,
             pin_access: None,
@@ -1053,10 +1063,12 @@ impl Tracer {
         if attached != self.burst_detached {
             return Ok(());
         }
+        let sched = self.sched_burst;
+        let switched = move |n: &str| burstable(n) || (sched && SCHED_BURST_PROGS.contains(&n));
         if !attached {
             let mut keep = Vec::with_capacity(self.links.len());
             while let Some((n, l)) = self.links.pop() {
-                if burstable(&n) {
+                if switched(&n) {
                     drop(l);
                 } else {
                     keep.push((n, l));
@@ -1080,11 +1092,12 @@ impl Tracer {
         // frame on the shadow stack (its exit was detached): start every
         // CPU's stack empty. No program that writes it is attached now.
         self.clear_irq_stacks()?;
+        if sched {
+            self.reset_sched_state();
+        }
         let unix = self.unix_hook;
         let mut scratch = Vec::new();
-        attach_all(&self._kc_obj, &mut self.links, &mut scratch, &|n| {
-            burstable(n)
-        })?;
+        attach_all(&self._kc_obj, &mut self.links, &mut scratch, &switched)?;
         if let Some(obj) = self._infer_obj.as_ref() {
             attach_all(obj, &mut self.links, &mut scratch, &|n| {
                 burstable(n) && (unix || !DEFERRED_PROGS.contains(&n))
@@ -1092,6 +1105,73 @@ impl Tracer {
         }
         self.burst_detached = false;
         Ok(())
+    }
+
+    /// Burst sampling in marker mode: also detach [`SCHED_BURST_PROGS`]
+    /// between windows. Only where every snapshot is taken by the running
+    /// thread itself (the runtime's): while they are detached each entry's
+    /// switch and wait state goes stale, and [`Tracer::set_window`] resets
+    /// it before re-attaching (see [`Tracer::reset_sched_state`]). Not for
+    /// inference, whose snapshots are also taken for sleeping threads.
+    /// Only while attached.
+    pub fn set_sched_burst(&mut self, on: bool) -> Result<(), TracerError> {
+        if self.burst_detached {
+            return Err(TracerError::Io(
+                "set_sched_burst: the window is closed".to_string(),
+            ));
+        }
+        self.sched_burst = on;
+        Ok(())
+    }
+
+    /// Before the scheduler programs are re-attached: mark every thread of
+    /// the targets as running since now, with no open wait. Whatever the
+    /// thread did while they were detached is unknown; this guess is right
+    /// for a thread that is running (the busy server thread that never
+    /// sleeps, whose requests would otherwise have no counters until it
+    /// does) and harmless for one that is not: the first event seen for it
+    /// is a switch-in (from a wait, which the reset closed), which sets its
+    /// state, and a request only starts on a running thread. A stale
+    /// on-CPU start before a request cancels in the request's difference of
+    /// two snapshots. A thread the reset missed (created meanwhile) keeps
+    /// `switch_in_ns == 0` until its first switch-in, and the runtime gives
+    /// its requests no counters until then (kcounters.c ts_kc_snapshot).
+    fn reset_sched_state(&self) {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid timespec out-pointer. CLOCK_MONOTONIC is
+        // bpf_ktime_get_ns()'s clock.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+        let now = ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64;
+        for tgid in self.target_tgids() {
+            let Ok(dir) = std::fs::read_dir(format!("/proc/{tgid}/task")) else {
+                continue;
+            };
+            for ent in dir.flatten() {
+                let Some(tid) = ent.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let Some(e) = self.find_entry(tid) else {
+                    continue;
+                };
+                // SAFETY: e points into our mapping (find_entry). The
+                // seqlock brackets the writes for the runtime's readers;
+                // the programs that may still write this entry meanwhile
+                // (migration, exit) take the same seqlock.
+                unsafe {
+                    let seq =
+                        std::sync::atomic::AtomicU32::from_ptr(std::ptr::addr_of_mut!((*e).seq));
+                    seq.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+                    std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).switch_in_ns), now);
+                    std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).wait_state), TS_WAIT_NONE);
+                    std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).wait_since_ns), 0);
+                    std::ptr::write_volatile(std::ptr::addr_of_mut!((*e).last_blocked_ns), 0);
+                    seq.fetch_add(1, std::sync::atomic::Ordering::Release);
+                }
+            }
+        }
     }
 
     fn clear_irq_stacks(&self) -> Result<(), TracerError> {
