@@ -5,7 +5,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -91,12 +90,16 @@ def test_too_short_lived(tmp_path):
             "-c",
             (
                 "import socket,time\ns=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1)\n"
-                "s.bind(('127.0.0.1',0));s.listen();time.sleep(2.5)"
+                "s.bind(('127.0.0.1',0));s.listen();print('listening',flush=True);time.sleep(2.5)"
             ),
-        ]
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     try:
-        time.sleep(0.5)
+        # listening before the clone looks (a slow start on a loaded machine
+        # must not turn this into "not a network server")
+        assert server.stdout.readline().strip() == "listening"
         p = _run("clone", "-p", server.pid, "--load", "--protocol redis", "-o", tmp_path / "c", "--quiet")
     finally:
         server.kill()
