@@ -84,7 +84,8 @@ pub struct HyperPush<S> {
     svc: Hyper<S>,
     hub: Arc<PushHub>,
     /// This connection: stream ids are scoped to it, and every request
-    /// carries it ([`crate::push::ConnId`]).
+    /// that names a stream (`bw-stream`) carries it
+    /// ([`crate::push::ConnId`]).
     conn: crate::push::ConnId,
 }
 
@@ -101,7 +102,11 @@ where
     type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
 
     fn call(&self, mut req: Request<Incoming>) -> Self::Future {
-        req.extensions_mut().insert(self.conn);
+        if req.headers().contains_key(crate::wire::STREAM) {
+            // Only a registration naming a credit stream needs it (the
+            // extension map costs an allocation per request).
+            req.extensions_mut().insert(self.conn);
+        }
         let sub = req.headers().get(crate::wire::SUBSCRIBE).cloned();
         if let Some(raw) = sub {
             let r = match crate::wire::parse_stream(req.headers(), crate::wire::SUBSCRIBE) {
