@@ -132,6 +132,7 @@ static int region_create(void)
 	h->pid = (uint32_t)pid;
 	h->sample_ppm_runtime = ts_proc.sample_ppm;
 	h->created_ns = ts_now_ns();
+	h->features = TS_FEAT_SNAP_GUARD;
 	__atomic_store_n(&h->magic, TS_ABI_MAGIC, __ATOMIC_RELEASE);
 
 	ts_proc.hdr = h;
@@ -172,7 +173,7 @@ static void fork_child(void)
 		if (n >= TS_MAX_KINDS)
 			n = TS_MAX_KINDS - 1;
 		memcpy(ts_proc.hdr->kinds, old->kinds, sizeof(old->kinds));
-		ts_proc.hdr->features = old->features & TS_FEAT_LOCK_SHIM;
+		ts_proc.hdr->features = old->features & (TS_FEAT_LOCK_SHIM | TS_FEAT_SNAP_GUARD);
 		__atomic_store_n(&ts_proc.hdr->kinds_count, n, __ATOMIC_RELEASE);
 	}
 	munmap(old, old_size); /* the child has one thread: nobody else uses it */

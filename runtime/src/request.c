@@ -81,6 +81,12 @@ static __attribute__((noinline)) void request_begin_sampled(struct ts_thread *t,
 		 * plain store in program order is enough. */
 		__atomic_store_n(&t->kc_map[t->kc_idx].sampled_refs, 1, __ATOMIC_RELAXED);
 		t->snap_state = ts_kc_snapshot(t, now, &t->snap);
+		/* No counters for this request (its switch-in unseen, or the
+		 * entry went): no interrupt accounting either, and the end,
+		 * which clears only after a snapshot, must not leave it set. */
+		if (t->snap_state == TS_SNAP_NONE &&
+		    __atomic_load_n(&t->kc_map[t->kc_idx].tid, __ATOMIC_RELAXED) == t->tid)
+			__atomic_store_n(&t->kc_map[t->kc_idx].sampled_refs, 0, __ATOMIC_RELAXED);
 	}
 	t->cur_id = id;
 	t->start_ns = now;

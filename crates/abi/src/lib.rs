@@ -53,6 +53,7 @@ pub const TS_MUTEX_THRESH_NS: u64 = 1000;
 pub const TS_FEAT_FN_HOOKS: u32 = 0x1;
 pub const TS_FEAT_LOCK_SHIM: u32 = 0x2;
 pub const TS_FEAT_FN_CLOCK: u32 = 0x4;
+pub const TS_FEAT_SNAP_GUARD: u32 = 0x8;
 
 pub const TS_LDB_LOCKS: u32 = 0x1;
 pub const TS_LDB_REQUESTS: u32 = 0x2;

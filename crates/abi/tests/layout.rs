@@ -113,6 +113,7 @@ fn constants() -> Vec<(&'static str, u64)> {
         ("TS_FEAT_FN_HOOKS", TS_FEAT_FN_HOOKS as u64),
         ("TS_FEAT_LOCK_SHIM", TS_FEAT_LOCK_SHIM as u64),
         ("TS_FEAT_FN_CLOCK", TS_FEAT_FN_CLOCK as u64),
+        ("TS_FEAT_SNAP_GUARD", TS_FEAT_SNAP_GUARD as u64),
         ("TS_LDB_LOCKS", TS_LDB_LOCKS as u64),
         ("TS_LDB_REQUESTS", TS_LDB_REQUESTS as u64),
         ("TS_LDB_SLOTS", TS_LDB_SLOTS as u64),

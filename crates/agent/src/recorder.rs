@@ -41,7 +41,7 @@ pub fn keep_record(
 }
 use tailscope_abi::{
     ts_request_record, TS_BURST_CLOSED, TS_BURST_DETACHED, TS_BURST_WINDOW_SHIFT,
-    TS_DEFAULT_SAMPLE_PPM, TS_KC_ENTRIES, TS_RING_CAPACITY,
+    TS_DEFAULT_SAMPLE_PPM, TS_FEAT_SNAP_GUARD, TS_KC_ENTRIES, TS_RING_CAPACITY,
 };
 
 use crate::burst::{self, Burst};
@@ -183,6 +183,8 @@ struct State {
     /// The plan inference was loaded with (its in-window rate is in BPF).
     infer_burst: Option<burst::BurstPlan>,
     burst_checked: bool,
+    /// The context-switch programs are switched with the windows too.
+    sched_burst: bool,
     /// Bursts given up on after a failed window switch, and why.
     burst_failed: Option<(Burst, String)>,
     /// The next poll waits no longer than this (the burst schedule's next step).
@@ -443,8 +445,13 @@ impl State {
                     .map_err(AgentError::usage)?;
                 if let Some(p) = p {
                     // Every snapshot is the runtime's, taken by the running
-                    // thread: the context-switch programs can go too.
-                    tracer.set_sched_burst(true).map_err(agent_error)?;
+                    // thread: the context-switch programs can go too, if
+                    // this runtime refuses counters to a thread whose
+                    // switch-in BPF missed (older ones do not).
+                    if m.current_features() & TS_FEAT_SNAP_GUARD != 0 {
+                        tracer.set_sched_burst(true).map_err(agent_error)?;
+                        self.sched_burst = true;
+                    }
                     // closed until the first window (Burst::new)
                     m.set_burst_gate(TS_BURST_CLOSED);
                     // the overall rate first: tailscope_sample_ppm() never
@@ -468,6 +475,7 @@ impl State {
         let rate = self.sampling.rate_ppm;
         tracer.set_window(true).map_err(agent_error)?;
         tracer.set_sched_burst(false).map_err(agent_error)?;
+        self.sched_burst = false;
         tracer.set_gate(true).map_err(agent_error)?;
         if let Source::Marker(m) = &mut self.source {
             m.set_burst_gate(0);
@@ -726,6 +734,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
         burst_arg: args.burst,
         infer_burst: burst_plan,
         burst_checked: false,
+        sched_burst: false,
         burst_failed: None,
         wait_cap: None,
     };
@@ -819,6 +828,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
         inferred_discarded,
         burst,
         burst_failed,
+        sched_burst,
         ..
     } = st;
     let failed = burst_failed.as_ref().map(|(_, why)| why.clone());
@@ -837,6 +847,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
             "open_s": b.stats.open_s,
             "cut_at_window_end": b.stats.cut,
             "switch_s": b.stats.switch_s,
+            "scheduler_switched": sched_burst,
         }));
     }
     let written = writer.finish();

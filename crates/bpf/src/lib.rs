@@ -1097,11 +1097,22 @@ impl Tracer {
         }
         let unix = self.unix_hook;
         let mut scratch = Vec::new();
-        attach_all(&self._kc_obj, &mut self.links, &mut scratch, &switched)?;
-        if let Some(obj) = self._infer_obj.as_ref() {
-            attach_all(obj, &mut self.links, &mut scratch, &|n| {
+        // All or nothing: a failure part-way detaches what this call
+        // attached, so that a retry (abandon_burst) does not attach a
+        // program twice (a doubled sched_switch or irq exit would count
+        // every event twice, or pop the wrong interrupt frame).
+        let before = self.links.len();
+        let mut r = attach_all(&self._kc_obj, &mut self.links, &mut scratch, &switched);
+        if let (Ok(()), Some(obj)) = (&r, self._infer_obj.as_ref()) {
+            r = attach_all(obj, &mut self.links, &mut scratch, &|n| {
                 burstable(n) && (unix || !DEFERRED_PROGS.contains(&n))
-            })?;
+            });
+        }
+        if let Err(e) = r {
+            while self.links.len() > before {
+                self.links.pop();
+            }
+            return Err(e);
         }
         self.burst_detached = false;
         Ok(())

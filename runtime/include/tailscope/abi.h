@@ -186,6 +186,10 @@ struct ts_request_record {
 #define TS_FEAT_FN_HOOKS 0x1  /* an instrumented function ran (-finstrument-functions) */
 #define TS_FEAT_LOCK_SHIM 0x2 /* the pthread lock shim is linked in */
 #define TS_FEAT_FN_CLOCK 0x4  /* frames carry entry timestamps (TAILSCOPE_FN_CLOCK=1) */
+#define TS_FEAT_SNAP_GUARD                                                                         \
+	0x8 /* no counters for a running thread whose switch-in BPF has not                        \
+	     * seen (switch_in_ns 0): the agent may then detach the scheduler's                    \
+	     * programs between burst windows, and reset the threads' state */
 
 /* ts_region_header.ldb_flags: set by the agent while it records --functions */
 #define TS_LDB_LOCKS 0x1    /* the lock shim emits MUTEX_* events */
@@ -199,7 +203,8 @@ struct ts_request_record {
  * --burst). 0: no windows, sample by the rate alone. Else
  * (window << TS_BURST_WINDOW_SHIFT) | flags: while CLOSED is set the
  * runtime starts no sampled request; DETACHED is set just before the
- * agent detaches the interrupt and fault programs, so a sampled request
+ * agent detaches the interrupt and fault programs (and, with
+ * TS_FEAT_SNAP_GUARD, the context-switch and wake-up ones), so a sampled request
  * that began in a window and ends after its DETACHED (or in another
  * window) carries no counters. */
 #define TS_AGENT_STALE_NS 3000000000ull /* see agent_heartbeat_ns */
