@@ -164,7 +164,10 @@ class Tracer:
         info = {"bytes": 0, "requests": None}
         if self.proc is None:
             return info
-        self.proc.send_signal(signal.SIGINT)
+        # SIGTERM for the ftrace script: a shell started with SIGINT ignored
+        # (this bench run in the background, nohup, CI) cannot trap it, so
+        # its tracefs instance would outlive it and trace every CPU forever.
+        self.proc.send_signal(signal.SIGTERM if self.setup == "ftrace" else signal.SIGINT)
         # Reap it ourselves for its rusage: the tracer's whole-life CPU,
         # including the work it does after SIGINT (the agent encodes and
         # writes its last row group then).
