@@ -102,7 +102,13 @@ mod tests {
             let got = m2.lock_unless_congested(&mut b).is_some();
             (got, b.remaining_ns)
         });
-        std::thread::sleep(Duration::from_millis(30));
+        // Queued (a slow thread start on a loaded machine must not make the
+        // wait short), then 25 ms more.
+        let t0 = std::time::Instant::now();
+        while m.queue_delay(clock::now()) == 0 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        std::thread::sleep(Duration::from_millis(25));
         assert!(m.queue_delay(clock::now()) >= 20_000_000);
         // A tight budget is refused at once; a loose one would queue.
         let mut tight = QueueBudget {
