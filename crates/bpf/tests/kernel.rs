@@ -154,6 +154,51 @@ fn steal_ns() -> u64 {
     ticks * 10_000_000
 }
 
+/// Busy 20 ms of CPU: on-CPU time grows by the thread's own CPU time (plus
+/// what the host stole meanwhile, one tick of slack), and never by more than
+/// the wall time.
+fn check_busy(t: &Tracer, tid: u32, what: &str) {
+    let (s0, a, c0) = (steal_ns(), snap(t, tid), thread_cpu_ns());
+    spin_cpu(Duration::from_millis(20));
+    let (b, c1, s1) = (snap(t, tid), thread_cpu_ns(), steal_ns());
+    let d_on = (b.oncpu - a.oncpu) as f64;
+    let d_cpu = (c1 - c0) as f64;
+    let stolen = (s1 - s0) as f64 + 10e6 * f64::from(s1 > s0);
+    eprintln!(
+        "{what}: oncpu {d_on:.0} thread-cpu {d_cpu:.0} wall {} steal {stolen:.0}",
+        b.at - a.at
+    );
+    assert!(
+        d_on >= 0.9 * d_cpu && d_on <= (1.1 * d_cpu).max(d_cpu + stolen),
+        "{what}: oncpu {d_on} vs thread cpu {d_cpu} (steal {stolen})"
+    );
+    assert!(
+        d_on <= (b.at - a.at) as f64,
+        "{what}: more on-CPU time than wall time"
+    );
+}
+
+/// Sleep 20 ms: blocked time grows by at least the 20 ms asked for and at
+/// most the wall time (a late wake-up on a loaded machine is runnable or
+/// blocked time), with a voluntary switch and a counted wait.
+fn check_sleep(t: &Tracer, tid: u32) {
+    let a = snap(t, tid);
+    std::thread::sleep(Duration::from_millis(20));
+    let b = snap(t, tid);
+    let d_blk = (b.kc.blocked_ns - a.kc.blocked_ns) as f64;
+    eprintln!(
+        "sleep: blocked {d_blk:.0} runnable {}",
+        b.kc.runnable_ns - a.kc.runnable_ns
+    );
+    assert!(
+        d_blk >= 19.5e6 && d_blk <= (b.at - a.at) as f64,
+        "blocked {d_blk} of wall {}",
+        b.at - a.at
+    );
+    assert!(b.kc.vol_switches > a.kc.vol_switches);
+    assert!(b.kc.blocked_count > a.kc.blocked_count);
+}
+
 fn within(x: f64, want: f64, frac: f64) -> bool {
     (x - want).abs() <= want * frac
 }
@@ -245,45 +290,8 @@ fn busy_sleep_and_identity() {
         s.spawn(|| {
             let tid = warm_up(&t);
 
-            // busy 20 ms of CPU: on-CPU grows by the thread's own CPU time
-            // (plus what the host stole meanwhile, one tick of slack)
-            let (s0, a, c0) = (steal_ns(), snap(&t, tid), thread_cpu_ns());
-            spin_cpu(Duration::from_millis(20));
-            let (b, c1, s1) = (snap(&t, tid), thread_cpu_ns(), steal_ns());
-            let d_on = (b.oncpu - a.oncpu) as f64;
-            let d_cpu = (c1 - c0) as f64;
-            let stolen = (s1 - s0) as f64 + 10e6 * f64::from(s1 > s0);
-            eprintln!(
-                "busy: oncpu {d_on:.0} thread-cpu {d_cpu:.0} wall {} steal {stolen:.0}",
-                b.at - a.at
-            );
-            assert!(
-                d_on >= 0.9 * d_cpu && d_on <= (1.1 * d_cpu).max(d_cpu + stolen),
-                "oncpu {d_on} vs thread cpu {d_cpu} (steal {stolen})"
-            );
-            assert!(
-                d_on <= (b.at - a.at) as f64,
-                "more on-CPU time than wall time"
-            );
-
-            // sleep 20 ms: blocked grows by ~20 ms, one voluntary switch
-            let a = snap(&t, tid);
-            std::thread::sleep(Duration::from_millis(20));
-            let b = snap(&t, tid);
-            let d_blk = (b.kc.blocked_ns - a.kc.blocked_ns) as f64;
-            eprintln!(
-                "sleep: blocked {d_blk:.0} runnable {}",
-                b.kc.runnable_ns - a.kc.runnable_ns
-            );
-            // (at least the 20 ms asked for, at most the wall time: a late
-            // wake-up on a loaded machine is runnable or blocked time)
-            assert!(
-                d_blk >= 19.5e6 && d_blk <= (b.at - a.at) as f64,
-                "blocked {d_blk} of wall {}",
-                b.at - a.at
-            );
-            assert!(b.kc.vol_switches > a.kc.vol_switches);
-            assert!(b.kc.blocked_count > a.kc.blocked_count);
+            check_busy(&t, tid, "busy");
+            check_sleep(&t, tid);
 
             // identity over a mixed interval: on + runnable + blocked = wall
             let a = snap(&t, tid);
@@ -1410,28 +1418,10 @@ fn sched_burst_detaches_switch_programs_and_resets_thread_state() {
             t1 - t0
         );
         assert_eq!(k.wait_state, TS_WAIT_NONE);
-        // Running since the reset: busy time counts at once.
-        let (s0, a, c0) = (steal_ns(), snap(&t, tid), thread_cpu_ns());
-        spin_cpu(Duration::from_millis(20));
-        let (b, c1, s1) = (snap(&t, tid), thread_cpu_ns(), steal_ns());
-        let (d_on, d_cpu) = ((b.oncpu - a.oncpu) as f64, (c1 - c0) as f64);
-        let stolen = (s1 - s0) as f64 + 10e6 * f64::from(s1 > s0);
-        eprintln!("after re-attach: oncpu {d_on:.0} thread-cpu {d_cpu:.0} steal {stolen:.0}");
-        assert!(
-            d_on >= 0.9 * d_cpu && d_on <= (1.1 * d_cpu).max(d_cpu + stolen),
-            "oncpu {d_on} vs thread cpu {d_cpu} (steal {stolen})"
-        );
-        // And switches are seen again.
-        let a = snap(&t, tid);
-        std::thread::sleep(Duration::from_millis(20));
-        let b = snap(&t, tid);
-        let d_blk = (b.kc.blocked_ns - a.kc.blocked_ns) as f64;
-        assert!(
-            d_blk >= 19.5e6 && d_blk <= (b.at - a.at) as f64,
-            "blocked {d_blk} of wall {}",
-            b.at - a.at
-        );
-        assert!(b.kc.vol_switches > a.kc.vol_switches);
+        // Running since the reset: busy time counts at once; and switches
+        // are seen again.
+        check_busy(&t, tid, "after re-attach");
+        check_sleep(&t, tid);
 
         // The sleeper wakes, runs, blocks again: both switches are seen, and
         // the time it was blocked after the reset did not become on-CPU
