@@ -1140,9 +1140,9 @@ impl Tracer {
     /// thread did while they were detached is unknown; this guess is right
     /// for a thread that is running (the busy server thread that never
     /// sleeps, whose requests would otherwise have no counters until it
-    /// does) and harmless for one that is not: the first event seen for it
-    /// is a switch-in (from a wait, which the reset closed), which sets its
-    /// state, and a request only starts on a running thread. A stale
+    /// does) and harmless for one that is not: the first events seen for it
+    /// are its wake-up (a no-op with no open wait) and its switch-in, which
+    /// sets its state, and a request only starts on a running thread. A stale
     /// on-CPU start before a request cancels in the request's difference of
     /// two snapshots. A thread the reset missed (created meanwhile) keeps
     /// `switch_in_ns == 0` until its first switch-in, and the runtime gives
