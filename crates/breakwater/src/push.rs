@@ -256,6 +256,14 @@ mod tests {
     use super::*;
     use http_body_util::BodyExt;
 
+    /// The (client, limit) pushes of the feed's next frame.
+    async fn next_pushes(feed: &mut CreditFeed) -> Vec<(u64, u64)> {
+        let frame = feed.frame().await.unwrap().unwrap().into_data().unwrap();
+        let (mut buf, mut got) = (frame.to_vec(), Vec::new());
+        wire::decode_pushes(&mut buf, &mut got);
+        got
+    }
+
     #[tokio::test]
     async fn grants_are_routed_coalesced_and_dropped_with_their_stream() {
         let hub = PushHub::new();
@@ -289,10 +297,7 @@ mod tests {
         );
         hub.deliver(&mut vec![(1, Feedback::CreditLimit(6))]);
         // Both chunks waiting on stream 10 come out as one frame.
-        let frame = a.frame().await.unwrap().unwrap().into_data().unwrap();
-        let mut buf = frame.to_vec();
-        let mut got = Vec::new();
-        wire::decode_pushes(&mut buf, &mut got);
+        let mut got = next_pushes(&mut a).await;
         got.sort();
         assert_eq!(got, vec![(1, 5), (1, 6), (2, 7)]);
         drop(b);
@@ -323,28 +328,12 @@ mod tests {
             (1, Feedback::CreditLimit(3)),
             (2, Feedback::CreditLimit(4)),
         ]);
-        let mut got = Vec::new();
-        let mut buf = a
-            .frame()
-            .await
-            .unwrap()
-            .unwrap()
-            .into_data()
-            .unwrap()
-            .to_vec();
-        wire::decode_pushes(&mut buf, &mut got);
-        assert_eq!(got, vec![(1, 3)], "connection 1 gets only its client's");
-        got.clear();
-        let mut buf = b
-            .frame()
-            .await
-            .unwrap()
-            .unwrap()
-            .into_data()
-            .unwrap()
-            .to_vec();
-        wire::decode_pushes(&mut buf, &mut got);
-        assert_eq!(got, vec![(2, 4)]);
+        assert_eq!(
+            next_pushes(&mut a).await,
+            vec![(1, 3)],
+            "connection 1 gets only its client's"
+        );
+        assert_eq!(next_pushes(&mut b).await, vec![(2, 4)]);
         // A resubscription on the same connection replaces its stream: the
         // old body ends, and its routes go with it.
         let _a2 = hub.subscribe(c1, 7);
