@@ -746,3 +746,77 @@ def test_rows_whose_original_varies_more_than_the_limit_are_not_judged():
     assert t["latency_p99_us"]["holds"] is None
     assert t["latency_avg_us"]["holds"] is True and abs(t["latency_avg_us"]["max_error"] - 0.12) < 1e-9
     assert t["I1_miss_rate"]["holds"] is True
+
+
+def _fake_window(requests: int, per_thread: dict[int, dict]) -> "object":
+    from tailscope.clone import valgrind as vg
+
+    events = ["Ir", "Dr", "Dw", "I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bc", "Bcm"]
+    ts = [
+        callgrind.ThreadCosts(path=f"t{t}", events=events, thread=t, summary={e: s.get(e, 0) for e in events})
+        for t, s in per_thread.items()
+    ]
+    return vg.Window(threads=ts, requests=requests, seconds=1.0, loadgen={})
+
+
+def test_profile_windows_pool_into_the_tuning_target():
+    """profile.pool_windows: the tuning target is the rates of the windows' summed counts (not the
+    first window's), and each body's instruction target is its pooled instructions per request."""
+    from tailscope.clone import profile, tune
+
+    clusters = [{"role": "worker", "tids": [11, 12]}, {"role": "timer", "tids": [13]}]
+    tids = [11, 12, 13]
+
+    def thread(ir, d1m, llm):
+        return {"Ir": ir, "Dr": 400, "Dw": 100, "D1mr": d1m, "DLmr": llm, "Bc": 100, "Bcm": 2}
+
+    w1 = _fake_window(1000, {1: thread(900_000, 10, 1), 2: thread(100_000, 0, 0), 3: thread(50_000, 5, 0)})
+    w2 = _fake_window(1000, {1: thread(900_000, 30, 5), 2: thread(100_000, 0, 0), 3: thread(150_000, 5, 0)})
+    p = profile.pool_windows([w1, w2], clusters, tids)
+    assert len(p["windows"]) == 2 and p["windows"][0]["requests"] == 1000
+    # D1: (10 + 5 + 30 + 5) misses of 6 * 500 references; the first window alone says 15 / 1500
+    assert abs(p["metrics"]["D1_miss_rate"] - 50 / 3000) < 1e-12, p["metrics"]
+    assert abs(p["windows"][0]["D1_miss_rate"] - 15 / 1500) < 1e-12
+    assert abs(p["metrics"]["DL_misses_per_request"] - 6 / 2000) < 1e-12
+    # the workers (threads 11, 12) run 1,000 instructions per request in both windows, the timer
+    # 50 and 150: 100 pooled
+    assert p["body_instructions_per_request"] == {"0": 1000.0, "1": 100.0}
+    prof = {
+        "valgrind": {"requests": 1000, "body_instructions_per_request": p["body_instructions_per_request"]},
+        "body": {
+            "0": {"role": "worker", "instructions_per_event": 1000.0, "events": 1000},
+            "1": {"role": "timer", "instructions_per_event": 25.0, "events": 2000},
+        },
+    }
+    assert tune._targets_by_body(prof) == {"worker": 1000.0, "bg1": 100.0}
+    del prof["valgrind"]["body_instructions_per_request"]  # an older profile: its detail window
+    assert tune._targets_by_body(prof) == {"worker": 1000.0, "bg1": 50.0}
+
+
+def test_original_spread_is_the_pooled_means_uncertainty():
+    """validate.mean_spread / original_spread: two windows give the sessions 7-8 spread |a-b|/mean;
+    more windows of the same scatter make the pooled mean surer (a smaller spread); the profile's
+    windows of the original at A join the deviation, so a drift between them and the validation
+    shows up in the spread instead of in the clone's error."""
+    from tailscope.clone import validate
+
+    assert abs(validate.mean_spread([0.015, 0.017], 2) - validate.spread(0.015, 0.017)) < 1e-12
+    four = [0.015, 0.017, 0.015, 0.017]
+    assert validate.mean_spread(four, 4) < validate.spread(0.015, 0.017)
+    assert validate.mean_spread([0.02, 0.02, 0.02], 3) == 0.0
+    runs = [{"D1_miss_rate": v} for v in (0.0157, 0.0158, 0.0159)]
+    side = {"D1_miss_rate": 0.0158, "runs": runs}
+    alone = validate.original_spread(side, "D1_miss_rate")
+    assert alone < 0.02, alone
+    side["profile_runs"] = [{"D1_miss_rate": v} for v in (0.0183, 0.0179, 0.0177)]
+    with_profile = validate.original_spread(side, "D1_miss_rate")
+    # the deviation over all six windows, the standard error of the three pooled ones: ~8.2%
+    assert abs(with_profile - 0.0823) < 0.001, with_profile
+    assert with_profile > 5 * alone
+    # a clone 16% off is judged and fails either way (the spread is within the limit)
+    assert validate.verdict([("cache A", 0.16, with_profile)], 0.10)["holds"] is False
+    # a larger drift between the profile's and the validation's windows: the row is not judged
+    side["profile_runs"] = [{"D1_miss_rate": v} for v in (0.0203, 0.0199, 0.0197)]
+    drift = validate.original_spread(side, "D1_miss_rate")
+    assert validate.verdict([("cache A", 0.16, alone)], 0.10)["holds"] is False
+    assert validate.verdict([("cache A", 0.16, drift)], 0.10)["holds"] is None, drift

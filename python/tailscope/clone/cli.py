@@ -40,6 +40,12 @@ def register(sub) -> None:
     c.add_argument("--vg-rate", type=float, default=400, help="request rate under valgrind (default 400)")
     c.add_argument("--vg-requests", type=int, default=6000, help="requests per valgrind window (default 6000)")
     c.add_argument("--sweep-requests", type=int, default=600, help="requests per sweep window (default 600)")
+    c.add_argument(
+        "--profile-windows",
+        type=int,
+        default=3,
+        help="callgrind windows of the original at the tuned hierarchy, pooled into the tuning target (default 3)",
+    )
     c.add_argument("--seconds", type=float, default=4.0, help="eBPF window at medium load (default 4)")
     c.add_argument("--quiet", action="store_true", help="no progress lines")
     c.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
@@ -59,6 +65,8 @@ def cmd_clone(ns) -> int:
     progress = Progress(ns.quiet)
     if not 1 <= ns.iterations <= 10:
         raise CloneError(f"--iterations {ns.iterations}: must be between 1 and 10")
+    if not 1 <= ns.profile_windows <= 10:
+        raise CloneError(f"--profile-windows {ns.profile_windows}: must be between 1 and 10")
     out = Path(ns.out)
     load_args = runner.split_load(ns.load)
     rate = ns.rate or float(_rate_in(ns.load) or 5000)
@@ -76,6 +84,7 @@ def cmd_clone(ns) -> int:
         vg_rate=ns.vg_rate,
         vg_requests=ns.vg_requests,
         sweep_requests=ns.sweep_requests,
+        windows=ns.profile_windows,
     )
     sizes = next((b["ws_sizes"] for b in prof["body"].values() if b.get("ws_sizes")), None)
     skel = tune.measure_skeleton(prof, out, progress, sweep_sizes=sizes)

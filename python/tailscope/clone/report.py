@@ -48,6 +48,8 @@ def _fmt(v: float) -> str:
         return f"{v:.1f}"
     if abs(v) >= 0.01:
         return f"{v:.3f}"
+    if v and abs(v) < 0.0001:  # LL miss rates (~1e-6): three significant digits, not 0.00000
+        return f"{v:.3g}"
     return f"{v:.5f}"
 
 

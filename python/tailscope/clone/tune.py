@@ -156,13 +156,18 @@ def _split(win: vg.Window, meta: dict) -> dict:
 
 
 def _targets_by_body(prof: dict) -> dict[str, float]:
-    """The original's instructions per request of each body's threads (its valgrind window)."""
+    """The original's instructions per request of each body's threads: over the profile's pool of
+    windows where it has one (session 9), else its detail window."""
     req = max(1, prof["valgrind"].get("requests") or 1)
+    pooled = prof["valgrind"].get("body_instructions_per_request") or {}
     out: dict[str, float] = {}
     for ci, b in prof["body"].items():
         role = b["role"]
         name = {"worker": "worker", "acceptor+worker": "worker", "acceptor": "acceptor"}.get(role, f"bg{ci}")
-        out[name] = out.get(name, 0.0) + b["instructions_per_event"] * b.get("events", req) / req
+        v = pooled.get(ci)
+        if v is None:
+            v = b["instructions_per_event"] * b.get("events", req) / req
+        out[name] = out.get(name, 0.0) + v
     return out
 
 

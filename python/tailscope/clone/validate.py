@@ -36,7 +36,7 @@ from .tune import clone_launch, rel_err
 
 LEVELS = {"low": 0.3, "medium": 1.0, "high": 1.6}
 REPEATS = 3
-SIM_RUNS = 2  # callgrind windows per side and hierarchy (the original's spread needs two)
+SIM_RUNS = 3  # callgrind windows per side and hierarchy (the original's spread needs two; 3 since session 9)
 NATIVE_KEYS = (
     "throughput_rps",
     "latency_avg_us",
@@ -226,6 +226,10 @@ def validate(prof: dict, clone_dir: Path, progress, duration: float = 4.0, level
             pooled = vg.Window([t for w in ws for t in w.threads], sum(w.requests for w in ws), 0.0, {})
             m = vg.metrics(pooled)
             m["runs"] = [vg.metrics(w) for w in ws]
+            if side == "original" and cfg_name == "A" and vgp.get("windows"):
+                # the profile's windows of the original at A (the tuning target's pool): more
+                # draws of its window-to-window variation, used for its spread only
+                m["profile_runs"] = vgp["windows"]
             if side == "clone" and cfg_name == "A":
                 from .isa import analyse
 
@@ -255,13 +259,27 @@ def spread(a: float, b: float) -> float:
     return abs(a - b) / m if m else 0.0
 
 
+def mean_spread(values: list[float], n: int) -> float:
+    """How far a mean of n windows of the original can be from its true figure: two standard
+    errors, 2·sd/sqrt(n), relative to the mean of `values`, with the standard deviation taken over
+    `values` (windows of the original, possibly more than the n pooled). For two values and n = 2
+    this is |a - b| / their mean, the two-window spread of sessions 7-8 (`spread`)."""
+    if len(values) < 2:
+        return 0.0
+    m = abs(statistics.fmean(values))
+    return 2 * statistics.stdev(values) / n**0.5 / m if m else 0.0
+
+
 def original_spread(side: dict, key: str) -> float | None:
-    """The original's own spread for a metric: between its two native sessions' medians or its
-    two callgrind windows; None when it was measured once (results from before session 7)."""
+    """The original's own spread for a metric: between its two native sessions' medians, or over
+    its callgrind windows (session 9: two standard errors of the pooled mean of its validation
+    windows, the deviation over those and, at A, the profile's windows too: `mean_spread`); None
+    when it was measured once (results from before session 7)."""
     if "sessions" in side and len(side["sessions"]) >= 2:
         return spread(side["sessions"][0].get(key, 0), side["sessions"][1].get(key, 0))
     if "runs" in side and len(side["runs"]) >= 2 and key in side["runs"][0] and key in SIM_KEYS:
-        return spread(side["runs"][0].get(key, 0), side["runs"][1].get(key, 0))
+        extra = [r[key] for r in side.get("profile_runs", []) if key in r]
+        return mean_spread([r[key] for r in side["runs"]] + extra, len(side["runs"]))
     return None
 
 
