@@ -820,3 +820,34 @@ def test_original_spread_is_the_pooled_means_uncertainty():
     drift = validate.original_spread(side, "D1_miss_rate")
     assert validate.verdict([("cache A", 0.16, alone)], 0.10)["holds"] is False
     assert validate.verdict([("cache A", 0.16, drift)], 0.10)["holds"] is None, drift
+
+
+def test_native_part_of_the_validation_is_checked(tmp_path):
+    """validate.load_native_part: `clone-report --part simulated` reads the saved native part; a
+    missing, corrupt or stale one (the clone rebuilt after it) is a one-line error."""
+    import json
+    import os
+
+    from tailscope.clone import validate
+
+    (tmp_path / "private").mkdir()
+    with pytest.raises(CloneError, match=r"no native part: run .*--part native"):
+        validate.load_native_part(tmp_path)
+    nat = tmp_path / "private" / "validation-native.json"
+    nat.write_text("{not json")
+    with pytest.raises(CloneError, match="corrupt: not JSON"):
+        validate.load_native_part(tmp_path)
+    nat.write_text(json.dumps({"levels": {"low": {}}}))
+    with pytest.raises(CloneError, match="corrupt: no 'levels' or 'rates'"):
+        validate.load_native_part(tmp_path)
+    nat.write_text(json.dumps({"levels": {"low": {}}, "rates": {"low": 100.0}}))
+    exe = tmp_path / "clone"
+    exe.write_text("")
+    os.utime(exe, (1_000_000, 1_000_000))
+    os.utime(nat, (2_000_000, 2_000_000))
+    assert validate.load_native_part(tmp_path)["rates"] == {"low": 100.0}
+    os.utime(exe, (3_000_000, 3_000_000))  # rebuilt after the native part was measured
+    with pytest.raises(CloneError, match="older than"):
+        validate.load_native_part(tmp_path)
+    with pytest.raises(CloneError, match="--part bogus"):
+        validate.validate({}, tmp_path, print, part="bogus")

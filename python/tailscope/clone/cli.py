@@ -54,6 +54,13 @@ def register(sub) -> None:
     r.add_argument("--duration", type=float, default=4.0, help="seconds per load run (default 4)")
     r.add_argument("--out", help="HTML report path (default DIR/report.html)")
     r.add_argument("--json", action="store_true", help="print the validation as JSON")
+    r.add_argument(
+        "--part",
+        choices=("all", "native", "simulated"),
+        default="all",
+        help="native: the timed load levels only (saved); simulated: the callgrind windows, with the saved "
+        "native part (so that only the timed part needs a quiet machine); default all",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
@@ -153,7 +160,12 @@ def cmd_clone_report(ns) -> int:
     if not pp.exists():
         raise CloneError(f"{d} has no private/profile.json: not a clone directory written by `tailscope clone`")
     prof = profile.load_profile(pp)
-    res = validate.validate(prof, d, Progress(ns.quiet), duration=ns.duration)
+    res = validate.validate(prof, d, Progress(ns.quiet), duration=ns.duration, part=ns.part)
+    if ns.part == "native":
+        if ns.json:
+            sys.stdout.write(json.dumps(res, indent=1) + "\n")
+        print(f"native part written to {d}/private/validation-native.json; next: --part simulated", file=sys.stderr)
+        return 0
     extra = {}
     for name in ("tuning", "leakage"):
         p = d / "private" / f"{name}.json"

@@ -170,7 +170,37 @@ def syscall_mix_error(orig: dict[str, float], clone: dict[str, float]) -> float:
     return sum(abs(orig.get(k, 0) - clone.get(k, 0)) for k in keys) / tot if tot else 0.0
 
 
-def validate(prof: dict, clone_dir: Path, progress, duration: float = 4.0, levels: dict | None = None) -> dict:
+PARTS = ("all", "native", "simulated")
+
+
+def load_native_part(clone_dir: Path) -> dict:
+    """The native part written by `validate(part="native")`; missing, corrupt or older than the
+    clone's binary is a one-line CloneError."""
+    path = clone_dir / "private" / "validation-native.json"
+    try:
+        nat = json.loads(path.read_text())
+    except OSError:
+        raise CloneError(
+            f"{path}: no native part: run `tailscope clone-report {clone_dir} --part native` first"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise CloneError(f"{path} is corrupt: not JSON ({exc.msg})") from None
+    if not isinstance(nat, dict) or not isinstance(nat.get("levels"), dict) or not isinstance(nat.get("rates"), dict):
+        raise CloneError(f"{path} is corrupt: no 'levels' or 'rates'")
+    exe = clone_dir / "clone"
+    if exe.exists() and exe.stat().st_mtime > path.stat().st_mtime:
+        raise CloneError(f"{path} is older than {exe}: the clone was rebuilt since; run --part native again")
+    return nat
+
+
+def validate(
+    prof: dict, clone_dir: Path, progress, duration: float = 4.0, levels: dict | None = None, part: str = "all"
+) -> dict:
+    """part: "all"; "native" (the load levels only, written to private/validation-native.json,
+    so that the timed runs can hold an exclusive lock on a shared machine); "simulated" (the
+    callgrind windows, with the native part read back)."""
+    if part not in PARTS:
+        raise CloneError(f"--part {part}: one of {', '.join(PARTS)}")
     levels = levels or LEVELS
     launch = prof["private"]["launch"]
     port = prof["listen"]["port"]
@@ -183,6 +213,10 @@ def validate(prof: dict, clone_dir: Path, progress, duration: float = 4.0, level
         raise CloneError(f"{clone_dir}/clone is not built: run `make -C {clone_dir}` first")
     res: dict = {"levels": {}, "rates": {}, "created": time.strftime("%Y-%m-%dT%H:%M:%S")}
     cl = clone_launch(clone_dir, port)
+    if part == "simulated":
+        nat = load_native_part(clone_dir)
+        res["levels"], res["rates"], res["native_created"] = nat["levels"], nat["rates"], nat.get("created")
+        levels = {}
     for lvl, f in levels.items():
         rate = medium * f
         res["rates"][lvl] = rate
@@ -199,6 +233,9 @@ def validate(prof: dict, clone_dir: Path, progress, duration: float = 4.0, level
                     ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload, syscalls=trace_on
                 )
         res["levels"][lvl] = {"original": pool_sessions(got["original"], got["original2"]), "clone": got["clone"]}
+    if part == "native":
+        (clone_dir / "private" / "validation-native.json").write_text(json.dumps(res, indent=1))
+        return res
     vgp = prof["valgrind"]
     sim = {}
     for cfg_name, cfg in (("A", vg.CONFIG_A), ("B", vg.CONFIG_B)):
