@@ -512,10 +512,13 @@ def run_profile(
     )
     if win.requests < 0.5 * vg_requests:
         raise CloneError(f"the valgrind copy served only {win.requests} of {vg_requests} requests; lower --vg-rate")
-    # more windows of the original at A, the same way (session 9): one window is a draw (memcached's
-    # D1 moved +-7% and its LL up to 1.8x between windows), so the tuning target is their pool
-    pool = [win]
-    for i in range(1, max(1, windows)):
+    # the tuning target (session 9): a pool of windows of the original at A, each run the way the
+    # tuning loop and the validation run theirs (no --dump-instr / --collect-jumps, which slow
+    # valgrind and so change how many requests one event-loop pass serves). One window is a draw
+    # (memcached's D1 moved +-7% and its LL up to 1.8x between windows); the detail window above
+    # gives the distributions only
+    pool = []
+    for i in range(max(1, windows)):
         progress(f"callgrind window {i + 1}/{windows} (the tuning target's pool): {vg_requests} requests")
         w2 = vg.window(
             launch,

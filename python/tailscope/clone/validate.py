@@ -242,7 +242,6 @@ def validate(
         wins: dict[str, list] = {"original": [], "clone": []}
         for i in range(SIM_RUNS):
             for side, lch in (("original", launch), ("clone", cl)):
-                detail = side == "clone" and cfg_name == "A" and i == 0
                 progress(f"validate under valgrind, cache hierarchy {cfg_name}: {side} ({i + 1}/{SIM_RUNS})")
                 wins[side].append(
                     vg.window(
@@ -254,7 +253,6 @@ def validate(
                         work,
                         f"vg{cfg_name}-{side}{i}",
                         cache=cfg,
-                        detail=detail,
                         preload=preload,
                     )
                 )
@@ -268,9 +266,24 @@ def validate(
                 # draws of its window-to-window variation, used for its spread only
                 m["profile_runs"] = vgp["windows"]
             if side == "clone" and cfg_name == "A":
+                # the clone's instruction mix from one more window with --dump-instr, kept out of the
+                # pool: every pooled window on both sides runs the same way (session 9)
                 from .isa import analyse
 
-                m["mix"] = analyse(ws[0].threads)["mix_fraction"]
+                progress("validate under valgrind: the clone's instruction mix (one window with --dump-instr)")
+                mw = vg.window(
+                    cl,
+                    port,
+                    load,
+                    vgp["rate"],
+                    min(2000, vgp["window_requests"]),  # a fraction per class: a shorter window will do
+                    work,
+                    "vgA-clone-mix",
+                    cache=cfg,
+                    detail=True,
+                    preload=preload,
+                )
+                m["mix"] = analyse(mw.threads)["mix_fraction"]
             sim[cfg_name][side] = m
     res["simulated"] = sim
     res["configs"] = {"A": vg.CONFIG_A, "B": vg.CONFIG_B}
