@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import shlex
 import statistics
 import sys
@@ -27,6 +29,36 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import run as bench
+
+
+def cpu_times() -> dict[str, list[int]]:
+    """Per-CPU jiffies from /proc/stat: cpuN -> [busy, idle(+iowait), softirq]."""
+    out = {}
+    for line in Path("/proc/stat").read_text().splitlines():
+        f = line.split()
+        if f and f[0].startswith("cpu") and f[0] != "cpu":
+            v = [int(x) for x in f[1:]]
+            out[f[0]] = [sum(v[:8]) - v[3] - v[4], v[3] + v[4], v[6]]
+    return out
+
+
+def accounted(fn, *a, **kw) -> tuple[dict, dict]:
+    """Run `fn` and return (its result, CPU accounting over the call): per-CPU
+    busy seconds (everything the kernel ran there, softirq included),
+    children's CPU (server + load generator, both waited for inside)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    c0, r0 = cpu_times(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    res = fn(*a, **kw)
+    c1, r1 = cpu_times(), resource.getrusage(resource.RUSAGE_CHILDREN)
+    acc = {}
+    for cpu in sorted(c1):
+        busy = (c1[cpu][0] - c0[cpu][0]) / tick
+        idle = (c1[cpu][1] - c0[cpu][1]) / tick
+        acc[f"{cpu}_busy"] = busy / max(busy + idle, 1e-9)
+        acc[f"{cpu}_softirq_s"] = (c1[cpu][2] - c0[cpu][2]) / tick
+        acc[f"{cpu}_wall_s"] = busy + idle
+    acc["children_cpu_s"] = (r1.ru_utime + r1.ru_stime) - (r0.ru_utime + r0.ru_stime)
+    return res, acc
 
 
 def per_run(r: dict, cap: float, dur: float) -> dict:
@@ -97,7 +129,8 @@ def main() -> int:
         dur, warm = 2.0, 0.5
         for _ in range(args.runs):
             for name, sx, lx in variants:
-                r = bench.run_one(
+                r, acc = accounted(
+                    bench.run_one,
                     args.control,
                     args.demand * cap,
                     duration=dur,
@@ -108,6 +141,19 @@ def main() -> int:
                     push=False,  # the variant's own flags decide (--bw-push)
                 )
                 row = per_run(r, cap, dur + warm)
+                srv_cpu = r["server"].get("cpu_s", 0.0)
+                row["loadgen_cpu_s"] = acc["children_cpu_s"] - srv_cpu
+                row["server_cpu_s"] = srv_cpu
+                for cpu in ("cpu0", "cpu1"):
+                    row[f"{cpu}_busy"] = acc.get(f"{cpu}_busy", 0.0)
+                    row[f"{cpu}_softirq_s"] = acc.get(f"{cpu}_softirq_s", 0.0)
+                # CPU 0 time not spent by the server: softirq of the load's
+                # sends lands on the load's CPU; anything else here is foreign.
+                row["cpu0_other_s"] = acc.get("cpu0_busy", 0.0) * acc.get("cpu0_wall_s", 0.0) - srv_cpu
+                row["expired_at_client"] = r["expired"]
+                row["server_rejected"] = r["server"].get("rejected", 0)
+                row["admitted"] = r["server"].get("admitted", 0)
+                row["late_admitted_per_s"] = r["throughput_rps"] - r["goodput_rps"]
                 row["server"] = r["server"]
                 out["runs"][name].append(row)
                 print(
@@ -116,7 +162,10 @@ def main() -> int:
                     f"(waits {row['credit_waits_per_admitted']:.2f}, parked {row['parked_waits_per_admitted']:.2f}, "
                     f"rejects {row['rejects_per_admitted']:.2f}, pushed {row['pushed_per_admitted']:.2f} "
                     f"in {row['push_chunks_per_admitted']:.2f} chunks)  io {row['io_us_per_msg']:.1f} us/msg  "
-                    f"worker {row['worker_us_per_admitted']:.0f} us/adm  busy {row['server_busy']:.2f}",
+                    f"worker {row['worker_us_per_admitted']:.0f} us/adm  busy {row['server_busy']:.2f}  "
+                    f"cpu0 {row['cpu0_busy']:.2f} (other {row['cpu0_other_s']:.2f} s) cpu1 {row['cpu1_busy']:.2f}  "
+                    f"loadgen {row['loadgen_cpu_s']:.2f} s  expired@client {row['expired_at_client']}  "
+                    f"srv rejects {row['server_rejected']}  late/s {row['late_admitted_per_s']:.0f}",
                     flush=True,
                 )
         print()

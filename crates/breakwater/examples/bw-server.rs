@@ -105,7 +105,9 @@ struct Args {
     seed: u64,
     /// Worker threads' scheduling class: `normal`, or `idle` (SCHED_IDLE:
     /// the I/O thread preempts a busy worker at once, so admission, rejects
-    /// and replies do not wait for the worker's time slice).
+    /// and replies do not wait for the worker's time slice); `inline`: no
+    /// worker thread, the worker runs on the I/O thread between socket polls
+    /// (run to completion; needs --workers 1).
     #[arg(long, default_value = "normal")]
     worker_priority: String,
     /// Time slice in µs for the I/O thread (the one that receives, admits,
@@ -200,9 +202,10 @@ fn run(args: Args) -> Result<(), String> {
     let worker_priority = match args.worker_priority.as_str() {
         "normal" => WorkerPriority::Normal,
         "idle" => WorkerPriority::Idle,
+        "inline" => WorkerPriority::Inline,
         other => {
             return Err(format!(
-                "--worker-priority must be normal or idle, got {other:?}"
+                "--worker-priority must be normal, idle or inline, got {other:?}"
             ))
         }
     };

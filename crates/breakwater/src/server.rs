@@ -77,6 +77,21 @@ pub enum WorkerPriority {
     /// once): the I/O thread answering them starves the workers and the
     /// server livelocks (docs/breakwater.md, session 5).
     Idle,
+    /// No worker thread: the one worker runs as a task on the runtime that
+    /// runs `call` (the I/O thread), run to completion like a Shenango
+    /// core. It pops the FIFO head, runs the handler, writes the response,
+    /// then yields until the runtime has polled its sockets once, so every
+    /// reject, admission and reply waits at most one handler run and no
+    /// thread switch; the I/O thread and a worker never share a core
+    /// through the kernel's scheduler (no run-to-parity wait, no eventfd
+    /// or futex wake per request). Unlike `Idle` it cannot livelock: the
+    /// worker gets its turn after every poll of the sockets, however many
+    /// requests arrive. Needs `workers == 1` and a single-threaded (or any)
+    /// tokio runtime running `call`; the handler is polled to completion
+    /// on that thread without the runtime, so it must not await the
+    /// runtime's timers or sockets (CPU-bound handlers; an awaiting one
+    /// needs the worker threads). docs/breakwater.md, session 9.
+    Inline,
 }
 
 impl Default for ServerConfig {
@@ -289,6 +304,10 @@ struct Shared<B, RB> {
     requires_metadata: bool,
     /// Credit streams of the clients that subscribed one.
     push: Arc<crate::push::PushHub>,
+    /// `WorkerPriority::Inline`: wakes the inline worker task, and the
+    /// task's start, deferred to the first `call` (inside the runtime).
+    inline: Option<tokio::sync::Notify>,
+    launch: Mutex<Option<Box<dyn FnOnce() + Send>>>,
 }
 
 impl<B, RB> Shared<B, RB> {
@@ -317,6 +336,9 @@ impl<B, RB> Drop for PoolGuard<B, RB> {
     fn drop(&mut self) {
         self.0.lock_fifo().closed = true;
         self.0.work.notify_all();
+        if let Some(n) = &self.0.inline {
+            n.notify_one();
+        }
         // Credit streams end with the layer (their clients fall back to
         // credit waits), so their connections can close.
         self.0.push.close();
@@ -341,6 +363,11 @@ impl<B, RB> ServerLayer<B, RB> {
         }
         if config.tick.is_zero() {
             return Err(crate::ConfigError("tick must be > 0".into()));
+        }
+        if config.worker_priority == WorkerPriority::Inline && config.workers != 1 {
+            return Err(crate::ConfigError(
+                "an inline worker needs workers = 1".into(),
+            ));
         }
         Ok(ServerLayer {
             policy: Mutex::new(Some(policy)),
@@ -395,7 +422,8 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
         S::Error: Into<BoxError>,
         S::Future: 'static,
     {
-        let workers = config.workers.max(1);
+        let inline = config.worker_priority == WorkerPriority::Inline;
+        let workers = if inline { 1 } else { config.workers.max(1) };
         let shared = Arc::new(Shared {
             name: policy.name(),
             requires_metadata: policy.requires_metadata(),
@@ -415,8 +443,17 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             ticker_dozing: std::sync::atomic::AtomicBool::new(false),
             counters: Counters::default(),
             push: crate::push::PushHub::new(),
+            inline: inline.then(tokio::sync::Notify::new),
+            launch: Mutex::new(None),
         });
-        for i in 0..workers {
+        if inline {
+            let weak = Arc::downgrade(&shared);
+            let svc = inner.clone();
+            *shared.launch.lock().unwrap_or_else(|p| p.into_inner()) = Some(Box::new(move || {
+                tokio::spawn(inline_worker(weak, svc));
+            }));
+        }
+        for i in 0..if inline { 0 } else { workers } {
             let shared = shared.clone();
             let svc = inner.clone();
             let idle = config.worker_priority == WorkerPriority::Idle;
@@ -507,6 +544,9 @@ where
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
         let shared = &self.shared;
+        if shared.inline.is_some() {
+            shared.launch_inline();
+        }
         let now = clock::now();
         shared.counters.arrivals.fetch_add(1, Ordering::Relaxed);
         let arrival = match wire::parse_arrival(request.headers()) {
@@ -558,7 +598,7 @@ where
                 drop(fifo);
                 drop(policy);
                 if wake {
-                    shared.work.notify_one();
+                    shared.wake_worker();
                 }
                 shared.counters.admitted.fetch_add(1, Ordering::Relaxed);
                 Box::pin(async move {
@@ -662,12 +702,9 @@ where
         .enable_all()
         .build()
         .expect("worker runtime");
-    let mut explicit = Vec::new();
-    let mut releases = Vec::new();
-    let mut pushes = Vec::new();
+    let mut scratch = Scratch::default();
     loop {
-        pushes.clear();
-        let mut job = {
+        let job = {
             let mut fifo = shared.lock_fifo();
             loop {
                 if let Some(job) = fifo.jobs.pop_front() {
@@ -682,84 +719,191 @@ where
                 fifo.waiting -= 1;
             }
         };
-        let start = clock::now();
-        let waited = start.saturating_sub(job.enqueued);
-        shared.lock_policy().on_start(start, waited);
-        job.request.extensions_mut().insert(QueueBudget {
-            remaining_ns: job.budget_ns.saturating_sub(waited),
+        run_job(&shared, job, &mut scratch, |request| {
+            rt.block_on(async {
+                let ready = svc.ready().await.map_err(Into::into)?;
+                ready.call(request).await.map_err(Into::into)
+            })
         });
-        let result = rt.block_on(async {
-            let ready = svc.ready().await.map_err(Into::into)?;
-            ready.call(job.request).await.map_err(Into::into)
-        });
-        let now = clock::now();
-        let ok = matches!(&result, Ok(r) if !r.status().is_server_error());
-        let done = Completion {
-            client: job.client,
-            ok,
-            sojourn_ns: now.saturating_sub(job.arrived),
+    }
+}
+
+/// The inline worker (`WorkerPriority::Inline`): a task on the runtime
+/// that runs `call`. One job per turn, then a yield that lets the runtime
+/// poll its sockets (and answer what arrived) before the next job.
+async fn inline_worker<B, RB, S>(shared: Weak<Shared<B, RB>>, mut svc: S)
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    RB: Default,
+{
+    let mut scratch = Scratch::default();
+    loop {
+        let Some(shared) = shared.upgrade() else {
+            return;
         };
-        let fb = {
-            let mut policy = shared.lock_policy();
-            let view = shared.view(&shared.lock_fifo());
-            let fb = policy.on_complete(now, &done, &view);
-            // A completion may have freed credit that a parked client is
-            // waiting for: answer it now rather than at the next tick.
-            if shared.has_parked.load(Ordering::Relaxed) {
-                policy.on_tick(now, &view, &mut explicit);
-            }
-            shared.release_held(&mut **policy, now, &mut releases);
-            // Spare credits the response's own grant left go to drained
-            // clients of the responder's connection, riding on its response.
-            if shared.push.active() {
-                policy.push_credits(now, Some(job.client), &mut pushes);
-            }
-            fb
-        };
-        if !explicit.is_empty() {
-            shared.answer_parked(&mut explicit);
-        }
-        shared.busy.fetch_sub(1, Ordering::Relaxed);
-        let counter = if ok {
-            &shared.counters.completed_ok
-        } else {
-            &shared.counters.completed_failed
-        };
-        counter.fetch_add(1, Ordering::Relaxed);
-        let result = match result {
-            Ok(mut r) => {
-                wire::write_feedback(r.headers_mut(), fb);
-                if !pushes.is_empty() {
-                    let n = wire::write_pushes(r.headers_mut(), &mut pushes);
-                    shared
-                        .counters
-                        .pushed_credits
-                        .fetch_add(n as u64, Ordering::Relaxed);
+        let job = {
+            let mut fifo = shared.lock_fifo();
+            match fifo.jobs.pop_front() {
+                Some(job) => {
+                    shared.busy.fetch_add(1, Ordering::Relaxed);
+                    fifo.waiting = 0;
+                    Some(job)
                 }
-                Ok(r)
+                None if fifo.closed => return,
+                None => {
+                    // Producers notify while we wait (Notify keeps one
+                    // permit, so a wake between here and the await counts).
+                    fifo.waiting = 1;
+                    None
+                }
             }
-            Err(e) => Err(e),
         };
-        // What did not fit in `bw-push` (wire::MAX_PUSH_PER_RESPONSE), or
-        // rode on a failed response that carries none, goes on the credit
-        // stream: a granted credit the client never hears of stays issued.
-        if !pushes.is_empty() {
-            shared.deliver_pushes(&mut pushes);
+        match job {
+            Some(job) => {
+                run_job(&shared, job, &mut scratch, |request| {
+                    poll_to_completion(async {
+                        let ready = svc.ready().await.map_err(Into::into)?;
+                        ready.call(request).await.map_err(Into::into)
+                    })
+                });
+                drop(shared);
+                tokio::task::yield_now().await;
+            }
+            None => {
+                // Hold only the Notify (via a clone of the Arc) while
+                // waiting; the pool guard notifies on shutdown.
+                let notified = async {
+                    if let Some(n) = &shared.inline {
+                        n.notified().await;
+                    }
+                };
+                notified.await;
+            }
         }
-        if let Err(Ok(r)) = job.reply.send(result) {
-            // The caller is gone (its stream was reset, its connection
-            // closed): the explicit credits for the other clients that rode
-            // on this response go on the credit stream instead.
-            let mut lost = Vec::new();
-            wire::parse_pushes(r.headers(), &mut lost);
-            if !lost.is_empty() {
+    }
+}
+
+/// Poll a future to completion on this thread, parking it while the future
+/// is pending (its waker unparks it). For the inline worker's handler,
+/// which must not need the runtime it runs on.
+fn poll_to_completion<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let mut fut = std::pin::pin!(fut);
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    loop {
+        if let Poll::Ready(v) = fut.as_mut().poll(&mut cx) {
+            return v;
+        }
+        std::thread::park();
+    }
+}
+
+/// A worker's reusable buffers.
+#[derive(Default)]
+struct Scratch {
+    explicit: Vec<(u64, Feedback)>,
+    releases: Vec<(u64, Release)>,
+    pushes: Vec<(u64, Feedback)>,
+}
+
+/// Run one admitted job (`serve` calls the inner service), report its
+/// completion to the policy and send its response with the feedback.
+fn run_job<B, RB: Default>(
+    shared: &Shared<B, RB>,
+    mut job: Job<B, RB>,
+    scratch: &mut Scratch,
+    serve: impl FnOnce(Request<B>) -> Result<Response<RB>, BoxError>,
+) {
+    let Scratch {
+        explicit,
+        releases,
+        pushes,
+    } = scratch;
+    pushes.clear();
+    let start = clock::now();
+    let waited = start.saturating_sub(job.enqueued);
+    shared.lock_policy().on_start(start, waited);
+    job.request.extensions_mut().insert(QueueBudget {
+        remaining_ns: job.budget_ns.saturating_sub(waited),
+    });
+    let result = serve(job.request);
+    let now = clock::now();
+    let ok = matches!(&result, Ok(r) if !r.status().is_server_error());
+    let done = Completion {
+        client: job.client,
+        ok,
+        sojourn_ns: now.saturating_sub(job.arrived),
+    };
+    let fb = {
+        let mut policy = shared.lock_policy();
+        let view = shared.view(&shared.lock_fifo());
+        let fb = policy.on_complete(now, &done, &view);
+        // A completion may have freed credit that a parked client is
+        // waiting for: answer it now rather than at the next tick.
+        if shared.has_parked.load(Ordering::Relaxed) {
+            policy.on_tick(now, &view, explicit);
+        }
+        shared.release_held(&mut **policy, now, releases);
+        // Spare credits the response's own grant left go to drained
+        // clients of the responder's connection, riding on its response.
+        if shared.push.active() {
+            policy.push_credits(now, Some(job.client), pushes);
+        }
+        fb
+    };
+    if !explicit.is_empty() {
+        shared.answer_parked(explicit);
+    }
+    shared.busy.fetch_sub(1, Ordering::Relaxed);
+    let counter = if ok {
+        &shared.counters.completed_ok
+    } else {
+        &shared.counters.completed_failed
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    let result = match result {
+        Ok(mut r) => {
+            wire::write_feedback(r.headers_mut(), fb);
+            if !pushes.is_empty() {
+                let n = wire::write_pushes(r.headers_mut(), pushes);
                 shared
                     .counters
                     .pushed_credits
-                    .fetch_sub(lost.len() as u64, Ordering::Relaxed);
-                pushes.extend(lost.into_iter().map(|(c, l)| (c, Feedback::CreditLimit(l))));
-                shared.deliver_pushes(&mut pushes);
+                    .fetch_add(n as u64, Ordering::Relaxed);
             }
+            Ok(r)
+        }
+        Err(e) => Err(e),
+    };
+    // What did not fit in `bw-push` (wire::MAX_PUSH_PER_RESPONSE), or
+    // rode on a failed response that carries none, goes on the credit
+    // stream: a granted credit the client never hears of stays issued.
+    if !pushes.is_empty() {
+        shared.deliver_pushes(pushes);
+    }
+    if let Err(Ok(r)) = job.reply.send(result) {
+        // The caller is gone (its stream was reset, its connection
+        // closed): the explicit credits for the other clients that rode
+        // on this response go on the credit stream instead.
+        let mut lost = Vec::new();
+        wire::parse_pushes(r.headers(), &mut lost);
+        if !lost.is_empty() {
+            shared
+                .counters
+                .pushed_credits
+                .fetch_sub(lost.len() as u64, Ordering::Relaxed);
+            pushes.extend(lost.into_iter().map(|(c, l)| (c, Feedback::CreditLimit(l))));
+            shared.deliver_pushes(pushes);
         }
     }
 }
@@ -846,7 +990,7 @@ impl<B, RB: Default> Shared<B, RB> {
         let wake = fifo.waiting.min(admitted as usize);
         drop(fifo);
         for _ in 0..wake {
-            self.work.notify_one();
+            self.wake_worker();
         }
         self.counters
             .admitted
@@ -860,6 +1004,23 @@ impl<B, RB: Default> Shared<B, RB> {
 }
 
 impl<B, RB> Shared<B, RB> {
+    /// Wake a waiting worker (thread or inline task).
+    fn wake_worker(&self) {
+        match &self.inline {
+            Some(n) => n.notify_one(),
+            None => self.work.notify_one(),
+        }
+    }
+
+    /// Start the inline worker task on the current runtime (first call).
+    fn launch_inline(&self) {
+        let mut launch = self.launch.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(f) = launch.take() {
+            drop(launch);
+            f();
+        }
+    }
+
     /// A credit wait or request was parked: a dozing ticker must run at
     /// the next tick, not 8 ticks later.
     fn wake_ticker(&self) {

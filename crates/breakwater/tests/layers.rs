@@ -631,3 +631,90 @@ fn waiters_fall_back_to_a_credit_wait_when_the_credit_stream_ends() {
         assert_eq!(layer.stats().expired.load(Ordering::SeqCst), 0);
     });
 }
+
+/// `WorkerPriority::Inline`: no worker thread; the worker runs each job on
+/// the thread of the runtime that calls the layer, in FIFO order, one job
+/// per turn, and the layer still answers everything (with Breakwater's
+/// feedback on the responses).
+#[tokio::test]
+async fn inline_worker_runs_jobs_on_the_runtime_thread_in_fifo_order() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let record = seen.clone();
+    let inner = tower::service_fn(move |req: Request<Body>| {
+        let record = record.clone();
+        async move {
+            let tag = req
+                .headers()
+                .get("x-tag")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let name = std::thread::current().name().unwrap_or("").to_string();
+            record
+                .lock()
+                .unwrap()
+                .push((tag, std::thread::current().id(), name));
+            Ok::<_, BoxError>(Response::new(Body::default()))
+        }
+    });
+    let spec = ControlSpec::new(ControlKind::Breakwater, 50_000_000, 1);
+    let config = ServerConfig {
+        workers: 1,
+        worker_priority: WorkerPriority::Inline,
+        ..ServerConfig::default()
+    };
+    let server: Server<Body, Body> = ServerLayer::new(spec.server().unwrap(), config)
+        .unwrap()
+        .layer(inner);
+    let here = std::thread::current().id();
+    // Five clients register at once: all are queued before the worker's
+    // first turn (this task has not yielded: `call` only queues), then
+    // served in order. (The layer is always ready: no poll_ready needed.)
+    let futs: Vec<_> = (0..5)
+        .map(|i| {
+            let id = (100 + i).to_string();
+            let req = with_headers(&[
+                (wire::CLIENT, &id),
+                (wire::KIND, "register"),
+                ("x-tag", &i.to_string()),
+            ]);
+            server.clone().call(req)
+        })
+        .collect();
+    assert_eq!(server.stats().queue_len, 5, "queued, none run yet");
+    for (i, r) in futures_join(futs).await.into_iter().enumerate() {
+        let r = r.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "request {i}");
+        assert!(
+            r.headers().contains_key(wire::CREDIT_LIMIT),
+            "request {i}: no credit feedback: {:?}",
+            r.headers()
+        );
+    }
+    let seen = seen.lock().unwrap().clone();
+    let tags: Vec<&str> = seen.iter().map(|(t, _, _)| t.as_str()).collect();
+    assert_eq!(tags, ["0", "1", "2", "3", "4"], "FIFO order: {seen:?}");
+    for (tag, thread, name) in &seen {
+        assert_eq!(
+            *thread, here,
+            "job {tag} ran on {name:?}, not on the runtime's thread"
+        );
+    }
+    assert_eq!(server.stats().completed_ok, 5);
+    // An inline worker is one worker.
+    let two = ServerConfig {
+        workers: 2,
+        worker_priority: WorkerPriority::Inline,
+        ..ServerConfig::default()
+    };
+    assert!(ServerLayer::<Body, Body>::new(spec.server().unwrap(), two).is_err());
+}
+
+async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
+    let handles: Vec<_> = futs.into_iter().map(Box::pin).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await);
+    }
+    out
+}
