@@ -174,8 +174,9 @@ def render_md(r: dict) -> str:
     ]
     if s.get("worker_priority"):
         lines += [
-            f"Worker thread scheduling: `{s['worker_priority']}` (bw-server `--worker-priority`; see "
-            "docs/breakwater.md, session 5).",
+            f"Worker scheduling: `{s['worker_priority']}` (bw-server `--worker-priority`; `inline`: the "
+            "worker runs on the I/O thread between socket polls, docs/breakwater.md session 9; "
+            "`normal`/`idle`: a worker thread, session 5).",
             "",
         ]
     if "io_slice_us" in s:

@@ -50,16 +50,24 @@ CLIENTS = 1000
 CONNECTIONS = 8
 CONTROLS = ["none", "breakwater", "seda", "dagor", "gradient", "tower"]
 TOWER_LIMIT = 8
-# The worker thread shares CPU 0 with the I/O thread that admits, refuses
-# and replies. `idle` (SCHED_IDLE) lets the I/O thread preempt a busy worker
-# at once: on a quiet box it cut Breakwater's reject p99 at 2x from ~1.3 to
-# ~0.6 ms and its p99 by ~0.45 ms; but in the closed loop (every refusal
-# brings the next request at once) the I/O thread starves the worker and
-# the server livelocks (3.6k req/s with 20k refusals/s against 7.0k), and a
-# SCHED_IDLE worker gets almost no CPU while anything else runs on CPU 0
-# (docs/breakwater.md, session 5). So the bench keeps `normal`;
-# BW_WORKER_PRIORITY=idle runs every control with idle workers.
-WORKER_PRIORITY = os.environ.get("BW_WORKER_PRIORITY", "normal")
+# Where the one worker runs (bw-server --worker-priority), the same for
+# every control. `inline` (session 9, the default): no worker thread; the
+# worker runs each job on the I/O thread between socket polls (run to
+# completion, as on a Shenango core), so replies, admissions and rejects
+# never wait out a worker's time slice and no request costs a cross-thread
+# wake-up. Interleaved A/B at 2x: Breakwater 0.70 -> 0.85 of a 7500 req/s
+# capacity; no control's closed loop 7476 -> 8024 req/s
+# (docs/breakwater.md, session 9). `normal`: a worker thread sharing CPU 0
+# with the I/O thread (sessions 1-8). `idle` (SCHED_IDLE workers) livelocks
+# a closed loop (session 5). Runs with more than one worker (the lock part)
+# use `normal` threads when `inline` is asked for.
+WORKER_PRIORITY = os.environ.get("BW_WORKER_PRIORITY", "inline")
+if WORKER_PRIORITY not in ("inline", "normal", "idle"):
+    print(
+        f"bench breakwater: error: BW_WORKER_PRIORITY must be inline, normal or idle, got {WORKER_PRIORITY!r}",
+        file=sys.stderr,
+    )
+    sys.exit(1)
 # The I/O thread's EEVDF time slice in µs (bw-server --io-slice-us; 0: the
 # kernel's default), the same for every control.
 IO_SLICE_US = int(os.environ.get("BW_IO_SLICE_US", "0"))
@@ -121,6 +129,8 @@ class Server:
         self, port: int, control: str, service: str, extra: list[str], slo_us: int, mean_us: int, workers: int = 1
     ):
         self.stats_path = Path(tempfile.mkstemp(prefix="bw-stats-", suffix=".json")[1])
+        # Inline means one worker on the I/O thread: more workers get threads.
+        prio = "normal" if WORKER_PRIORITY == "inline" and workers != 1 else WORKER_PRIORITY
         args = [
             str(SERVER),
             "--listen",
@@ -137,8 +147,7 @@ class Server:
             str(workers),
             "--tower-limit",
             str(TOWER_LIMIT),
-            "--worker-priority",
-            WORKER_PRIORITY,
+            *([] if "--worker-priority" in extra else ["--worker-priority", prio]),
             *([] if "--io-slice-us" in extra else ["--io-slice-us", str(IO_SLICE_US)]),
             "--stats",
             str(self.stats_path),
