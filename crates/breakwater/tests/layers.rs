@@ -710,6 +710,58 @@ async fn inline_worker_runs_jobs_on_the_runtime_thread_in_fifo_order() {
     assert!(ServerLayer::<Body, Body>::new(spec.server().unwrap(), two).is_err());
 }
 
+/// The inline worker runs one job per turn: a task that a job wakes (as a
+/// reply or a newly readable socket wakes a connection's task) runs before
+/// the next job starts.
+#[tokio::test]
+async fn inline_worker_lets_other_tasks_run_between_jobs() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    // Job i tells another task its number; that task stores i + 1 in
+    // `acked`. Job i records `acked` when it starts: i if the other task
+    // ran after job i − 1.
+    let acked = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel::<u64>();
+    let (a, record) = (acked.clone(), seen.clone());
+    let inner = tower::service_fn(move |_req: Request<Body>| {
+        let (a, record, tx) = (a.clone(), record.clone(), tx.clone());
+        async move {
+            let mut seen = record.lock().unwrap();
+            let i = seen.len() as u64;
+            seen.push(a.load(Ordering::SeqCst));
+            let _ = tx.send(i);
+            Ok::<_, BoxError>(Response::new(Body::default()))
+        }
+    });
+    let config = ServerConfig {
+        workers: 1,
+        worker_priority: WorkerPriority::Inline,
+        ..ServerConfig::default()
+    };
+    let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), config)
+        .unwrap()
+        .layer(inner);
+    let a = acked.clone();
+    let other = tokio::spawn(async move {
+        while let Some(i) = rx.recv().await {
+            a.store(i + 1, Ordering::SeqCst);
+        }
+    });
+    let futs: Vec<_> = (0..4)
+        .map(|_| server.clone().call(Request::new(Body::default())))
+        .collect();
+    for r in futures_join(futs).await {
+        assert_eq!(r.unwrap().status(), StatusCode::OK);
+    }
+    other.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [0, 1, 2, 3],
+        "the task a job woke did not run before the next job (acked at each job's start)"
+    );
+}
+
 async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
     let handles: Vec<_> = futs.into_iter().map(Box::pin).collect();
     let mut out = Vec::new();
