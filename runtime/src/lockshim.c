@@ -24,11 +24,12 @@
  * nanoseconds only for an episode that is logged: the scale (ns per tick,
  * 32.32 fixed point) is measured by the shim itself, from two
  * (clock_gettime, rdtsc) pairs at least 2 ms apart, and refined as the
- * span grows; an episode's stamps are converted relative to a
- * clock_gettime read at logging time, so its error is the scale's error
- * times the episode's age (~10 ppm after calibration: ~0.1 us on a 10 ms
- * hold). Until the scale is known (the first 2 ms of locking), or on
- * another clocksource, or with TAILSCOPE_LOCK_CLOCK=mono, stamps are
+ * span grows; an episode's stamps are converted relative to the thread's
+ * anchor, a clock_gettime read at most 1 ms before the episode was logged
+ * (anchor_ns), so its error is the scale's error times the episode's age
+ * plus 1 ms (~10 ppm after calibration: ~0.1 us on a 10 ms hold). Until
+ * the scale is known (the first 2 ms of locking), or on another
+ * clocksource, or with TAILSCOPE_LOCK_CLOCK=mono, stamps are
  * clock_gettime(CLOCK_MONOTONIC) as before. Each held entry remembers
  * which kind its stamps are.
  *
@@ -262,6 +263,41 @@ static NOINST inline int held_long(const struct ts_held *e, uint64_t released)
 	        e->acquired - e->wait_start > limit);
 }
 
+/* Ticks to CLOCK_MONOTONIC ns for logged episodes, relative to this
+ * thread's anchor: a (clock_gettime, rdtsc) pair taken again when it is
+ * older than TS_ANCHOR_NS (or the scale changed). Session 8 took a pair for
+ * every logged episode: a clock_gettime (~40 ns on this VM) between two
+ * rdtsc (~21 ns each), up to TS_PAIR_TRIES times, ~0.9 times per memcached
+ * SET at the 1 us threshold; now at most 1000 pairs a second per thread.
+ * The conversion error is the scale's error times the distance to the
+ * anchor (<= 1 ms: ~10 ns at 10 ppm) plus the pair's bracket (<= 0.25 us),
+ * as before; per thread, so no shared cache line is written. */
+#define TS_ANCHOR_NS 1000000ull
+static TS_TLS struct {
+	uint64_t tsc, ns, mult;
+} ts_anchor;
+
+static NOINST __attribute__((noinline)) void anchor_refresh(uint64_t mult)
+{
+	uint64_t tsc_now, ns_now = clock_pair(&tsc_now);
+	ts_anchor.tsc = tsc_now;
+	ts_anchor.ns = ns_now;
+	ts_anchor.mult = mult;
+	/* A longer span measures the scale better: refine it now and then. */
+	if (ns_now - ts_tsc.ns0 >= 8 * __atomic_load_n(&ts_tsc.span_ns, __ATOMIC_RELAXED))
+		tsc_measure(0);
+}
+
+static NOINST uint64_t anchor_ns(uint64_t tsc, uint64_t mult)
+{
+	if (TS_UNLIKELY(ts_anchor.mult != mult || tsc < ts_anchor.tsc ||
+	                ticks_ns(tsc - ts_anchor.tsc, mult) > TS_ANCHOR_NS))
+		anchor_refresh(mult);
+	if (tsc >= ts_anchor.tsc)
+		return ts_anchor.ns + ticks_ns(tsc - ts_anchor.tsc, mult);
+	return ts_anchor.ns - ticks_ns(ts_anchor.tsc - tsc, mult);
+}
+
 /* After the unlock: log the episode if it waited or held long enough. */
 static NOINST __attribute__((noinline)) void held_log(const struct ts_held *e, uint64_t released)
 {
@@ -279,16 +315,9 @@ static NOINST __attribute__((noinline)) void held_log(const struct ts_held *e, u
 		return; /* held_long's tick limit rounds down: the exact test is here */
 	uint64_t w = e->wait_start, a = e->acquired, r = released;
 	if (e->tsc) {
-		/* Ticks to ns, each stamp relative to a clock read now. */
-		uint64_t tsc_now, ns_now = clock_pair(&tsc_now);
-		if (tsc_now < r)
-			tsc_now = r;
-		r = ns_now - ticks_ns(tsc_now - r, mult);
+		r = anchor_ns(r, mult);
 		a = r - hold;
 		w = w ? a - wait : 0;
-		/* A longer span measures the scale better: refine it now and then. */
-		if (ns_now - ts_tsc.ns0 >= 8 * __atomic_load_n(&ts_tsc.span_ns, __ATOMIC_RELAXED))
-			tsc_measure(0);
 	}
 	struct ts_event ev[3];
 	int n = 0;
