@@ -189,6 +189,11 @@ struct State {
     burst_failed: Option<(Burst, String)>,
     /// The next poll waits no longer than this (the burst schedule's next step).
     wait_cap: Option<Duration>,
+    /// The target's pidfd (readable once it exits): marker mode sleeps on
+    /// it between burst windows. Owned by the recording's ProcessWatch.
+    exit_fd: Option<std::os::fd::RawFd>,
+    /// The pidfd was readable: check the target's exit now.
+    exit_hint: bool,
 }
 
 /// Burst windows of inference: the gate and open-request count are in BPF.
@@ -284,6 +289,11 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 /// undecided sources; marker mode: MARKER_WAIT).
 const MAX_WAIT: Duration = Duration::from_millis(16);
 
+/// Marker mode between burst windows: nothing is sampled, so the agent
+/// sleeps until the next window (mean period 500 ms at 1%), the target's
+/// exit (its pidfd) or a signal, but no longer than this.
+const MARKER_IDLE_WAIT: Duration = Duration::from_millis(750);
+
 /// Marker mode: the longest the agent sleeps between drains. A ring that
 /// reaches TS_RING_WAKE_FILL (a quarter) wakes it sooner (ABI 5), so this
 /// bounds only how stale the files and the progress line get, and how late
@@ -362,9 +372,12 @@ impl State {
             .as_ref()
             .map_or(self.sampling.rate_ppm, |b| b.plan.in_window_ppm);
         let marker = matches!(self.source, Source::Marker(_));
-        let max = if marker {
+        let between = self.burst.as_ref().is_some_and(|b| b.between_windows());
+        let max = if marker && between {
+            MARKER_IDLE_WAIT
+        } else if marker {
             MARKER_WAIT
-        } else if self.burst.as_ref().is_some_and(|b| b.between_windows()) {
+        } else if between {
             IDLE_WAIT
         } else {
             max_wait(rate, min_wait)
@@ -398,10 +411,10 @@ impl State {
             }
             self.buf = records;
             if !infer_active {
-                self.sleep(wait, min_wait);
+                self.sleep(wait, min_wait, between);
             }
         } else {
-            self.sleep(wait, min_wait);
+            self.sleep(wait, min_wait, between);
         }
         if let Source::Marker(m) = &mut self.source {
             let (writer, pid) = (&mut self.writer, self.target_pid);
@@ -416,11 +429,21 @@ impl State {
     /// futex, which the target wakes when a ring fills, but never returns
     /// sooner than `min_wait` (a target that wakes the agent all the time
     /// gets drains at the old fixed period, no more).
-    fn sleep(&self, wait: Duration, min_wait: Duration) {
+    ///
+    /// Between burst windows nothing is sampled: marker mode then sleeps on
+    /// the target's pidfd (its exit ends the sleep, as does a signal). At a
+    /// high record rate the target wakes it when a ring is a quarter full.
+    fn sleep(&mut self, wait: Duration, min_wait: Duration, between: bool) {
         let Source::Marker(m) = &self.source else {
             std::thread::sleep(wait);
             return;
         };
+        if between {
+            if let Some(fd) = self.exit_fd {
+                self.exit_hint |= sys::wait_readable(fd, wait);
+                return;
+            }
+        }
         let t0 = Instant::now();
         m.wait_for_records(wait);
         if let Some(rest) = min_wait.min(wait).checked_sub(t0.elapsed()) {
@@ -737,7 +760,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
         sched_burst: false,
         burst_failed: None,
         wait_cap: None,
+        exit_fd: None,
+        exit_hint: false,
     };
+    st.exit_fd = watch.raw_fd();
     st.start_observer()?;
     let mut meta = Meta {
         host: sys::hostname(),
@@ -1043,7 +1069,9 @@ fn record_loop(
         }
         st.writer.tick(now)?;
         // Cheap but not free: every 50 ms.
-        if now.duration_since(last_slow) >= Duration::from_millis(50) {
+        if std::mem::take(&mut st.exit_hint)
+            || now.duration_since(last_slow) >= Duration::from_millis(50)
+        {
             last_slow = now;
             let exited = match launched.as_mut() {
                 Some(l) => l.try_wait().is_some(),

@@ -2,7 +2,8 @@
 //! and kernel names, its own CPU use, and whether a process is alive.
 
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 fn clock_ns(clock: libc::clockid_t) -> u64 {
     let mut ts = libc::timespec {
@@ -129,6 +130,11 @@ impl ProcessWatch {
         ProcessWatch { pid, pidfd }
     }
 
+    /// The pidfd, readable once the process has exited (None: no pidfd).
+    pub fn raw_fd(&self) -> Option<RawFd> {
+        self.pidfd.as_ref().map(|f| f.as_raw_fd())
+    }
+
     pub fn has_exited(&self) -> bool {
         match &self.pidfd {
             Some(fd) => {
@@ -148,6 +154,22 @@ impl ProcessWatch {
             }
         }
     }
+}
+
+/// Sleeps up to `timeout` until `fd` is readable; a signal ends the sleep
+/// early too (poll is never restarted after a handler). Returns whether
+/// the fd is readable.
+pub fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
+    let mut p = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    // rounded up: a sub-millisecond wait must not become a busy loop
+    let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
+    // SAFETY: one valid pollfd.
+    let n = unsafe { libc::poll(&mut p, 1, ms) };
+    n > 0 && p.revents & libc::POLLIN != 0
 }
 
 pub fn stderr_is_tty() -> bool {

@@ -11,10 +11,12 @@
 //! Encoding runs on a writer thread ([`RequestWriter`] hands it full row
 //! groups over a bounded channel), so the drain loop never stalls on zstd.
 //!
-//! Size on disk (≈ 20 B/request on realistic data, see the
-//! `bytes_per_request` test): zstd over PLAIN for the counters (mostly small
-//! or zero), DELTA_BINARY_PACKED for the monotone-ish `request_id` and
-//! `start_ns`, dictionary for `kind` and the slowly-changing `pid`/`tid`/`cpu`.
+//! Size on disk (≈ 20 B/request on synthetic data, see the
+//! `bytes_per_request` test; ≈ 6 B on a real memcached recording):
+//! DELTA_BINARY_PACKED, uncompressed, for the columns that change by small
+//! steps (`request_id`, `start_ns`, `latency_ns`, `on_cpu_ns`), zstd over
+//! PLAIN for the rest (mostly zero or slowly changing). Chosen per column by
+//! CPU per row at about the same size (`encoding_bench`).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -96,12 +98,20 @@ impl Default for WriterPolicy {
     }
 }
 
+/// Columns whose values change from row to row by amounts that bit-pack
+/// well: DELTA_BINARY_PACKED, not compressed. On a real recording
+/// (memcached-marked at 100%) each of these cost 6-13 ns/row so and 15-26
+/// ns/row as PLAIN + zstd, at the same size (`encoding_bench`).
+const DELTA_COLUMNS: &[&str] = &["request_id", "start_ns", "latency_ns", "on_cpu_ns"];
+
 fn properties() -> WriterProperties {
     let mut b = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
-        // Level 1: at level 3 zstd clears ~0.5 MB of match tables for every
-        // page it compresses, which was 5% of the agent's CPU at 100%
-        // sampling; the files grow by a few percent.
+        // Everything else is PLAIN + zstd level 1: the counters are mostly
+        // zero or small and the pid/tid/cpu/kind columns change rarely, so
+        // zstd squeezes them to ~0.01 B/row at 2-3 ns/row, where delta
+        // packing or a dictionary cost 6-8 ns/row (encoding_bench). Level 1:
+        // at level 3 zstd clears ~0.5 MB of match tables for every page.
         .set_compression(Compression::ZSTD(
             ZstdLevel::try_new(1).expect("valid level"),
         ))
@@ -112,6 +122,25 @@ fn properties() -> WriterProperties {
         .set_statistics_enabled(EnabledStatistics::None)
         .set_column_statistics_enabled("start_ns".into(), EnabledStatistics::Chunk)
         .set_created_by(format!("tailscope-agent {}", env!("CARGO_PKG_VERSION")));
+    for col in DELTA_COLUMNS {
+        b = b
+            .set_column_encoding((*col).into(), Encoding::DELTA_BINARY_PACKED)
+            .set_column_compression((*col).into(), Compression::UNCOMPRESSED);
+    }
+    b.build()
+}
+
+/// Session 8's encodings, kept for `encoding_bench`'s comparison.
+#[cfg(test)]
+fn properties_session8() -> WriterProperties {
+    let mut b = WriterProperties::builder()
+        .set_writer_version(WriterVersion::PARQUET_2_0)
+        .set_compression(Compression::ZSTD(
+            ZstdLevel::try_new(1).expect("valid level"),
+        ))
+        .set_dictionary_enabled(false)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_column_statistics_enabled("start_ns".into(), EnabledStatistics::Chunk);
     for col in ["kind", "pid", "tid", "cpu"] {
         b = b.set_column_dictionary_enabled(col.into(), true);
     }
@@ -132,6 +161,18 @@ struct Buffers {
 }
 
 impl Buffers {
+    /// Room for a whole row group, so that filling one never reallocates
+    /// (and copies) the columns. Large allocations are mapped lazily: a
+    /// slow recording touches only the pages its rows use.
+    fn with_capacity(rows: usize) -> Buffers {
+        Buffers {
+            u64s: std::array::from_fn(|_| Vec::with_capacity(rows)),
+            u32s: std::array::from_fn(|_| Vec::with_capacity(rows)),
+            kind: StringBuilder::with_capacity(rows, rows * 4),
+            flags: std::array::from_fn(|_| Vec::with_capacity(rows)),
+        }
+    }
+
     fn len(&self) -> usize {
         self.kind.len()
     }
@@ -318,7 +359,7 @@ impl RequestWriter {
             .map_err(|e| AgentError::internal(format!("cannot start the writer thread: {e}")))?;
         Ok(RequestWriter {
             policy,
-            buffers: Buffers::default(),
+            buffers: Buffers::with_capacity(policy.row_group_rows),
             rows: 0,
             window_start: None,
             tx: Some(tx),
@@ -334,7 +375,8 @@ impl RequestWriter {
             self.window_start = Some(Instant::now());
         }
         if self.buffers.len() >= self.policy.row_group_rows {
-            let b = std::mem::take(&mut self.buffers);
+            let fresh = Buffers::with_capacity(self.policy.row_group_rows);
+            let b = std::mem::replace(&mut self.buffers, fresh);
             self.send(Cmd::Rows(Box::new(b)))?;
         }
         Ok(())
@@ -359,7 +401,8 @@ impl RequestWriter {
             .is_some_and(|t| now.duration_since(t) >= self.policy.rotate_after);
         if due {
             self.window_start = None;
-            let b = std::mem::take(&mut self.buffers);
+            let fresh = Buffers::with_capacity(self.policy.row_group_rows);
+            let b = std::mem::replace(&mut self.buffers, fresh);
             if b.len() > 0 {
                 self.send(Cmd::Rows(Box::new(b)))?;
             }
@@ -740,5 +783,191 @@ pub(crate) mod tests {
         );
         assert!(per <= 64.0, "{per} B/request exceeds the 64 B budget");
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
+
+#[cfg(test)]
+mod encoding_bench {
+    use super::*;
+    use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+    use parquet::file::properties::WriterPropertiesBuilder;
+
+    fn cpu_ns() -> u64 {
+        let mut ts = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+    }
+
+    fn base() -> WriterPropertiesBuilder {
+        WriterProperties::builder()
+            .set_writer_version(WriterVersion::PARQUET_2_0)
+            .set_dictionary_enabled(false)
+            .set_statistics_enabled(EnabledStatistics::None)
+            .set_column_statistics_enabled("start_ns".into(), EnabledStatistics::Chunk)
+    }
+
+    #[test]
+    #[ignore]
+    fn encodings() {
+        let Ok(path) = std::env::var("TS_ENC_BENCH") else {
+            return;
+        };
+        let f = File::open(path).unwrap();
+        let batches: Vec<RecordBatch> = ParquetRecordBatchReaderBuilder::try_new(f)
+            .unwrap()
+            .with_batch_size(65536)
+            .build()
+            .unwrap()
+            .map(|b| b.unwrap())
+            .collect();
+        let rows: usize = batches.iter().map(|b| b.num_rows()).sum();
+        let ints: Vec<&str> = COLUMNS
+            .iter()
+            .filter(|(_, t)| t.starts_with("uint"))
+            .map(|(n, _)| *n)
+            .collect();
+        let z1 = Compression::ZSTD(ZstdLevel::try_new(1).unwrap());
+        let mut cands: Vec<(&str, WriterProperties)> = vec![];
+        cands.push(("current", properties()));
+        cands.push(("session8", properties_session8()));
+        let mut b = base().set_compression(Compression::UNCOMPRESSED);
+        for c in &ints {
+            b = b.set_column_encoding((*c).into(), Encoding::DELTA_BINARY_PACKED);
+        }
+        b = b.set_column_dictionary_enabled("kind".into(), true);
+        cands.push(("delta-all-nocomp-kinddict", b.build()));
+        let mut b = base().set_compression(z1);
+        for c in &ints {
+            b = b.set_column_encoding((*c).into(), Encoding::DELTA_BINARY_PACKED);
+        }
+        b = b.set_column_dictionary_enabled("kind".into(), true);
+        cands.push(("delta-all-zstd1-kinddict", b.build()));
+        let mut b = base().set_compression(Compression::UNCOMPRESSED);
+        for c in &ints {
+            b = b.set_column_encoding((*c).into(), Encoding::DELTA_BINARY_PACKED);
+        }
+        b = b.set_column_dictionary_enabled("kind".into(), true);
+        for c in ["request_id", "start_ns", "latency_ns", "on_cpu_ns"] {
+            b = b.set_column_compression(c.into(), z1);
+        }
+        cands.push(("delta-all-zstd-4big", b.build()));
+        let mut b = base().set_compression(z1);
+        b = b.set_column_dictionary_enabled("kind".into(), true);
+        cands.push(("plain-zstd1-kinddict", b.build()));
+        let mut b = base().set_compression(Compression::UNCOMPRESSED);
+        for c in &ints {
+            b = b.set_column_encoding((*c).into(), Encoding::DELTA_BINARY_PACKED);
+        }
+        b = b.set_column_encoding("kind".into(), Encoding::DELTA_BYTE_ARRAY);
+        cands.push(("delta-all-nocomp-kinddba", b.build()));
+        let mut b = base().set_compression(Compression::UNCOMPRESSED);
+        for c in &ints {
+            b = b.set_column_encoding((*c).into(), Encoding::DELTA_BINARY_PACKED);
+        }
+        b = b.set_column_compression("kind".into(), z1);
+        cands.push(("delta-all-nocomp-kindzstd", b.build()));
+        // Per column: each encoding alone, best of 7 (CPU ns/row, B/row).
+        let schema = batches[0].schema();
+        let opts: Vec<(&str, Encoding, Compression, bool)> = vec![
+            ("plain+zstd1", Encoding::PLAIN, z1, false),
+            (
+                "delta+none",
+                Encoding::DELTA_BINARY_PACKED,
+                Compression::UNCOMPRESSED,
+                false,
+            ),
+            ("delta+zstd1", Encoding::DELTA_BINARY_PACKED, z1, false),
+            (
+                "dict+none",
+                Encoding::PLAIN,
+                Compression::UNCOMPRESSED,
+                true,
+            ),
+            ("dict+zstd1", Encoding::PLAIN, z1, true),
+            (
+                "plain+none",
+                Encoding::PLAIN,
+                Compression::UNCOMPRESSED,
+                false,
+            ),
+            ("rle+none", Encoding::RLE, Compression::UNCOMPRESSED, false),
+            (
+                "dba+none",
+                Encoding::DELTA_BYTE_ARRAY,
+                Compression::UNCOMPRESSED,
+                false,
+            ),
+        ];
+        for (ci, field) in schema.fields().iter().enumerate() {
+            let s1 = Arc::new(Schema::new(vec![field.as_ref().clone()]));
+            let cols: Vec<RecordBatch> = batches
+                .iter()
+                .map(|b| RecordBatch::try_new(s1.clone(), vec![b.column(ci).clone()]).unwrap())
+                .collect();
+            let mut line = format!("{:26}", field.name());
+            for (on, enc, comp, dict) in &opts {
+                let ty = field.data_type();
+                let ok = match enc {
+                    Encoding::DELTA_BINARY_PACKED => ty.is_integer(),
+                    Encoding::RLE => *ty == DataType::Boolean,
+                    Encoding::DELTA_BYTE_ARRAY => *ty == DataType::Utf8,
+                    _ => true,
+                };
+                if !ok || (*dict && *ty == DataType::Boolean) {
+                    continue;
+                }
+                let mut b = base().set_compression(*comp).set_dictionary_enabled(*dict);
+                if !*dict {
+                    b = b.set_encoding(*enc);
+                }
+                let props = b.build();
+                let mut best = u64::MAX;
+                let mut size = 0;
+                for _ in 0..7 {
+                    let t0 = cpu_ns();
+                    let mut w =
+                        ArrowWriter::try_new(Vec::new(), s1.clone(), Some(props.clone())).unwrap();
+                    for b in &cols {
+                        w.write(b).unwrap();
+                        w.flush().unwrap();
+                    }
+                    let out = w.into_inner().unwrap();
+                    best = best.min(cpu_ns() - t0);
+                    size = out.len();
+                }
+                line += &format!(
+                    " | {on} {:.1}ns {:.2}B",
+                    best as f64 / rows as f64,
+                    size as f64 / rows as f64
+                );
+            }
+            eprintln!("{line}");
+        }
+        cands.retain(|(n, _)| n.starts_with("current") || n.starts_with("session8"));
+        for (name, props) in cands {
+            let mut best = u64::MAX;
+            let mut size = 0;
+            for _ in 0..5 {
+                let t0 = cpu_ns();
+                let mut w =
+                    ArrowWriter::try_new(Vec::new(), batches[0].schema(), Some(props.clone()))
+                        .unwrap();
+                for b in &batches {
+                    w.write(b).unwrap();
+                    w.flush().unwrap();
+                }
+                let out = w.into_inner().unwrap();
+                best = best.min(cpu_ns() - t0);
+                size = out.len();
+            }
+            eprintln!(
+                "{name:32} {:6.1} ns/row {:6.2} B/row",
+                best as f64 / rows as f64,
+                size as f64 / rows as f64
+            );
+        }
     }
 }
