@@ -729,8 +729,8 @@ where
 }
 
 /// The inline worker (`WorkerPriority::Inline`): a task on the runtime
-/// that runs `call`. One job per turn, then a yield that lets the runtime
-/// poll its sockets (and answer what arrived) before the next job.
+/// that runs `call`. One job per turn, then two yields that let the runtime
+/// poll its sockets and answer what arrived before the next job.
 async fn inline_worker<B, RB, S>(shared: Weak<Shared<B, RB>>, mut svc: S)
 where
     S: Service<Request<B>, Response = Response<RB>>,
@@ -768,6 +768,14 @@ where
                     })
                 });
                 drop(shared);
+                // Two yields: the first lets the replies this job woke go
+                // out and the runtime poll its sockets; the connections
+                // that poll wakes read their requests (admitting or
+                // refusing them) and spawn the streams' tasks that send
+                // the refusals, which tokio queues behind this task. The
+                // second lets those run before the next job, so a refusal
+                // waits for at most the job running when it arrived.
+                tokio::task::yield_now().await;
                 tokio::task::yield_now().await;
             }
             None => {

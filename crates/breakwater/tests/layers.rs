@@ -762,6 +762,66 @@ async fn inline_worker_lets_other_tasks_run_between_jobs() {
     );
 }
 
+/// What a socket poll brings in is answered before the next job: a task
+/// woken by the runtime's I/O driver (a connection with a new request)
+/// that spawns another task (hyper's stream task that sends a refusal) —
+/// both run before the inline worker's next job.
+#[cfg(unix)]
+#[tokio::test]
+async fn inline_worker_lets_socket_work_and_its_spawns_run_between_jobs() {
+    use std::io::Write;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tokio::io::AsyncReadExt;
+    let (std_end, tokio_end) = std::os::unix::net::UnixStream::pair().unwrap();
+    tokio_end.set_nonblocking(true).unwrap();
+    let mut tokio_end = tokio::net::UnixStream::from_std(tokio_end).unwrap();
+    let std_end = Arc::new(std::sync::Mutex::new(std_end));
+    // Job i writes byte i; the reader (woken by the driver) spawns a task
+    // that stores i + 1 in `acked`. Job i records `acked` at its start.
+    let acked = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (a, record, w) = (acked.clone(), seen.clone(), std_end.clone());
+    let inner = tower::service_fn(move |_req: Request<Body>| {
+        let (a, record, w) = (a.clone(), record.clone(), w.clone());
+        async move {
+            let mut seen = record.lock().unwrap();
+            let i = seen.len() as u8;
+            seen.push(a.load(Ordering::SeqCst));
+            w.lock().unwrap().write_all(&[i]).unwrap();
+            Ok::<_, BoxError>(Response::new(Body::default()))
+        }
+    });
+    let config = ServerConfig {
+        workers: 1,
+        worker_priority: WorkerPriority::Inline,
+        ..ServerConfig::default()
+    };
+    let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), config)
+        .unwrap()
+        .layer(inner);
+    let a = acked.clone();
+    let reader = tokio::spawn(async move {
+        let mut b = [0u8; 1];
+        while tokio_end.read_exact(&mut b).await.is_ok() {
+            let (a, i) = (a.clone(), b[0] as u64);
+            tokio::spawn(async move { a.store(i + 1, Ordering::SeqCst) });
+        }
+    });
+    let futs: Vec<_> = (0..4)
+        .map(|_| server.clone().call(Request::new(Body::default())))
+        .collect();
+    for r in futures_join(futs).await {
+        assert_eq!(r.unwrap().status(), StatusCode::OK);
+    }
+    reader.abort();
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [0, 1, 2, 3],
+        "socket work (and what it spawned) did not run before the next job (acked at each job's start)"
+    );
+}
+
 async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
     let handles: Vec<_> = futs.into_iter().map(Box::pin).collect();
     let mut out = Vec::new();
