@@ -439,6 +439,8 @@ DECOMPOSE = [
     ("--functions, every agent thread SCHED_IDLE", "recording (--functions)", {"tweaks": ("all-idle",)}),
     ("--functions, requests sampled at 1%", "recording (--functions)", {"agent_extra": ("--sample", "1%")}),
     ("--functions, observer every 2 ms", "recording (--functions)", {"agent_extra": ("--fn-period-us", "2000")}),
+    ("--functions, --mutex-threshold-us 10", "recording (--functions)",
+     {"agent_extra": ("--mutex-threshold-us", "10")}),
 ]
 
 
@@ -485,6 +487,10 @@ def interleaved(settings: list, rounds: int, seconds: float, rate: float, tmp: P
             row["agent_threads"] = {n: {m: med([a[n][m] for a in agent if n in a])
                                         for m in ("cpu_share", "wakeups_per_s", "preempted_per_s")}
                                     for n in names}
+        lev = [x["rows"]["locks"] / (x["rps"] * x["trace_seconds"]) for x in ok
+               if (x.get("rows") or {}).get("locks") is not None and x.get("rps") and x.get("trace_seconds")]
+        if lev:  # logged lock events per request (the trace also spans the agent's start and the warm-up)
+            row["lock_events_per_req"] = med(lev)
         obs = [x["observer"] for x in rs if "observer" in x]
         if obs:
             row["observer"] = {k: med([o.get(k) for o in obs]) for k in obs[0]}
@@ -567,7 +573,7 @@ def render_decompose(d: dict) -> list[str]:
            "Ratios are paired: each round's figure over the same round's uninstrumented run. The "
            "uninstrumented row's own range is the noise a ratio has to clear.", "",
            "| setting | p50 µs | p99 µs | p50 × | p99 × | server CPU µs/SET | CPU × | agent CPU (% of one) "
-           "| observer wake-ups/s |", "|---|---|---|---|---|---|---|---|---|"]
+           "| observer wake-ups/s | lock events per SET |", "|---|---|---|---|---|---|---|---|---|---|"]
     c = d.get("calls") or {}
     if c.get("calls_per_set"):
         out[5:5] = [f"Instrumented calls per SET: {c['calls_per_set']:.0f} (shadow-stack pushes of the instrumented "
@@ -579,7 +585,7 @@ def render_decompose(d: dict) -> list[str]:
         out.append(f"| {r['setting']} | {render_spread(r['p50_us'])} | {render_spread(r['p99_us'])} | "
                    f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
                    f"{render_spread(r['server_cpu_us_per_req'], '.2f')} | {render_spread(r['server_cpu_ratio'], '.2f')}"
-                   f" | {fmt(agent_cpu, '.1f')} | {fmt(ob, '.0f')} |"
+                   f" | {fmt(agent_cpu, '.1f')} | {fmt(ob, '.0f')} | {fmt(r.get('lock_events_per_req'), '.2f')} |"
                    + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
     return out
 

@@ -30,7 +30,8 @@ import pytest
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
-AGENT = ROOT / "target" / "release" / "tailscope-agent"
+# LDB_TEST_AGENT: another agent binary (a copy, while the shared target/ is being rebuilt).
+AGENT = Path(os.environ.get("LDB_TEST_AGENT") or ROOT / "target" / "release" / "tailscope-agent")
 BUILD = HERE / "build"
 
 pytestmark = [
