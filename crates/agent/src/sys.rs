@@ -181,3 +181,35 @@ pub fn is_root() -> bool {
     // SAFETY: geteuid cannot fail.
     unsafe { libc::geteuid() == 0 }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    /// What marker mode sleeps on between burst windows: a pidfd that
+    /// becomes readable when the process exits, ending the sleep early.
+    #[test]
+    fn a_process_exit_ends_the_wait_on_its_pidfd() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("0.3")
+            .spawn()
+            .unwrap();
+        let w = ProcessWatch::new(child.id());
+        let Some(fd) = w.raw_fd() else {
+            eprintln!("SKIP: no pidfd_open on this kernel");
+            child.wait().unwrap();
+            return;
+        };
+        // Still running: the wait times out, not readable.
+        assert!(!wait_readable(fd, Duration::from_millis(20)));
+        assert!(!w.has_exited());
+        let t0 = Instant::now();
+        // Readable once it exits, long before the 20 s timeout.
+        assert!(wait_readable(fd, Duration::from_secs(20)));
+        let waited = t0.elapsed();
+        assert!(waited < Duration::from_secs(15), "waited {waited:?}");
+        assert!(w.has_exited());
+        child.wait().unwrap();
+    }
+}

@@ -786,6 +786,11 @@ pub(crate) mod tests {
     }
 }
 
+/// A measurement, not a check: how much CPU each Parquet encoding costs per
+/// row on a real recording, for the whole table and per column (the choice
+/// in [`properties`] comes from it). Run on a recording's file:
+/// `TS_ENC_BENCH=rec/requests/part-00000.parquet cargo test --release -p
+/// tailscope-agent --lib encoding_bench -- --ignored --nocapture`.
 #[cfg(test)]
 mod encoding_bench {
     use super::*;
@@ -797,6 +802,7 @@ mod encoding_bench {
             tv_sec: 0,
             tv_nsec: 0,
         };
+        // SAFETY: a valid timespec out-pointer.
         unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
         ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
     }
@@ -813,6 +819,7 @@ mod encoding_bench {
     #[ignore]
     fn encodings() {
         let Ok(path) = std::env::var("TS_ENC_BENCH") else {
+            eprintln!("SKIP: set TS_ENC_BENCH to a recording's requests/part-N.parquet");
             return;
         };
         let f = File::open(path).unwrap();
