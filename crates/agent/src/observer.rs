@@ -730,21 +730,6 @@ impl ObserverThread {
             &["tid", "event"],
             &["ts_ns"],
         )?;
-        // The tables' encoder threads (nice 19) at idle priority too: a
-        // waking target thread preempts a SCHED_IDLE thread at once, while
-        // under EEVDF a nice-19 thread that was just picked may keep its
-        // CPU up to a slice (RUN_TO_PARITY). Suspected, not proven, in
-        // memcached's p99 at 20% load (docs/ldb.md, session 9). Back to
-        // nice 19 for the last flush.
-        let encoders = if cfg.idle_priority {
-            let tids = encoder_threads(&["functions", "locks", "request_events"]);
-            for &t in &tids {
-                set_thread_policy(t, libc::SCHED_IDLE);
-            }
-            tids
-        } else {
-            Vec::new()
-        };
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
         let handle = std::thread::Builder::new()
@@ -767,9 +752,6 @@ impl ObserverThread {
                         let stopping = stop2.load(Ordering::Relaxed);
                         if stopping && cfg.idle_priority {
                             set_normal_priority(); // the last pass and flush: not starved
-                            for &t in &encoders {
-                                set_thread_policy(t, libc::SCHED_OTHER);
-                            }
                         }
                         let t0 = Instant::now();
                         let changed = obs.pass(&mut clock);
@@ -847,42 +829,6 @@ fn set_idle_priority() -> String {
             std::io::Error::last_os_error()
         )
     }
-}
-
-/// The agent's threads named like TableWriter's encoder threads for these
-/// tables ("ts-" and the table name's first 12 characters). A thread sets
-/// its own name once it runs: waits up to ~50 ms for all of them.
-fn encoder_threads(tables: &[&str]) -> Vec<libc::pid_t> {
-    let names: Vec<String> = tables
-        .iter()
-        .map(|t| format!("ts-{}", &t[..t.len().min(12)]))
-        .collect();
-    let mut found = Vec::new();
-    for _ in 0..50 {
-        found.clear();
-        if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
-            for task in dir.flatten() {
-                let comm = std::fs::read_to_string(task.path().join("comm")).unwrap_or_default();
-                if names.iter().any(|n| n == comm.trim_end()) {
-                    if let Some(tid) = task.file_name().to_str().and_then(|t| t.parse().ok()) {
-                        found.push(tid);
-                    }
-                }
-            }
-        }
-        if found.len() >= names.len() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    found
-}
-
-/// Sets another thread's policy (priority 0), best effort.
-fn set_thread_policy(tid: libc::pid_t, policy: libc::c_int) {
-    let param = libc::sched_param { sched_priority: 0 };
-    // SAFETY: a thread id of this process; `param` outlives the call.
-    unsafe { libc::sched_setscheduler(tid, policy, &param) };
 }
 
 /// Back to SCHED_OTHER (best effort).
