@@ -844,7 +844,11 @@ fn run_job<B, RB: Default>(
     job.request.extensions_mut().insert(QueueBudget {
         remaining_ns: job.budget_ns.saturating_sub(waited),
     });
-    let result = serve(job.request);
+    // A handler that panics fails its request, not the worker: an inline
+    // worker that died would leave the server admitting requests that
+    // nobody answers (a thread worker would stop answering too).
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| serve(job.request)))
+        .unwrap_or_else(|_| Err("the request handler panicked".into()));
     let now = clock::now();
     let ok = matches!(&result, Ok(r) if !r.status().is_server_error());
     let done = Completion {

@@ -710,6 +710,52 @@ async fn inline_worker_runs_jobs_on_the_runtime_thread_in_fifo_order() {
     assert!(ServerLayer::<Body, Body>::new(spec.server().unwrap(), two).is_err());
 }
 
+/// A handler that panics fails its own request; the worker lives on and
+/// answers the next one (inline and thread workers alike).
+#[tokio::test]
+async fn a_panicking_handler_fails_its_request_and_the_worker_lives_on() {
+    for priority in [WorkerPriority::Inline, WorkerPriority::Normal] {
+        let inner = tower::service_fn(|req: Request<Body>| async move {
+            if req.headers().contains_key("x-panic") {
+                panic!("handler panic (expected by the test)");
+            }
+            Ok::<_, BoxError>(Response::new(Body::default()))
+        });
+        let spec = ControlSpec::new(ControlKind::Breakwater, 50_000_000, 1);
+        let config = ServerConfig {
+            workers: 1,
+            worker_priority: priority,
+            ..ServerConfig::default()
+        };
+        let server: Server<Body, Body> = ServerLayer::new(spec.server().unwrap(), config)
+            .unwrap()
+            .layer(inner);
+        let bad = with_headers(&[
+            (wire::CLIENT, "7"),
+            (wire::KIND, "register"),
+            ("x-panic", "1"),
+        ]);
+        let first = tokio::time::timeout(Duration::from_secs(30), server.clone().call(bad))
+            .await
+            .unwrap_or_else(|_| panic!("{priority:?}: the panicking request was never answered"));
+        let failed = match first {
+            Err(_) => true,
+            Ok(r) => r.status().is_server_error(),
+        };
+        assert!(
+            failed,
+            "{priority:?}: a panicking handler's request must fail"
+        );
+        let good = with_headers(&[(wire::CLIENT, "8"), (wire::KIND, "register")]);
+        let second = tokio::time::timeout(Duration::from_secs(30), server.clone().call(good))
+            .await
+            .unwrap_or_else(|_| panic!("{priority:?}: the worker died with the panicking handler"))
+            .unwrap();
+        assert_eq!(second.status(), StatusCode::OK, "{priority:?}");
+        assert_eq!(server.stats().completed_ok, 1, "{priority:?}");
+    }
+}
+
 /// The inline worker runs one job per turn: a task that a job wakes (as a
 /// reply or a newly readable socket wakes a connection's task) runs before
 /// the next job starts.
