@@ -127,7 +127,11 @@ fn properties() -> WriterProperties {
             .set_column_encoding((*col).into(), Encoding::DELTA_BINARY_PACKED)
             .set_column_compression((*col).into(), Compression::UNCOMPRESSED);
     }
-    b.build()
+    // Strings must say PLAIN: without a dictionary a version-2 writer falls
+    // back to DELTA_BYTE_ARRAY, which pyarrow cannot read as a dictionary
+    // (the Python reader asks for `kind` as one).
+    b.set_column_encoding("kind".into(), Encoding::PLAIN)
+        .build()
 }
 
 /// Session 8's encodings, kept for `encoding_bench`'s comparison.
@@ -674,6 +678,24 @@ pub(crate) mod tests {
             .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
             .sum();
         assert_eq!(on_disk, s.bytes);
+        // `kind` is PLAIN: pyarrow reads it as a dictionary, which it cannot
+        // do from DELTA_BYTE_ARRAY (a version-2 writer's fallback).
+        for f in &s.files {
+            let meta = ParquetRecordBatchReaderBuilder::try_new(File::open(dir.join(f)).unwrap())
+                .unwrap()
+                .metadata()
+                .clone();
+            let rg = meta.row_group(0);
+            let kind = (0..rg.num_columns())
+                .map(|i| rg.column(i))
+                .find(|c| c.column_path().string() == "kind")
+                .expect("a kind column");
+            assert!(
+                !kind.encodings().contains(&Encoding::DELTA_BYTE_ARRAY),
+                "{f}: kind is encoded {:?}",
+                kind.encodings()
+            );
+        }
         let batches = read_all(&dir, &s.files);
         assert_eq!(batches[0].schema(), requests_schema());
         let mut i = 0;
