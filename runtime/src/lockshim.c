@@ -108,7 +108,7 @@ static NOINST inline uint64_t ticks_ns(uint64_t ticks, uint64_t mult)
  * ~100 ticks. */
 #define TS_PAIR_TIGHT 500u /* ticks: <= 0.25 us at >= 2 GHz (midpoint error <= half) */
 #define TS_PAIR_TRIES 6
-static NOINST uint64_t clock_pair(uint64_t *tsc)
+static NOINST uint64_t clock_pair_w(uint64_t *tsc, uint64_t *width)
 {
 	uint64_t best_ns = 0, best_w = UINT64_MAX;
 	for (int i = 0; i < TS_PAIR_TRIES; i++) {
@@ -126,7 +126,14 @@ static NOINST uint64_t clock_pair(uint64_t *tsc)
 	}
 	if (best_w == UINT64_MAX) /* (never: the TSC went backwards every time) */
 		*tsc = __rdtsc();
+	*width = best_w;
 	return best_ns ? best_ns : now_ns();
+}
+
+static NOINST uint64_t clock_pair(uint64_t *tsc)
+{
+	uint64_t width;
+	return clock_pair_w(tsc, &width);
 }
 
 /* Whether the kernel keeps time with the TSC (so it is synchronised and
@@ -279,12 +286,17 @@ static TS_TLS struct {
 
 static NOINST __attribute__((noinline)) void anchor_refresh(uint64_t mult)
 {
-	uint64_t tsc_now, ns_now = clock_pair(&tsc_now);
+	uint64_t width, tsc_now, ns_now = clock_pair_w(&tsc_now, &width);
 	ts_anchor.tsc = tsc_now;
 	ts_anchor.ns = ns_now;
-	ts_anchor.mult = mult;
-	/* A longer span measures the scale better: refine it now and then. */
-	if (ns_now - ts_tsc.ns0 >= 8 * __atomic_load_n(&ts_tsc.span_ns, __ATOMIC_RELAXED))
+	/* A pair that stayed wide after every try (the thread was preempted
+	 * each time) serves this episode only: kept as the anchor it would
+	 * shift every episode of the next 1 ms by up to half its bracket. */
+	ts_anchor.mult = width <= TS_PAIR_TIGHT ? mult : 0;
+	/* A longer span measures the scale better: refine it now and then
+	 * (tsc_measure takes no span past 2^31 ns, so stop asking before). */
+	uint64_t span = __atomic_load_n(&ts_tsc.span_ns, __ATOMIC_RELAXED);
+	if (span < (1ull << 31) / 8 && ns_now - ts_tsc.ns0 >= 8 * span)
 		tsc_measure(0);
 }
 
