@@ -131,21 +131,33 @@ fn prepare_output(dir: &Path) -> Result<()> {
 struct Signals {
     int: Arc<AtomicBool>,
     term: Arc<AtomicBool>,
+    /// Readable once either signal arrived: a sleep that polls it ends at
+    /// once (marker mode's sleep between burst windows lasts up to 750 ms).
+    wake: Option<std::os::unix::net::UnixStream>,
 }
 
 impl Signals {
     fn register() -> Result<Signals> {
-        let s = Signals {
+        let mut s = Signals {
             int: Arc::new(AtomicBool::new(false)),
             term: Arc::new(AtomicBool::new(false)),
+            wake: None,
         };
+        let fail = |e: std::io::Error| AgentError::internal(format!("cannot handle signals: {e}"));
+        // Flags first, so the self-pipe's write (registered after) comes
+        // after the flag is set.
         for (sig, flag) in [
             (signal_hook::consts::SIGINT, &s.int),
             (signal_hook::consts::SIGTERM, &s.term),
         ] {
-            signal_hook::flag::register(sig, Arc::clone(flag))
-                .map_err(|e| AgentError::internal(format!("cannot handle signals: {e}")))?;
+            signal_hook::flag::register(sig, Arc::clone(flag)).map_err(fail)?;
         }
+        let (rx, tx) = std::os::unix::net::UnixStream::pair().map_err(fail)?;
+        for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+            signal_hook::low_level::pipe::register(sig, tx.try_clone().map_err(fail)?)
+                .map_err(fail)?;
+        }
+        s.wake = Some(rx);
         Ok(s)
     }
 
@@ -192,6 +204,8 @@ struct State {
     /// The target's pidfd (readable once it exits): marker mode sleeps on
     /// it between burst windows. Owned by the recording's ProcessWatch.
     exit_fd: Option<std::os::fd::RawFd>,
+    /// Readable once SIGINT or SIGTERM arrived ([`Signals`]).
+    signal_fd: Option<std::os::fd::RawFd>,
     /// The pidfd was readable: check the target's exit now.
     exit_hint: bool,
 }
@@ -440,7 +454,7 @@ impl State {
         };
         if between {
             if let Some(fd) = self.exit_fd {
-                self.exit_hint |= sys::wait_readable(fd, wait);
+                self.exit_hint |= sys::wait_readable_or(fd, self.signal_fd, wait);
                 return;
             }
         }
@@ -761,9 +775,11 @@ pub fn run(args: RecordArgs) -> Result<()> {
         burst_failed: None,
         wait_cap: None,
         exit_fd: None,
+        signal_fd: None,
         exit_hint: false,
     };
     st.exit_fd = watch.raw_fd();
+    st.signal_fd = signals.wake.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     st.start_observer()?;
     let mut meta = Meta {
         host: sys::hostname(),

@@ -160,16 +160,23 @@ impl ProcessWatch {
 /// early too (poll is never restarted after a handler). Returns whether
 /// the fd is readable.
 pub fn wait_readable(fd: RawFd, timeout: Duration) -> bool {
-    let mut p = libc::pollfd {
+    wait_readable_or(fd, None, timeout)
+}
+
+/// Like [`wait_readable`], but `also` (when given) ends the wait too when
+/// it becomes readable (a signal's self-pipe); says whether `fd` is.
+pub fn wait_readable_or(fd: RawFd, also: Option<RawFd>, timeout: Duration) -> bool {
+    let p = |fd| libc::pollfd {
         fd,
         events: libc::POLLIN,
         revents: 0,
     };
-    // rounded up: a sub-millisecond wait must not become a busy loop
+    let mut fds = [p(fd), p(also.unwrap_or(-1))]; // a negative fd is ignored
+                                                  // rounded up: a sub-millisecond wait must not become a busy loop
     let ms = timeout.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int;
-    // SAFETY: one valid pollfd.
-    let n = unsafe { libc::poll(&mut p, 1, ms) };
-    n > 0 && p.revents & libc::POLLIN != 0
+    // SAFETY: two valid pollfds.
+    let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) };
+    n > 0 && fds[0].revents & libc::POLLIN != 0
 }
 
 pub fn stderr_is_tty() -> bool {
@@ -211,5 +218,31 @@ mod tests {
         assert!(waited < Duration::from_secs(15), "waited {waited:?}");
         assert!(w.has_exited());
         child.wait().unwrap();
+    }
+
+    /// The second fd (a signal's self-pipe) ends the wait as well, and the
+    /// result still speaks of the first.
+    #[test]
+    fn the_other_fd_ends_the_wait_too() {
+        use std::io::Write;
+        use std::os::fd::AsRawFd;
+        let (first, _keep) = std::os::unix::net::UnixStream::pair().unwrap();
+        let (mut tx, rx) = std::os::unix::net::UnixStream::pair().unwrap();
+        let t0 = Instant::now();
+        assert!(!wait_readable_or(
+            first.as_raw_fd(),
+            Some(rx.as_raw_fd()),
+            Duration::from_millis(20)
+        ));
+        assert!(t0.elapsed() >= Duration::from_millis(15), "it waited");
+        tx.write_all(b"x").unwrap();
+        let t0 = Instant::now();
+        assert!(!wait_readable_or(
+            first.as_raw_fd(),
+            Some(rx.as_raw_fd()),
+            Duration::from_secs(20)
+        ));
+        let waited = t0.elapsed();
+        assert!(waited < Duration::from_secs(15), "waited {waited:?}");
     }
 }
