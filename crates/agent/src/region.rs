@@ -923,7 +923,15 @@ mod tests {
             0,
             &rec(100, 9999)
         ));
-        assert_eq!(drain_all(&mut src).len(), TS_RING_CAPACITY as usize);
+        // Across the wrap (the ring starts 6 records in): every record, in
+        // order, none twice (a wrong offset in the second run would repeat
+        // or skip ids).
+        let ids: Vec<u64> = drain_all(&mut src)
+            .iter()
+            .map(|(r, _)| r.request_id)
+            .collect();
+        let want: Vec<u64> = (0..TS_RING_CAPACITY as u64).map(|i| 100 + i).collect();
+        assert_eq!(ids, want);
         assert_eq!(src.stats().ring_full, 1);
         assert!(
             src.mem.load_u64(header_offsets::AGENT_HEARTBEAT_NS) > 0,
