@@ -415,7 +415,9 @@ impl<B, RB> Clone for Server<B, RB> {
 
 impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
     /// Wrap `inner` directly (the layer does this). Spawns `workers` worker
-    /// threads and one ticker thread.
+    /// threads and one ticker thread; with `WorkerPriority::Inline`, no
+    /// worker thread and one inline worker whatever `workers` says
+    /// (`ServerLayer::new` refuses any other count).
     pub fn start<S>(inner: S, policy: Box<dyn Policy>, config: ServerConfig) -> Self
     where
         S: Service<Request<B>, Response = Response<RB>> + Clone + Send + 'static,
