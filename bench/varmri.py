@@ -751,8 +751,8 @@ def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None
              "default flags, so it is compared with `none-plain`, the same source and flags "
              "without the patch (Debian's package is built with other flags and with TLS and SASL).",
              "",
-             "The `1%` rows use the default, burst sampling (50 ms windows sampled at 10%, about "
-             "every 500 ms; between windows the per-request and per-packet programs are detached). "
+             "The `1%` rows use the default, burst sampling (50 ms windows sampled at 20%, about "
+             "every second; between windows the per-request and per-packet programs are detached). "
              "`-continuous` rows use `--burst off`: every request drawn at 1%, programs always attached.",
              "",
              "| workload | setup | baseline | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio "

@@ -29,7 +29,7 @@ OPTIONS:
     --sample RATE       sampling rate: 0.01, 1% or 100% (default: the
                         runtime's own rate in marker mode, else 1%)
     --burst B           sample in windows: auto (default: at rates up to 2.5%,
-                        50 ms windows sampled at 10%, e.g. every 500 ms on
+                        50 ms windows sampled at 20%, e.g. every second on
                         average at 1%; between windows the per-request and
                         interrupt programs are detached and cost nothing),
                         off (sample every request independently, programs

@@ -304,7 +304,7 @@ const IDLE_WAIT: Duration = Duration::from_millis(50);
 const MAX_WAIT: Duration = Duration::from_millis(16);
 
 /// Marker mode between burst windows: nothing is sampled, so the agent
-/// sleeps until the next window (mean period 500 ms at 1%), the target's
+/// sleeps until the next window (mean period 1 s at 1%), the target's
 /// exit (its pidfd) or a signal, but no longer than this.
 const MARKER_IDLE_WAIT: Duration = Duration::from_millis(750);
 
