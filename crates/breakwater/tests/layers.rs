@@ -632,6 +632,15 @@ fn waiters_fall_back_to_a_credit_wait_when_the_credit_stream_ends() {
     });
 }
 
+/// One worker, inline on the runtime that calls the layer.
+fn inline_config() -> ServerConfig {
+    ServerConfig {
+        workers: 1,
+        worker_priority: WorkerPriority::Inline,
+        ..ServerConfig::default()
+    }
+}
+
 /// `WorkerPriority::Inline`: no worker thread; the worker runs each job on
 /// the thread of the runtime that calls the layer, in FIFO order, one job
 /// per turn, and the layer still answers everything (with Breakwater's
@@ -658,11 +667,7 @@ async fn inline_worker_runs_jobs_on_the_runtime_thread_in_fifo_order() {
         }
     });
     let spec = ControlSpec::new(ControlKind::Breakwater, 50_000_000, 1);
-    let config = ServerConfig {
-        workers: 1,
-        worker_priority: WorkerPriority::Inline,
-        ..ServerConfig::default()
-    };
+    let config = inline_config();
     let server: Server<Body, Body> = ServerLayer::new(spec.server().unwrap(), config)
         .unwrap()
         .layer(inner);
@@ -779,11 +784,7 @@ async fn inline_worker_lets_other_tasks_run_between_jobs() {
             Ok::<_, BoxError>(Response::new(Body::default()))
         }
     });
-    let config = ServerConfig {
-        workers: 1,
-        worker_priority: WorkerPriority::Inline,
-        ..ServerConfig::default()
-    };
+    let config = inline_config();
     let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), config)
         .unwrap()
         .layer(inner);
@@ -837,11 +838,7 @@ async fn inline_worker_lets_socket_work_and_its_spawns_run_between_jobs() {
             Ok::<_, BoxError>(Response::new(Body::default()))
         }
     });
-    let config = ServerConfig {
-        workers: 1,
-        worker_priority: WorkerPriority::Inline,
-        ..ServerConfig::default()
-    };
+    let config = inline_config();
     let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), config)
         .unwrap()
         .layer(inner);
