@@ -784,22 +784,13 @@ async fn inline_worker_lets_other_tasks_run_between_jobs() {
             Ok::<_, BoxError>(Response::new(Body::default()))
         }
     });
-    let config = inline_config();
-    let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), config)
-        .unwrap()
-        .layer(inner);
     let a = acked.clone();
     let other = tokio::spawn(async move {
         while let Some(i) = rx.recv().await {
             a.store(i + 1, Ordering::SeqCst);
         }
     });
-    let futs: Vec<_> = (0..4)
-        .map(|_| server.clone().call(Request::new(Body::default())))
-        .collect();
-    for r in futures_join(futs).await {
-        assert_eq!(r.unwrap().status(), StatusCode::OK);
-    }
+    four_inline_requests(inner).await;
     other.abort();
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
@@ -838,10 +829,6 @@ async fn inline_worker_lets_socket_work_and_its_spawns_run_between_jobs() {
             Ok::<_, BoxError>(Response::new(Body::default()))
         }
     });
-    let config = inline_config();
-    let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), config)
-        .unwrap()
-        .layer(inner);
     let a = acked.clone();
     let reader = tokio::spawn(async move {
         let mut b = [0u8; 1];
@@ -850,12 +837,7 @@ async fn inline_worker_lets_socket_work_and_its_spawns_run_between_jobs() {
             tokio::spawn(async move { a.store(i + 1, Ordering::SeqCst) });
         }
     });
-    let futs: Vec<_> = (0..4)
-        .map(|_| server.clone().call(Request::new(Body::default())))
-        .collect();
-    for r in futures_join(futs).await {
-        assert_eq!(r.unwrap().status(), StatusCode::OK);
-    }
+    four_inline_requests(inner).await;
     reader.abort();
     let seen = seen.lock().unwrap().clone();
     assert_eq!(
@@ -863,6 +845,29 @@ async fn inline_worker_lets_socket_work_and_its_spawns_run_between_jobs() {
         [0, 1, 2, 3],
         "socket work (and what it spawned) did not run before the next job (acked at each job's start)"
     );
+}
+
+/// Four requests through a layer (no control) with the inline worker around
+/// `inner`, each answered OK; within 30 s, so that a worker that never runs
+/// fails the test instead of hanging it.
+async fn four_inline_requests<S>(inner: S)
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Clone + Send + 'static,
+    S::Error: Into<BoxError>,
+    S::Future: 'static,
+{
+    let server: Server<Body, Body> = ServerLayer::new(Box::new(NoControl), inline_config())
+        .unwrap()
+        .layer(inner);
+    let futs: Vec<_> = (0..4)
+        .map(|_| server.clone().call(Request::new(Body::default())))
+        .collect();
+    let replies = tokio::time::timeout(Duration::from_secs(30), futures_join(futs))
+        .await
+        .expect("the inline worker did not answer 4 requests within 30 s");
+    for r in replies {
+        assert_eq!(r.unwrap().status(), StatusCode::OK);
+    }
 }
 
 async fn futures_join<F: std::future::Future>(futs: Vec<F>) -> Vec<F::Output> {
