@@ -692,6 +692,12 @@ mod tests {
     use std::time::Instant;
 
     /// Pids of two processes that have exited (reaped).
+    /// Held by the tests that put region files of dead pids in the real
+    /// region directory: the sweep test's sweep removes any such file that
+    /// is not mapped yet, including another test's (a flake seen once in
+    /// ~20 runs of the futex test).
+    static REGION_DIR: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
     fn dead_pids() -> (u32, u32) {
         let mut a = std::process::Command::new("true").spawn().unwrap();
         let mut b = std::process::Command::new("true").spawn().unwrap();
@@ -702,6 +708,7 @@ mod tests {
 
     #[test]
     fn stale_regions_of_exited_processes_are_swept() {
+        let _dir = REGION_DIR.lock().unwrap_or_else(|p| p.into_inner());
         let (gone, mapped) = dead_pids();
         let live = std::process::id();
         let paths: Vec<PathBuf> = [gone, mapped, live]
@@ -784,6 +791,7 @@ mod tests {
     /// real life; here another mapping, which needs the shared futex key).
     #[test]
     fn the_target_wakes_a_waiting_agent_through_the_drain_futex() {
+        let _dir = REGION_DIR.lock().unwrap_or_else(|p| p.into_inner());
         let (pid, full_pid) = dead_pids();
         let (path, full_path) = (MappedRegion::path(pid), MappedRegion::path(full_pid));
         if path.exists() || full_path.exists() {
