@@ -201,8 +201,9 @@ struct State {
     burst_failed: Option<(Burst, String)>,
     /// The next poll waits no longer than this (the burst schedule's next step).
     wait_cap: Option<Duration>,
-    /// The target's pidfd (readable once it exits): marker mode sleeps on
-    /// it between burst windows. Owned by the recording's ProcessWatch.
+    /// The target's pidfd (readable once it exits; absent on kernels
+    /// without pidfd_open): marker mode sleeps on it between burst
+    /// windows. Owned by the recording's ProcessWatch.
     exit_fd: Option<std::os::fd::RawFd>,
     /// Readable once SIGINT or SIGTERM arrived ([`Signals`]).
     signal_fd: Option<std::os::fd::RawFd>,
@@ -453,10 +454,10 @@ impl State {
             return;
         };
         if between {
-            if let Some(fd) = self.exit_fd {
-                self.exit_hint |= sys::wait_readable_or(fd, self.signal_fd, wait);
-                return;
-            }
+            // (without a pidfd, poll ignores the -1 and waits for a signal)
+            let fd = self.exit_fd.unwrap_or(-1);
+            self.exit_hint |= sys::wait_readable_or(fd, self.signal_fd, wait);
+            return;
         }
         let t0 = Instant::now();
         m.wait_for_records(wait);
@@ -774,12 +775,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
         sched_burst: false,
         burst_failed: None,
         wait_cap: None,
-        exit_fd: None,
-        signal_fd: None,
+        exit_fd: watch.raw_fd(),
+        signal_fd: signals.wake.as_ref().map(std::os::fd::AsRawFd::as_raw_fd),
         exit_hint: false,
     };
-    st.exit_fd = watch.raw_fd();
-    st.signal_fd = signals.wake.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     st.start_observer()?;
     let mut meta = Meta {
         host: sys::hostname(),
