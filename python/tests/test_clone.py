@@ -851,3 +851,75 @@ def test_native_part_of_the_validation_is_checked(tmp_path):
         validate.load_native_part(tmp_path)
     with pytest.raises(CloneError, match="--part bogus"):
         validate.validate({}, tmp_path, print, part="bogus")
+
+
+@needs_valgrind
+@needs_gcc
+def test_ll_conflict_rings_miss_the_profiled_ll_only_and_scale_with_their_knobs(tmp_path):
+    """The LL conflict rings (session 10): a generated mix of code- and data-side LL misses per
+    event, by the LL size at which they hit (the profile's LL sweep bins), is recovered per side
+    at the profiled 2 MiB LL, is gone at the LL size of its bin (the 4 MiB bin's at 4 MiB, all at
+    8 MiB), and each side's misses are linear in its own knob (code_llc_scale, data_llc_scale)."""
+    spec = _spec(
+        instructions=3000,
+        chunk_insns=5,
+        icode_bins=[(2048, 1.0)],
+        llc_code=[(4 << 20, 0.3), (8 << 20, 0.2)],
+        llc_data=[(4 << 20, 0.1), (8 << 20, 0.25)],
+    )
+    calls = 1200
+
+    def measure(d, knobs, lls):
+        asmgen.write_standalone(spec, d, seed=6, calls=calls, knobs=knobs)
+        got = {}
+        for ll in lls:
+            tc = _cg_run(d, d / "harness", calls, f"ll{ll >> 20}", ("--cache-sim=yes", f"--LL={ll},16,64"))
+            # the first 120 events fill the rings (a line's first fetch misses any LL)
+            got[ll >> 20] = (tc.fn_total("ILmr", "clone_llc"), tc.fn_total("DLmr", "clone_llc"))
+        return got
+
+    got = measure(tmp_path / "a", {}, (2 << 20, 4 << 20, 8 << 20))
+    warm = 60 + 60  # cold first fetches of the rings' lines (K = 30 and 60 per side)
+    code2, data2 = got[2]
+    assert abs(code2 / calls - 0.5) <= 0.05 * 0.5 + warm / calls, got
+    assert abs(data2 / calls - 0.35) <= 0.05 * 0.35 + warm / calls, got
+    # at 4 MiB the 4 MiB bin hits: the 8 MiB bin's misses (and the first fetches) are left
+    code4, data4 = got[4]
+    assert abs(code4 / calls - 0.2) <= 0.05 * 0.2 + warm / calls, got
+    assert abs(data4 / calls - 0.25) <= 0.05 * 0.25 + warm / calls, got
+    # at 8 MiB only the first fetches of the rings' lines miss
+    assert got[8][0] <= warm and got[8][1] <= warm, got
+    # each side's knob scales its own side only
+    got2 = measure(tmp_path / "b", {"code_llc_scale": 2.0, "data_llc_scale": 0.5}, (2 << 20,))
+    code2b, data2b = got2[2]
+    assert abs(code2b / calls - 1.0) <= 0.05 + warm / calls, (got, got2)
+    assert abs(data2b / calls - 0.175) <= 0.05 * 0.175 + warm / calls, (got, got2)
+
+
+def test_ll_sweep_bins_and_the_split_tuning_step():
+    """The LL sweep as bins per side (non-increasing, the last size's misses persistent), and the
+    tuning step that moves each side's own knob: code-side misses from the code rings, the
+    data-side persistent share from the walkers, the rest from the data rings."""
+    from tailscope.clone import tune
+
+    sw = {"sizes": [2 << 20, 4 << 20, 8 << 20], "IL": [0.014, 0.006, 0.003], "DL": [0.009, 0.0095, 0.001]}
+    b = generate.llc_bins(sw)
+    assert b["code"] == [(4 << 20, pytest.approx(0.008)), (8 << 20, pytest.approx(0.003))]
+    # a draw that missed more at 4 MiB counts as no bin there
+    assert b["data"] == [(8 << 20, pytest.approx(0.008))]
+    assert b["persistent"]["code"] == pytest.approx(0.003 / 0.014)
+    assert generate.llc_bins(None) == {"code": [], "data": [], "persistent": {}}
+    knobs = dict(generate.DEFAULT_KNOBS)
+    target = {"IL_misses_per_request": 0.014, "DL_misses_per_request": 0.010, "DL_persistent_fraction": 0.2}
+    m = {"IL_misses_per_request": 0.010, "DL_misses_per_request": 0.020}
+    split = {
+        "threads": {},
+        "far": {"I1mr": 0.0, "DLmr": 0.012, "DLmw": 0.0},
+        "llc": {"ILmr": 0.006, "DLmr": 0.004, "DLmw": 0.0},
+    }
+    k = tune.update_knobs(knobs, m, target, split, {})
+    # code: 0.004 from the rest, the rings must give 0.010 instead of 0.006
+    assert k["code_llc_scale"] == pytest.approx(0.010 / 0.006)
+    # data: rest 0.004; walkers want 0.2 x 0.010 - 0.004 < 0 -> their floor step; rings 0.006
+    assert k["data_ll_scale"] == pytest.approx(0.05)
+    assert k["data_llc_scale"] == pytest.approx(0.006 / 0.004)

@@ -88,6 +88,10 @@ class BodySpec:
     events_per_request: float = 1.0  # how often the body runs, per request of the window
     walk_base: int = 0  # which 16 walker slots of the arena this body uses (bodies sharing an arena)
     touch: list | None = None  # set by generate_body: (offset, bytes, rank) ranges to touch at start-up
+    # LL misses that a larger LL would not have (the profile's LL sweep, session 10): per side,
+    # (LL size in bytes at which they hit, misses per event at the profiled LL); see llc_rings
+    llc_code: list | None = None
+    llc_data: list | None = None
 
 
 def couple(icode_bins, data_bins, min_mass: float = 0.05) -> list[tuple[float, int, int]]:
@@ -360,6 +364,7 @@ BLOCK_SLOTS = 4096  # arena offset of the blocks' shared region cursors (8 B eac
 BODY_SLOTS = 48  # walker/ring slots per body (16 B each)
 RING_SLOT0 = 32  # per body, slots 0-31 are the data walkers', 32-46 the code rings', 47 the cold ring's
 COLD_RING_LINES = 4096  # the cold code ring's one-line variants (256 KiB of code)
+LLC_SLACK = 1  # a conflict ring leaves this many ways of its set free at the size where it must hit
 WALK_SLOTS = 128  # arena offset of the walkers' shared accumulators and cursors (16 B each)
 WALK_MID = 0.71  # a region of 2^-0.5 S: the log-middle of the bin (S/2, S]
 # a cursor walker's bin is walked by two walkers, half the lines each, at the bin's quartiles
@@ -552,6 +557,138 @@ def cold_ring(spec: BodySpec, knobs: dict) -> dict | None:
     }
 
 
+def llc_rings(spec: BodySpec, knobs: dict) -> list[dict]:
+    """The LL conflict rings: LL misses at the profiled LL (`ll_bytes`, `ll_assoc` ways) that a
+    larger LL does not have, code side (`llc_code`) and data side (`llc_data`) apart.
+
+    The original's LL misses at A are mostly lines reused at a distance beyond 2 MiB (memcached:
+    IL 0.014 and DL 0.009 per request at a 2 MiB LL, 0.003 and 0.0006 at 8 MiB; the profile's
+    LL sweep), code pushed out by data between two runs of a rarely run path. The clone cannot
+    reproduce such distances by capacity in a window of a few thousand requests (2 MiB of new
+    lines between two uses costs tens of thousands of misses per window), so these rings
+    reproduce them by conflict: K lines `ll_bytes / ll_assoc` apart share one set of the
+    profiled LL, called (code: one-line `ret` variants in a section of their own) or loaded
+    (data: lines of the arena) in turn. With K > ways every access misses that LL; an LL of L
+    bytes and the same associativity spreads the K lines over L / ll_bytes sets, so with
+    K = (ways - LLC_SLACK) x L / ll_bytes they all hit there: one ring per LL sweep bin (the
+    misses that hit at L and miss at L / 2). The misses per event are the ring's accesses per
+    event, linear in `code_llc_scale` / `data_llc_scale` (tune.py). Lanes (64 B apart) keep the
+    rings in sets of their own."""
+    ll = int(knobs.get("ll_bytes", 2 << 20))
+    ways = int(knobs.get("ll_assoc", 16))
+    stride = ll // ways
+    out = []
+    for side, bins, knob in (("code", spec.llc_code, "code_llc_scale"), ("data", spec.llc_data, "data_llc_scale")):
+        scale = body_knob(knobs, knob, spec.name)
+        for size, rate in sorted(bins or []):
+            if size <= ll or rate * scale < 1e-5:
+                continue
+            k = max(ways + 1, (ways - LLC_SLACK) * int(size) // ll)
+            if k * stride > 64 << 20:  # at most 64 MiB of address space (a ring per LL up to 32x A's)
+                continue
+            calls = min(0.5 * k, rate * scale)
+            out.append({"side": side, "bin": int(size), "K": k, "calls": calls, "stride": stride})
+    for lane, r in enumerate(out):
+        r["lane"] = lane
+        r["fixed"] = max(1, round(r["calls"] * 65536))
+    return out
+
+
+def llc_function(spec: BodySpec, rings: list[dict], region_off: int) -> tuple[list[str], float]:
+    """clone_llc_<name> (called by clone_far_<name>) and its code rings' variants
+    (clone_llcv_<name>, a section of their own aligned to the stride): the lines and the
+    function's expected instructions per event (call and ret included). The data rings' lines
+    are in the arena at `region_off` (a slot line, then lane l's line j at 64 (1 + l) + j x stride);
+    each ring's 16.16 accumulator and cursor are in the slot line."""
+    name = spec.name
+    out = [f"    .type clone_llc_{name}, @function", "    .p2align 6", f"clone_llc_{name}:"]
+    expected = 2.0  # call, ret
+    tables = []
+    code = [r for r in rings if r["side"] == "code"]
+    for r in rings:
+        lab = f".L{name}_llc{r['lane']}"
+        acc, cur = region_off + 16 * r["lane"], region_off + 16 * r["lane"] + 8
+        first = region_off + 64 * (_llc_slot_lines(rings) + r["lane"])
+        out += [
+            f"    mov r12, [r15 + {acc}]",
+            f"    add r12, {r['fixed']}",
+            "    mov rax, r12",
+            "    and eax, 65535",
+            f"    mov [r15 + {acc}], rax",
+            "    shr r12, 16",
+            f"    jz {lab}_done",
+            f"{lab}_call:",
+            f"    mov r13, [r15 + {cur}]",
+            "    lea rax, [r13 + 1]",
+            f"    cmp rax, {r['K']}",
+            f"    cmovae rax, qword ptr [r15 + {ZERO_OFF}]",
+            f"    mov [r15 + {cur}], rax",
+        ]
+        if r["side"] == "code":
+            out += [
+                f"    lea rax, [rip + {lab}_tab]",
+                "    lea rax, [rax + r13 * 4]",
+                "    movsxd r13, dword ptr [rax]",
+                "    add rax, r13",
+                "    call rax",
+            ]
+            per = 13 + 1
+            tables += ["    .p2align 2", f"{lab}_tab:", *[f"    .long {lab}_v{j} - ." for j in range(r["K"])]]
+        else:
+            out += [
+                f"    imul r13, r13, {r['stride']}",
+                f"    mov rax, qword ptr [r15 + r13 + {first}]",
+                f"    mov [r15 + {SINK_OFF}], rax",
+            ]
+            per = 11
+        out += ["    dec r12", f"    jnz {lab}_call", f"{lab}_done:"]
+        expected += 7 + r["fixed"] / 65536 * per
+    out += ["    ret", f"    .size clone_llc_{name}, .-clone_llc_{name}"]
+    if code:
+        stride = code[0]["stride"]
+        out += [
+            f'    .section .text.clone_llcv_{name},"ax",@progbits',
+            f"    .balign {stride}, 0xcc",
+            f"    .type clone_llcv_{name}, @function",
+            f"clone_llcv_{name}:",
+        ]
+        for j in range(max(r["K"] for r in code)):
+            out.append(f"    .balign {stride}, 0xcc")
+            for r in code:
+                if j < r["K"]:
+                    out += [f".L{name}_llc{r['lane']}_v{j}:", "    ret", "    .balign 64, 0xcc"]
+                else:
+                    out.append("    .skip 64, 0xcc")
+        out += [f"    .size clone_llcv_{name}, .-clone_llcv_{name}", "    .text"]
+    if tables:
+        out += ["    .section .rodata", *tables, "    .text"]
+    return out, expected
+
+
+def _llc_slot_lines(rings: list[dict]) -> int:
+    return (16 * len(rings) + 63) // 64
+
+
+def llc_region_bytes(rings: list[dict]) -> int:
+    """Arena bytes of the conflict rings' region (slot lines, lanes, K strides); 0 without rings."""
+    if not rings:
+        return 0
+    return 64 * (_llc_slot_lines(rings) + len(rings)) + max(r["K"] for r in rings) * rings[0]["stride"]
+
+
+def llc_touch(rings: list[dict], region_off: int) -> list[tuple[int, int, float]]:
+    """The start-up touch of the conflict rings' region: its slot lines and each data line
+    (not the whole region: its pages between the lines are never used)."""
+    if not rings:
+        return []
+    rows = [(region_off, 64 * _llc_slot_lines(rings), 1e9)]
+    for r in rings:
+        if r["side"] == "data":
+            first = region_off + 64 * (_llc_slot_lines(rings) + r["lane"])
+            rows += [(first + j * r["stride"], 64, 1e9) for j in range(r["K"])]
+    return rows
+
+
 def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     """Size every body's data regions (near blocks and walkers) as one LRU stack.
 
@@ -678,6 +815,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             off += 2 * b.region_bytes + 64 * 64 + 4096  # the walk reaches one step past the region
             off = (off + 4095) // 4096 * 4096
     walkers, off = plan_walkers(spec, instructions, knobs, sum(b.region_bytes for b in blocks), off)
+    llc = llc_rings(spec, knobs)
+    llc_off = off
+    off = (off + llc_region_bytes(llc) + 4095) // 4096 * 4096
     for w in walkers:
         if w["cold"]:
             w["off"] = off
@@ -703,6 +843,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     regions = sorted((w for w in walkers if not w["cold"]), key=lambda w: w["off"])
     near_end = regions[0]["off"] if regions else off
     spec.touch = [(0, near_end, 0)] + [(w["off"], w["bytes"], w["bin"] * 4 + w["bytes"] / (1 << 30)) for w in regions]
+    spec.touch += llc_touch(llc, llc_off)
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
     mixf = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
     mixf = mixf / mixf.sum() if mixf.sum() > 0 else np.full(len(keys), 1 / len(keys))
@@ -762,7 +903,8 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         r["fixed"] = fixed
         r["expected"] = 7 + fixed / 65536 * (12 + float(np.mean(counts)))
         ring_ins += r["expected"]
-    block_budget = max(0.0, instructions - walk_ins - ring_ins)
+    llc_lines, llc_ins = llc_function(spec, llc, llc_off) if llc else ([], 0.0)
+    block_budget = max(0.0, instructions - walk_ins - ring_ins - llc_ins)
     # the blocks carry all the near-data accesses in what is left of the instructions
     for b in blocks:
         b.main_per_insn = min(1.0, b.main_per_insn * instructions / max(1.0, block_budget))
@@ -862,8 +1004,10 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         b.insns = round(k_iter)
     regs.rng = sub(3)
     far_lines, far_expected = _far_function(
-        spec, regs.rng, regs, knobs, i1, walkers, rings, len(blocks), keys, mixp, cond, leaf
+        spec, regs.rng, regs, knobs, i1, walkers, rings, len(blocks), keys, mixp, cond, leaf, bool(llc_lines)
     )
+    far_lines += llc_lines
+    far_expected += llc_ins
     out.append(f"    call clone_far_{spec.name}")
     expected += 1 + far_expected
     # the filler: straight-line register arithmetic for what whole passes left over
@@ -892,7 +1036,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     return out, blocks, arena
 
 
-def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, cond, leaf):
+def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, cond, leaf, llc=False):
     """clone_far_<name>: what the tuning loop controls linearly, in a function of its own so that
     callgrind reports its costs apart from the rest of the body.
 
@@ -997,6 +1141,8 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
             f"    mov [r15 + {slot + 8}], r13",
         ]
         expected += walker_cost(w)[0]
+    if llc:  # the LL conflict rings (llc_function), apart so that callgrind reports their costs
+        out.append(f"    call clone_llc_{name}")
     out += ["    ret", *variants, f"    .size clone_far_{name}, .-clone_far_{name}"]
     if tables:
         out += ["    .section .rodata", *tables, "    .text"]

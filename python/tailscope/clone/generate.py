@@ -34,11 +34,14 @@ DEFAULT_KNOBS = {
     "icode_far_scale": 1.0,
     "data_far_scale": 1.0,
     "data_ll_scale": 1.0,
+    "code_llc_scale": 1.0,
+    "data_llc_scale": 1.0,
     "branch_r_scale": 1.0,
     "cond_scale": 1.0,
     "i1_bytes": 32768,
     "d1_bytes": 32768,
     "ll_bytes": 2 << 20,
+    "ll_assoc": 16,
 }
 BODY_ROLES = ("worker", "acceptor+worker", "acceptor", "timer", "waiter")
 
@@ -130,6 +133,37 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         skel_code_lines=skel_lines,
         hot_code_bytes=max(0.0, hot_bytes),
     )
+
+
+def llc_bins(ll_sweep: dict | None) -> dict[str, list[tuple[int, float]]]:
+    """The profile's LL sweep as bins per side: (L, misses per request that hit an LL of L bytes
+    and miss one of L / 2), from the misses per request at each swept LL (the first the profiled
+    one; made non-increasing: a larger LL never misses more in LRU, a draw can). What misses at
+    the largest swept LL is not in a bin (the walkers' and the cold code ring's persistent
+    misses). Also "persistent": {side: that fraction of the misses at the profiled LL}."""
+    out: dict = {"code": [], "data": [], "persistent": {}}
+    if not ll_sweep or len(ll_sweep.get("sizes") or []) < 2:
+        return out
+    sizes = ll_sweep["sizes"]
+    for side, key in (("code", "IL"), ("data", "DL")):
+        xs = [max(0.0, float(x)) for x in ll_sweep[key]]
+        for i in range(1, len(xs)):
+            xs[i] = min(xs[i], xs[i - 1])
+        out[side] = [(int(sizes[i]), xs[i - 1] - xs[i]) for i in range(1, len(xs)) if xs[i - 1] > xs[i]]
+        out["persistent"][side] = xs[-1] / xs[0] if xs[0] > 0 else 1.0
+    return out
+
+
+def _set_llc(specs: dict, prof: dict) -> None:
+    """The LL conflict rings (asmgen.llc_rings) go to the body that runs most often per request
+    (the worker's: its misses per event are the bins' misses per request over its events)."""
+    bins = llc_bins((prof.get("valgrind") or {}).get("ll_sweep"))
+    if not specs or not (bins["code"] or bins["data"]):
+        return
+    sp = max(specs.values(), key=lambda x: (x.name == "worker", x.events_per_request))
+    epr = max(1e-9, sp.events_per_request)
+    sp.llc_code = [(s, n / epr) for s, n in bins["code"]]
+    sp.llc_data = [(s, n / epr) for s, n in bins["data"]]
 
 
 def _cold_window_ratio(ci: int, b: dict, vgp: dict) -> float:
@@ -224,6 +258,8 @@ def generate(
             specs[ci].cold_code_lines *= min(1.0, vgp["sweep_requests"] / vgp["window_requests"])
         elif "I_cold" in b:
             specs[ci].cold_code_lines *= _cold_window_ratio(ci, b, vgp)
+    if not empty_body:
+        _set_llc(specs, prof)
     asmgen.layer_walkers(list(specs.values()), knobs)
     for ci, spec in specs.items():
         name = spec.name

@@ -534,6 +534,29 @@ def run_profile(
         if w2.requests < 0.5 * vg_requests:
             raise CloneError(f"the valgrind copy served only {w2.requests} of {vg_requests} requests; lower --vg-rate")
         pool.append(w2)
+    # the LL sweep (session 10): A's L1s, LL 2x and 4x A's (same ways): which of the LL misses
+    # at A a larger LL keeps, code and data apart (generate.llc_bins; more than half of
+    # memcached's LL misses at A are gone at 4x, and the clone, whose LL misses all missed any
+    # LL, was 450% off at an 8 MiB LL)
+    ll_a = int(vg.CONFIG_A["LL"].split(",")[0])
+    ll_sizes = [2 * ll_a, 4 * ll_a]
+    ll_wins = []
+    for i, size in enumerate(ll_sizes):
+        progress(f"LL sweep {i + 1}/{len(ll_sizes)}: LL {size >> 20} MiB, {vg_requests} requests")
+        ll_wins.append(
+            vg.window(
+                launch,
+                info["port"],
+                load_args,
+                vg_rate,
+                vg_requests,
+                work,
+                f"llsweep{i}",
+                cache={**vg.CONFIG_A, "LL": workingset.cache_arg(size)},
+                branch=False,
+                preload="--preload" in load_args,
+            )
+        )
     code_fp = isa.analyse(win.threads)["code_footprint_bytes"]
     dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
     sizes = workingset.sizes(max(dmax, 2 * code_fp))
@@ -614,12 +637,23 @@ def run_profile(
             "rate": vg_rate,
             "window_requests": vg_requests,
             "sweep_requests": sweep_requests,
+            "ll_sweep": ll_sweep(pooled["metrics"], ll_a, ll_sizes, [vg.metrics(w) for w in ll_wins]),
         },
         "private": {"launch": launch, "comm": info["comm"], "exe": info["exe"], "pid": pid},
     }
     (out / "private").mkdir(parents=True, exist_ok=True)
     (out / "private" / "profile.json").write_text(json.dumps(prof, indent=1, default=_json_default))
     return prof
+
+
+def ll_sweep(target: dict, ll_a: int, sizes: list[int], metrics: list[dict]) -> dict:
+    """LL misses per request by side at the profiled LL (the pooled target) and each swept LL."""
+    ms = [target, *metrics]
+    return {
+        "sizes": [ll_a, *sizes],
+        "IL": [m.get("IL_misses_per_request", 0.0) for m in ms],
+        "DL": [m.get("DL_misses_per_request", 0.0) for m in ms],
+    }
 
 
 def _json_default(o):

@@ -10,7 +10,9 @@ orthogonal, as the paper observes):
     instructions per request  -> instr_scale
     I1 miss rate              -> icode_far_scale   (calls per event of the rings beyond A's I1)
     D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL)
-    LL miss rate              -> data_ll_scale     (lines per event of the walkers at/beyond the LL)
+    LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings)
+    LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses)
+                                 data_llc_scale    (the data conflict rings: what a larger LL keeps)
     branch mispredictions     -> branch_r_scale    (transition rates of the patterns)
 
 Each knob is one factor on a whole group, so it moves the level of a cache curve, not its shape:
@@ -35,12 +37,17 @@ TOLERANCE = {
     "D1_miss_rate": 0.05,
     "LL_miss_rate": 0.05,
     "branch_mispredict_rate": 0.05,
+    # the LL by side (session 10): ~80 misses per window, so a draw is +-11%
+    "IL_misses_per_request": 0.10,
+    "DL_misses_per_request": 0.10,
 }
 KNOB_OF = {
     "instructions_per_request": "instr_scale",
     "I1_miss_rate": "code_scale",
     "D1_miss_rate": "data_far_scale",
     "LL_miss_rate": "data_ll_scale",
+    "IL_misses_per_request": "code_llc_scale",
+    "DL_misses_per_request": "data_llc_scale",
     "branch_mispredict_rate": "branch_r_scale",
 }
 
@@ -147,11 +154,19 @@ def _split(win: vg.Window, meta: dict) -> dict:
         name = names.get(t.thread, "?")
         e = out["threads"].setdefault(name, {"Ir": 0.0, "body_Ir": 0.0, "Bc": 0.0, "body_Bc": 0.0})
         e["Ir"] += t.summary.get("Ir", 0) / n
-        e["body_Ir"] += (t.fn_total("Ir", f"clone_body_{name}") + t.fn_total("Ir", f"clone_far_{name}")) / n
+        e["body_Ir"] += (
+            t.fn_total("Ir", f"clone_body_{name}")
+            + t.fn_total("Ir", f"clone_far_{name}")
+            + t.fn_total("Ir", f"clone_llc_{name}")
+            + t.fn_total("Ir", f"clone_llcv_{name}")
+        ) / n
         e["Bc"] += t.summary.get("Bc", 0) / n
         e["body_Bc"] += (t.fn_total("Bc", f"clone_body_{name}") + t.fn_total("Bc", f"clone_far_{name}")) / n
         for ev in ("I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bcm"):
             out["far"][ev] = out["far"].get(ev, 0.0) + t.fn_total(ev, "clone_far_") / n
+            # the conflict rings (clone_llc_<name> and its variants clone_llcv_<name>)
+            out.setdefault("llc", {})
+            out["llc"][ev] = out["llc"].get(ev, 0.0) + t.fn_total(ev, "clone_llc") / n
     return out
 
 
@@ -212,7 +227,11 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
         )
     elif t_i1 > rest_i1:
         k["icode_far_scale"] = _clamp(k["icode_far_scale"] * 2, 0.001, 50.0)
-    # LL: the far-data loop's misses are linear in its rate
+    if "DL_misses_per_request" in target and "DL_misses_per_request" in m:
+        _ll_by_side(k, m, target, far, split.get("llc") or {})
+        _l1_steps(k, m, target)
+        return k
+    # LL (profiles before session 10): the far-data loop's misses are linear in its rate
     t_ll = target.get("LL_miss_rate", 0.0) * refs
     c_ll = m.get("LL_miss_rate", 0.0) * refs
     # (the data side only: the cold code ring's fetches are in clone_far_ too, fixed by the sweep)
@@ -223,6 +242,42 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
         k["data_ll_scale"] = _clamp(k["data_ll_scale"] * step, 1e-4, 50.0)
     elif t_ll > c_ll:  # the walkers beyond the LL missed nothing in this window: no slope to use
         k["data_ll_scale"] = _clamp(k["data_ll_scale"] * 2.0, 1e-4, 50.0)
+    _l1_steps(k, m, target)
+    return k
+
+
+def _newton(k: dict, knob: str, want: float, have: float, lo: float = 1e-4, hi: float = 50.0) -> None:
+    """A knob whose misses are linear in it: scale it by want / have (steps 0.05..4)."""
+    if have > 0:
+        k[knob] = _clamp(k.get(knob, 1.0) * _clamp(max(0.0, want) / have, 0.05, 4.0), lo, hi)
+    elif want > 0:  # nothing measured: no slope to use
+        k[knob] = _clamp(k.get(knob, 1.0) * 2.0, lo, hi)
+
+
+def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict) -> None:
+    """The LL misses per request, code and data apart (session 10). Code: the cold code ring
+    (fixed by the profile) and the rest of the clone are what they are; the code conflict rings
+    make up the difference. Data: the walkers beyond the LL (clone_far_) give the share that
+    the profile's largest swept LL still misses (`DL_persistent_fraction`), less what the rest of
+    the clone misses anyway; the data conflict rings give the rest (what a larger LL keeps).
+    Before, one knob on the walkers made up the code side's missing misses with data misses,
+    which any LL misses (memcached: 450% at an 8 MiB LL)."""
+    t_il, c_il = target.get("IL_misses_per_request", 0.0), m.get("IL_misses_per_request", 0.0)
+    llc_il = llc.get("ILmr", 0.0)
+    _newton(k, "code_llc_scale", t_il - (c_il - llc_il), llc_il)
+    t_dl, c_dl = target.get("DL_misses_per_request", 0.0), m.get("DL_misses_per_request", 0.0)
+    llc_dl = llc.get("DLmr", 0.0) + llc.get("DLmw", 0.0)
+    # (clone_far_ does not hold clone_llc_: the rings are a function of their own)
+    far_dl = max(0.0, far.get("DLmr", 0.0) + far.get("DLmw", 0.0))
+    rest = max(0.0, c_dl - far_dl - llc_dl)
+    p = _clamp(target.get("DL_persistent_fraction", 1.0), 0.0, 1.0)
+    want_far = max(0.0, p * t_dl - rest)
+    if far_dl > 0 or want_far > 0:
+        _newton(k, "data_ll_scale", want_far, far_dl)
+    _newton(k, "data_llc_scale", t_dl - rest - want_far, llc_dl)
+
+
+def _l1_steps(k: dict, m: dict, target: dict) -> None:
     # D1 and branches: damped multiplicative steps (monotone, sub-linear responses)
     for key, knob, power in (
         ("D1_miss_rate", "data_far_scale", 0.7),
@@ -231,20 +286,21 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
         c, t = m.get(key, 0.0), target.get(key, 0.0)
         if c > 0 and t > 0:
             k[knob] = _clamp(k[knob] * _clamp((t / c) ** power, 0.33, 3.0), 0.01, 20.0)
-    return k
 
 
 def score(errs: dict) -> float:
     """Which iteration is best: the sum of errors in units of their tolerance, each capped at 10
     (one metric stuck far off must not decide alone)."""
-    return sum(min(10.0, errs[k] / TOLERANCE[k]) for k in TOLERANCE)
+    return sum(min(10.0, errs.get(k, 0.0) / TOLERANCE[k]) for k in TOLERANCE)
 
 
 def tune(
     prof: dict, clone_dir: Path, progress, seed: int = 1, max_iter: int = MAX_ITERATIONS, skeleton: dict | None = None
 ) -> dict:
     """Run the loop; leaves the best clone generated and built in clone_dir; returns the history."""
-    target = prof["valgrind"]["metrics"]
+    target = dict(prof["valgrind"]["metrics"])
+    # the share of the data-side LL misses at A that the profile's largest swept LL still misses
+    target["DL_persistent_fraction"] = gen.llc_bins(prof["valgrind"].get("ll_sweep"))["persistent"].get("data", 1.0)
     port = prof["listen"]["port"]
     load = prof["load"]["args"]
     vgp = prof["valgrind"]
