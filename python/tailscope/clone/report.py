@@ -25,6 +25,8 @@ SIM_ROWS = [
     ("LL_miss_rate", "LL miss rate"),
     ("branch_mispredict_rate", "branch mispredict rate"),
     ("instructions_per_request", "instructions per request"),
+    ("IL_misses_per_request", "LL misses per request, code side"),
+    ("DL_misses_per_request", "LL misses per request, data side"),
 ]
 TARGET_LABELS = {
     "I1_miss_rate": "simulated L1i miss rate",
@@ -120,7 +122,7 @@ def detail_table_md(res: dict) -> str:
         for k, lab in SIM_ROWS:
             lines.append(
                 f"| {lab} | cache {cfg} | {_fmt(sides['original'].get(k))} | {_fmt(sides['clone'].get(k))} "
-                f"| {100 * e[k]:.1f}% | {_pct(sp.get(k))} |"
+                f"| {_pct(e.get(k))} | {_pct(sp.get(k))} |"
             )
     return "\n".join(lines)
 
