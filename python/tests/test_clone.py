@@ -923,3 +923,47 @@ def test_ll_sweep_bins_and_the_split_tuning_step():
     # data: rest 0.004; walkers want 0.2 x 0.010 - 0.004 < 0 -> their floor step; rings 0.006
     assert k["data_ll_scale"] == pytest.approx(0.05)
     assert k["data_llc_scale"] == pytest.approx(0.006 / 0.004)
+
+
+@needs_valgrind
+@needs_gcc
+def test_random_branch_unit_mispredicts_linearly_in_its_knob(tmp_path):
+    """The random-branch unit (asmgen.brx_function): branch_x conditional branches per event on
+    an LCG's top bit; callgrind's predictor mispredicts a large share of them, and the unit's
+    mispredictions per event grow linearly with the knob (what the tuning step assumes)."""
+    got = []
+    for x in (6.0, 12.0):
+        spec = _spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 1.0)], branch_unit=True)
+        d = tmp_path / f"x{x}"
+        asmgen.write_standalone(spec, d, seed=6, calls=1000, knobs={"branch_x": x})
+        tc = _cg_run(d, d / "harness", 1000, "b", ("--branch-sim=yes",))
+        got.append((tc.fn_total("Bc", "clone_brx_t") / 1000, tc.fn_total("Bcm", "clone_brx_t") / 1000))
+        # its instructions come out of the body's budget: the body's total stays the target
+        ir = sum(tc.fn_total("Ir", f) for f in ("clone_body_t", "clone_far_t", "clone_brx_t")) / 1000
+        assert abs(ir - 3000) <= 0.01 * 3000, (x, ir)
+    (bc1, m1), (bc2, m2) = got
+    assert abs(bc1 - (2 * 6 + 1)) <= 1.5 and abs(bc2 - (2 * 12 + 1)) <= 1.5, got
+    assert 0.3 * 6 <= m1 <= 0.8 * 6 + 1, got
+    assert abs((m2 - m1) / (m1 or 1e-9) - 1.0) <= 0.35, got
+    # without the flag (or at knob 0) there is no unit
+    asmgen.write_standalone(_spec(instructions=3000, chunk_insns=5), tmp_path / "n", 6, 100, {"branch_x": 6.0})
+    assert "clone_brx_t" not in (tmp_path / "n" / "body.S").read_text()
+
+
+def test_branch_unit_tuning_step():
+    """Mispredictions: a Newton step on the unit's share at the clone's own branch count; a rest
+    that alone mispredicts too much sends the unit to its floor and steps the patterns down."""
+    from tailscope.clone import tune
+
+    knobs = {**generate.DEFAULT_KNOBS, "branch_x": 4.0}
+    target = {"branch_mispredict_rate": 0.02}
+    m = {"branch_mispredict_rate": 0.015, "cond_branches_per_request": 1000}
+    split = {"threads": {}, "far": {}, "brx": {"Bc": 9.0, "Bcm": 3.0}}
+    k = tune.update_knobs(knobs, m, target, split, {})
+    # 15 mispredicted, 3 by the unit: the rest's 12 stay, the unit must give 8
+    assert k["branch_x"] == pytest.approx(4.0 * 8 / 3)
+    assert k["branch_r_scale"] == knobs["branch_r_scale"]
+    m2 = {"branch_mispredict_rate": 0.03, "cond_branches_per_request": 1000}
+    split2 = {"threads": {}, "far": {}, "brx": {"Bc": 9.0, "Bcm": 3.0}}
+    k2 = tune.update_knobs(knobs, m2, target, split2, {})
+    assert k2["branch_x"] == pytest.approx(0.2) and k2["branch_r_scale"] < knobs["branch_r_scale"]

@@ -92,6 +92,7 @@ class BodySpec:
     # (LL size in bytes at which they hit, misses per event at the profiled LL); see llc_rings
     llc_code: list | None = None
     llc_data: list | None = None
+    branch_unit: bool = False  # the random-branch unit (brx_function, knob branch_x): one body has it
 
 
 def couple(icode_bins, data_bins, min_mass: float = 0.05) -> list[tuple[float, int, int]]:
@@ -669,6 +670,57 @@ def _llc_slot_lines(rings: list[dict]) -> int:
     return (16 * len(rings) + 63) // 64
 
 
+BRX_SLOT = 30  # the random-branch unit's accumulator and state: block cursor slots 30 and 31 of its body
+BRX_A, BRX_C = 6364136223846793005, 1442695040888963407  # the 64-bit LCG (Knuth's MMIX constants)
+
+
+def brx_function(spec: BodySpec, knobs: dict) -> tuple[list[str], float]:
+    """clone_brx_<name> (called by clone_far_<name>): `branch_x` conditional branches per event
+    on the top bit of a 64-bit LCG, which no predictor learns: each mispredicts about half the
+    time, so the body's mispredictions are linear in the knob (tune.py: a Newton step on what the
+    rest of the clone mispredicts). The (p, r) patterns alone gave mispredictions in steps: a
+    tuning step that changed a block's structure moved them by +-40% (redis: 11.9, 19.7 or 24.4
+    per request, whatever branch_r_scale said), and the loop never settled (sessions 8-9:
+    memcached 20%, redis 8-12%). Returns the lines and the expected instructions per event."""
+    rate = max(0.0, body_knob(knobs, "branch_x", spec.name, 0.0))
+    fixed = round(rate * 65536)
+    if not spec.branch_unit or fixed <= 0:
+        return [], 0.0
+    name = spec.name
+    acc = BLOCK_SLOTS + 8 * (BRX_SLOT + 32 * spec.walk_base)
+    state = acc + 8
+    lab = f".L{name}_brx"
+    out = [
+        f"    .type clone_brx_{name}, @function",
+        "    .p2align 6",
+        f"clone_brx_{name}:",
+        f"    mov r12, [r15 + {acc}]",
+        f"    add r12, {fixed}",
+        "    mov rax, r12",
+        "    and eax, 65535",
+        f"    mov [r15 + {acc}], rax",
+        "    shr r12, 16",
+        f"    jz {lab}_done",
+        f"{lab}_loop:",
+        f"    mov rax, [r15 + {state}]",
+        f"    mov r13, {BRX_A}",
+        "    imul rax, r13",
+        f"    mov r13, {BRX_C}",
+        "    add rax, r13",
+        f"    mov [r15 + {state}], rax",
+        "    test rax, rax",
+        f"    js {lab}_skip",
+        "    inc r13",
+        f"{lab}_skip:",
+        "    dec r12",
+        f"    jnz {lab}_loop",
+        f"{lab}_done:",
+        "    ret",
+        f"    .size clone_brx_{name}, .-clone_brx_{name}",
+    ]
+    return out, 2 + 7 + fixed / 65536 * 10.5
+
+
 def llc_region_bytes(rings: list[dict]) -> int:
     """Arena bytes of the conflict rings' region (slot lines, lanes, K strides); 0 without rings."""
     if not rings:
@@ -904,7 +956,8 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         r["expected"] = 7 + fixed / 65536 * (12 + float(np.mean(counts)))
         ring_ins += r["expected"]
     llc_lines, llc_ins = llc_function(spec, llc, llc_off) if llc else ([], 0.0)
-    block_budget = max(0.0, instructions - walk_ins - ring_ins - llc_ins)
+    brx_lines, brx_ins = brx_function(spec, knobs) if len(blocks) < BRX_SLOT else ([], 0.0)
+    block_budget = max(0.0, instructions - walk_ins - ring_ins - llc_ins - brx_ins)
     # the blocks carry all the near-data accesses in what is left of the instructions
     for b in blocks:
         b.main_per_insn = min(1.0, b.main_per_insn * instructions / max(1.0, block_budget))
@@ -1004,10 +1057,23 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         b.insns = round(k_iter)
     regs.rng = sub(3)
     far_lines, far_expected = _far_function(
-        spec, regs.rng, regs, knobs, i1, walkers, rings, len(blocks), keys, mixp, cond, leaf, bool(llc_lines)
+        spec,
+        regs.rng,
+        regs,
+        knobs,
+        i1,
+        walkers,
+        rings,
+        len(blocks),
+        keys,
+        mixp,
+        cond,
+        leaf,
+        bool(llc_lines),
+        bool(brx_lines),
     )
-    far_lines += llc_lines
-    far_expected += llc_ins
+    far_lines += llc_lines + brx_lines
+    far_expected += llc_ins + brx_ins
     out.append(f"    call clone_far_{spec.name}")
     expected += 1 + far_expected
     # the filler: straight-line register arithmetic for what whole passes left over
@@ -1036,7 +1102,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     return out, blocks, arena
 
 
-def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, cond, leaf, llc=False):
+def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, cond, leaf, llc=False, brx=False):
     """clone_far_<name>: what the tuning loop controls linearly, in a function of its own so that
     callgrind reports its costs apart from the rest of the body.
 
@@ -1143,6 +1209,8 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
         expected += walker_cost(w)[0]
     if llc:  # the LL conflict rings (llc_function), apart so that callgrind reports their costs
         out.append(f"    call clone_llc_{name}")
+    if brx:  # the random-branch unit (brx_function)
+        out.append(f"    call clone_brx_{name}")
     out += ["    ret", *variants, f"    .size clone_far_{name}, .-clone_far_{name}"]
     if tables:
         out += ["    .section .rodata", *tables, "    .text"]

@@ -38,6 +38,7 @@ DEFAULT_KNOBS = {
     "data_llc_scale": 1.0,
     "branch_r_scale": 1.0,
     "cond_scale": 1.0,
+    "branch_x": 2.0,  # the random-branch unit's branches per event (asmgen.brx_function)
     "i1_bytes": 32768,
     "d1_bytes": 32768,
     "ll_bytes": 2 << 20,
@@ -158,9 +159,12 @@ def _set_llc(specs: dict, prof: dict) -> None:
     """The LL conflict rings (asmgen.llc_rings) go to the body that runs most often per request
     (the worker's: its misses per event are the bins' misses per request over its events)."""
     bins = llc_bins((prof.get("valgrind") or {}).get("ll_sweep"))
-    if not specs or not (bins["code"] or bins["data"]):
+    if not specs:
         return
     sp = max(specs.values(), key=lambda x: (x.name == "worker", x.events_per_request))
+    sp.branch_unit = True  # the random-branch unit too (asmgen.brx_function)
+    if not (bins["code"] or bins["data"]):
+        return
     epr = max(1e-9, sp.events_per_request)
     sp.llc_code = [(s, n / epr) for s, n in bins["code"]]
     sp.llc_data = [(s, n / epr) for s, n in bins["data"]]

@@ -13,7 +13,8 @@ orthogonal, as the paper observes):
     LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings)
     LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses)
                                  data_llc_scale    (the data conflict rings: what a larger LL keeps)
-    branch mispredictions     -> branch_r_scale    (transition rates of the patterns)
+    branch mispredictions     -> branch_x          (the random-branch unit, asmgen.brx_function;
+                                 branch_r_scale, the patterns' transition rates, only downwards)
 
 Each knob is one factor on a whole group, so it moves the level of a cache curve, not its shape:
 the shape (which bins, how many lines per event, region and ring sizes, the hot code footprint)
@@ -167,6 +168,9 @@ def _split(win: vg.Window, meta: dict) -> dict:
             # the conflict rings (clone_llc_<name> and its variants clone_llcv_<name>)
             out.setdefault("llc", {})
             out["llc"][ev] = out["llc"].get(ev, 0.0) + t.fn_total(ev, "clone_llc") / n
+        for ev in ("Bc", "Bcm"):  # the random-branch unit (clone_brx_<name>)
+            out.setdefault("brx", {})
+            out["brx"][ev] = out["brx"].get(ev, 0.0) + t.fn_total(ev, "clone_brx_") / n
     return out
 
 
@@ -229,7 +233,7 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
         k["icode_far_scale"] = _clamp(k["icode_far_scale"] * 2, 0.001, 50.0)
     if "DL_misses_per_request" in target and "DL_misses_per_request" in m:
         _ll_by_side(k, m, target, far, split.get("llc") or {})
-        _l1_steps(k, m, target)
+        _l1_steps(k, m, target, split.get("brx"))
         return k
     # LL (profiles before session 10): the far-data loop's misses are linear in its rate
     t_ll = target.get("LL_miss_rate", 0.0) * refs
@@ -242,7 +246,7 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
         k["data_ll_scale"] = _clamp(k["data_ll_scale"] * step, 1e-4, 50.0)
     elif t_ll > c_ll:  # the walkers beyond the LL missed nothing in this window: no slope to use
         k["data_ll_scale"] = _clamp(k["data_ll_scale"] * 2.0, 1e-4, 50.0)
-    _l1_steps(k, m, target)
+    _l1_steps(k, m, target, split.get("brx"))
     return k
 
 
@@ -277,12 +281,34 @@ def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict) -> None:
     _newton(k, "data_llc_scale", t_dl - rest - want_far, llc_dl)
 
 
-def _l1_steps(k: dict, m: dict, target: dict) -> None:
+def _branch_unit_step(k: dict, m: dict, target: dict, brx: dict | None) -> bool:
+    """Mispredictions per request from the random-branch unit (asmgen.brx_function, linear in
+    `branch_x`): a Newton step on what the rest of the clone mispredicts, at the clone's own
+    conditional branch count (the cond_scale step moves that count to the original's). When
+    the rest alone mispredicts more than the target, the unit goes to its floor and the patterns'
+    transition rates take a damped step down. False when the clone has no unit."""
+    if not brx or brx.get("Bc", 0.0) <= 0:
+        return False
+    bc = m.get("cond_branches_per_request", 0.0)
+    total = m.get("branch_mispredict_rate", 0.0) * bc
+    unit = brx.get("Bcm", 0.0)
+    want = target.get("branch_mispredict_rate", 0.0) * bc - (total - unit)
+    if want <= 0:
+        k["branch_x"] = _clamp(k.get("branch_x", 1.0) * 0.05, 0.01, 400.0)
+        return False
+    if unit > 0:
+        k["branch_x"] = _clamp(k.get("branch_x", 1.0) * _clamp(want / unit, 0.1, 4.0), 0.01, 400.0)
+    else:
+        k["branch_x"] = _clamp(k.get("branch_x", 1.0) * 2.0, 0.01, 400.0)
+    return True
+
+
+def _l1_steps(k: dict, m: dict, target: dict, brx: dict | None = None) -> None:
     # D1 and branches: damped multiplicative steps (monotone, sub-linear responses)
-    for key, knob, power in (
-        ("D1_miss_rate", "data_far_scale", 0.7),
-        ("branch_mispredict_rate", "branch_r_scale", 0.7),
-    ):
+    steps = [("D1_miss_rate", "data_far_scale", 0.7)]
+    if not _branch_unit_step(k, m, target, brx):
+        steps.append(("branch_mispredict_rate", "branch_r_scale", 0.7))
+    for key, knob, power in steps:
         c, t = m.get(key, 0.0), target.get(key, 0.0)
         if c > 0 and t > 0:
             k[knob] = _clamp(k[knob] * _clamp((t / c) ** power, 0.33, 3.0), 0.01, 20.0)
