@@ -94,6 +94,16 @@ def load_requests(rec: Path) -> dict:
     return {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
 
 
+def injected_share(truth: Path, requests: int) -> float | None:
+    """Share of the recorded requests that overlapped an injection, from the
+    server's ground-truth file (None when the server wrote none)."""
+    try:
+        ids = [ln for ln in truth.read_text().splitlines() if ln and not ln.startswith("#")]
+    except OSError:
+        return None
+    return len(ids) / requests if requests else None
+
+
 def accounting_error(cols: dict) -> float | None:
     """Median over requests of |on_cpu + runnable + blocked - latency| / latency."""
     ok = cols["counters_valid"].astype(bool)
@@ -118,11 +128,15 @@ def accounting_error_switched(cols: dict) -> float | None:
 def run_one(cause: str, seed: int, port: int, seconds: float, tmp: Path) -> dict:
     work_us, rate = WORKLOAD[cause]
     rec = tmp / f"rec-{cause}-{seed}"
+    # The server lists the ids of requests that overlapped an injection: kept
+    # out of the analyser, used only to show whether an injection reached the
+    # requests at all (a hog that never preempted the worker is not evidence).
+    truth = tmp / f"truth-{cause}-{seed}.txt"
     agent = subprocess.Popen(
         [str(AGENT), "record", "-o", str(rec), "--force", "--sample", "100%", "--mode", "marker",
          "--duration", str(seconds + 2.5), "--quiet", "--",
          str(SERVER), "--port", str(port), "--cpu", "0", "--work-us", str(work_us),
-         "--inject", cause.split("-")[0], "--seed", str(seed)],
+         "--inject", cause.split("-")[0], "--seed", str(seed), "--truth", str(truth)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     try:
@@ -147,6 +161,7 @@ def run_one(cause: str, seed: int, port: int, seconds: float, tmp: Path) -> dict
     causes = ranked.get("causes", [])
     cols = load_requests(rec)
     return {
+        "injected_share": injected_share(truth, len(cols["latency_ns"])),
         "cause": cause, "seed": seed,
         "top": causes[0]["event"] if causes else None,
         "top_pct": causes[0].get("impact_pct_of_target") if causes else 0.0,
@@ -187,6 +202,7 @@ def run_suite(causes: list[str], seeds: int, seconds: float) -> dict:
                 port += 1
                 r = run_one(cause, seed, port, seconds, Path(td))
                 print(f"accuracy: {cause} seed {seed}: top={r['top']} ({r['top_pct']}) "
+                      f"p99={r['p99_us']} us injected_share={r['injected_share']} "
                       f"acc_err={r['accounting_error']}", file=sys.stderr, flush=True)
                 runs.append(r)
             out["causes"][cause] = {"expected": EXPECTED[cause], "runs": runs, **verdict(cause, runs)}
@@ -204,13 +220,15 @@ def render(res: dict, command: str) -> str:
     lines = ["# Accuracy: injected cause ranked first (VarMRI, marker mode, 100% sampling)", "",
              f"Reproduce: `{command}`", "",
              "| injected | work/request, rate | expected first | result | rankings (top event, % of p99) per seed "
-             "| passed |",
-             "|---|---|---|---|---|---|"]
+             "| requests overlapping an injection, per seed | passed |",
+             "|---|---|---|---|---|---|---|"]
     for cause, c in res["causes"].items():
         per_seed = "; ".join(f"{r['top']} {r['top_pct'] if r['top_pct'] is not None else 0:.0f}%" for r in c["runs"])
         work_us, rate = WORKLOAD[cause]
+        reach = "; ".join("—" if r.get("injected_share") is None else f"{100 * r['injected_share']:.0f}%"
+                          for r in c["runs"]) if c["expected"] else "—"
         lines.append(f"| {cause} | {work_us} µs, {rate}/s | {c['expected'] or '— (null run)'} | {c['score']} | "
-                     f"{per_seed} | "
+                     f"{per_seed} | {reach} | "
                      f"{'yes' if c['passed'] else 'NO'} |")
     e = res.get("accounting_error_median")
     lines += ["", f"Accounting identity (on-CPU + runnable + blocked vs latency, median relative error "
