@@ -17,18 +17,33 @@
 //! steps (`request_id`, `start_ns`, `latency_ns`, `on_cpu_ns`), zstd over
 //! PLAIN for the rest (mostly zero or slowly changing). Chosen per column by
 //! CPU per row at about the same size (`encoding_bench`).
+//!
+//! The row groups go through the parquet crate's typed column writers
+//! (`SerializedFileWriter`), straight from the column buffers the drain
+//! loop fills: no Arrow arrays are built (the Arrow path cost ~200 ns/row
+//! whatever the encoding). The files are the ones the Arrow writer made:
+//! the same Parquet schema (converted from [`requests_schema`]), the same
+//! encodings, and the `ARROW:schema` key, plus `tailscope.schema_version`.
+//! Buffers come back from the writer thread to be refilled, so their pages
+//! stay mapped (fresh 8 MB buffers cost a page fault per 4 KiB).
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use arrow_array::builder::{ArrayBuilder, StringBuilder};
-use arrow_array::{ArrayRef, BooleanArray, RecordBatch, UInt32Array, UInt64Array};
+#[cfg(test)]
+use arrow_array::RecordBatch;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
+#[cfg(test)]
 use parquet::arrow::ArrowWriter;
+use parquet::arrow::{add_encoded_arrow_schema_to_metadata, ArrowSchemaConverter};
 use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::data_type::{BoolType, ByteArray, ByteArrayType, Int32Type, Int64Type};
+use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
+use parquet::file::writer::SerializedFileWriter;
+use parquet::schema::types::TypePtr;
 use tailscope_abi::{
     ts_request_record, TS_REC_COUNTERS, TS_REC_INFERRED, TS_REC_SAMPLED, TS_REC_TORN,
 };
@@ -104,7 +119,12 @@ impl Default for WriterPolicy {
 /// ns/row as PLAIN + zstd, at the same size (`encoding_bench`).
 const DELTA_COLUMNS: &[&str] = &["request_id", "start_ns", "latency_ns", "on_cpu_ns"];
 
+#[cfg(test)]
 fn properties() -> WriterProperties {
+    properties_builder().build()
+}
+
+fn properties_builder() -> parquet::file::properties::WriterPropertiesBuilder {
     let mut b = WriterProperties::builder()
         .set_writer_version(WriterVersion::PARQUET_2_0)
         // Everything else is PLAIN + zstd level 1: the counters are mostly
@@ -127,11 +147,20 @@ fn properties() -> WriterProperties {
             .set_column_encoding((*col).into(), Encoding::DELTA_BINARY_PACKED)
             .set_column_compression((*col).into(), Compression::UNCOMPRESSED);
     }
+    // The other integer columns must say PLAIN too: without a dictionary
+    // a version-2 writer falls back to DELTA_BINARY_PACKED for every
+    // integer column, and until session 10 it did, so the "PLAIN + zstd"
+    // columns were delta + zstd, ~2-3x the CPU per row (encoding_bench).
+    for (col, ty) in COLUMNS {
+        if ty.starts_with("uint") && !DELTA_COLUMNS.contains(col) {
+            b = b.set_column_encoding((*col).into(), Encoding::PLAIN);
+        }
+    }
     // Strings must say PLAIN: without a dictionary a version-2 writer falls
     // back to DELTA_BYTE_ARRAY, which pyarrow cannot read as a dictionary
-    // (the Python reader asks for `kind` as one).
+    // (the Python reader asks for `kind` as one). The flags keep the
+    // version-2 default, RLE (bit-packed runs).
     b.set_column_encoding("kind".into(), Encoding::PLAIN)
-        .build()
 }
 
 /// Session 8's encodings, kept for `encoding_bench`'s comparison.
@@ -154,13 +183,53 @@ fn properties_session8() -> WriterProperties {
     b.build()
 }
 
-/// Column buffers for one row group.
+/// Where each column (in [`COLUMNS`] order) comes from in [`Buffers`].
+#[derive(Clone, Copy)]
+enum Src {
+    I64(usize),
+    I32(usize),
+    Kind,
+    Flag(usize),
+}
+
+const SOURCES: [Src; 24] = [
+    Src::I64(0), // request_id
+    Src::I32(0), // pid
+    Src::I32(1), // tid
+    Src::Kind,
+    Src::I64(1),  // start_ns
+    Src::I64(2),  // latency_ns
+    Src::I64(3),  // on_cpu_ns
+    Src::I64(4),  // runnable_wait_ns
+    Src::I64(5),  // blocked_wait_ns
+    Src::I64(6),  // irq_ns
+    Src::I64(7),  // softirq_ns
+    Src::I32(2),  // runnable_wait_count
+    Src::I32(3),  // blocked_wait_count
+    Src::I32(4),  // irq_count
+    Src::I32(5),  // softirq_count
+    Src::I32(6),  // fault_user_count
+    Src::I32(7),  // fault_kernel_count
+    Src::I32(8),  // migration_count
+    Src::I32(9),  // voluntary_switch_count
+    Src::I32(10), // involuntary_switch_count
+    Src::I32(11), // cpu
+    Src::Flag(0), // sampled
+    Src::Flag(1), // inferred
+    Src::Flag(2), // counters_valid
+];
+
+/// Column buffers for one row group, in the physical types the column
+/// writers take: the unsigned columns are stored as their bit patterns
+/// (Parquet INT64/INT32 with an unsigned logical type, as the Arrow writer
+/// stores UInt64/UInt32).
 #[derive(Default)]
 struct Buffers {
-    u64s: [Vec<u64>; 8],
-    u32s: [Vec<u32>; 12],
-    /// Contiguous bytes: no allocation per row.
-    kind: StringBuilder,
+    i64s: [Vec<i64>; 8],
+    i32s: [Vec<i32>; 12],
+    /// Per row: an index into `kinds`, the distinct kinds of this group.
+    kind: Vec<u32>,
+    kinds: Vec<String>,
     flags: [Vec<bool>; 3],
 }
 
@@ -170,9 +239,10 @@ impl Buffers {
     /// slow recording touches only the pages its rows use.
     fn with_capacity(rows: usize) -> Buffers {
         Buffers {
-            u64s: std::array::from_fn(|_| Vec::with_capacity(rows)),
-            u32s: std::array::from_fn(|_| Vec::with_capacity(rows)),
-            kind: StringBuilder::with_capacity(rows, rows * 4),
+            i64s: std::array::from_fn(|_| Vec::with_capacity(rows)),
+            i32s: std::array::from_fn(|_| Vec::with_capacity(rows)),
+            kind: Vec::with_capacity(rows),
+            kinds: Vec::new(),
             flags: std::array::from_fn(|_| Vec::with_capacity(rows)),
         }
     }
@@ -181,8 +251,34 @@ impl Buffers {
         self.kind.len()
     }
 
+    /// Empties the buffers, keeping their memory.
+    fn clear(&mut self) {
+        self.i64s.iter_mut().for_each(Vec::clear);
+        self.i32s.iter_mut().for_each(Vec::clear);
+        self.flags.iter_mut().for_each(Vec::clear);
+        self.kind.clear();
+        self.kinds.clear();
+    }
+
+    fn kind_index(&mut self, kind: &str) -> u32 {
+        // Requests of one kind come in runs: the last row's kind first.
+        if let Some(&last) = self.kind.last() {
+            if self.kinds[last as usize] == kind {
+                return last;
+            }
+        }
+        match self.kinds.iter().position(|k| k == kind) {
+            Some(i) => i as u32,
+            None => {
+                self.kinds.push(kind.to_owned());
+                (self.kinds.len() - 1) as u32
+            }
+        }
+    }
+
+    #[inline]
     fn push(&mut self, pid: u32, kind: &str, r: &ts_request_record) {
-        let u64s = [
+        let i64s = [
             r.request_id,
             r.start_ns,
             r.latency_ns,
@@ -192,10 +288,10 @@ impl Buffers {
             r.irq_ns,
             r.softirq_ns,
         ];
-        for (col, v) in self.u64s.iter_mut().zip(u64s) {
-            col.push(v);
+        for (col, v) in self.i64s.iter_mut().zip(i64s) {
+            col.push(v as i64);
         }
-        let u32s = [
+        let i32s = [
             pid,
             r.tid,
             r.runnable_count,
@@ -209,58 +305,46 @@ impl Buffers {
             r.invol_switches,
             r.cpu,
         ];
-        for (col, v) in self.u32s.iter_mut().zip(u32s) {
-            col.push(v);
+        for (col, v) in self.i32s.iter_mut().zip(i32s) {
+            col.push(v as i32);
         }
-        self.kind.append_value(kind);
+        let k = self.kind_index(kind);
+        self.kind.push(k);
         let counters_valid = r.flags & TS_REC_COUNTERS != 0 && r.flags & TS_REC_TORN == 0;
         self.flags[0].push(r.flags & TS_REC_SAMPLED != 0);
         self.flags[1].push(r.flags & TS_REC_INFERRED != 0);
         self.flags[2].push(counters_valid);
     }
-
-    fn take_batch(&mut self, schema: &SchemaRef) -> Result<RecordBatch> {
-        let mut b = std::mem::take(self);
-        let [request_id, start_ns, latency_ns, oncpu, runnable, blocked, irq, softirq] = b.u64s;
-        let [pid, tid, rc, bc, ic, sc, fu, fk, mig, vol, invol, cpu] = b.u32s;
-        let [sampled, inferred, counters_valid] = b.flags;
-        let u64a = |v: Vec<u64>| Arc::new(UInt64Array::from(v)) as ArrayRef;
-        let u32a = |v: Vec<u32>| Arc::new(UInt32Array::from(v)) as ArrayRef;
-        let boola = |v: Vec<bool>| Arc::new(BooleanArray::from(v)) as ArrayRef;
-        // Same order as COLUMNS.
-        let arrays = vec![
-            u64a(request_id),
-            u32a(pid),
-            u32a(tid),
-            Arc::new(b.kind.finish()) as ArrayRef,
-            u64a(start_ns),
-            u64a(latency_ns),
-            u64a(oncpu),
-            u64a(runnable),
-            u64a(blocked),
-            u64a(irq),
-            u64a(softirq),
-            u32a(rc),
-            u32a(bc),
-            u32a(ic),
-            u32a(sc),
-            u32a(fu),
-            u32a(fk),
-            u32a(mig),
-            u32a(vol),
-            u32a(invol),
-            u32a(cpu),
-            boola(sampled),
-            boola(inferred),
-            boola(counters_valid),
-        ];
-        RecordBatch::try_new(schema.clone(), arrays)
-            .map_err(|e| AgentError::internal(format!("building a row group: {e}")))
-    }
 }
 
+/// The Parquet schema the Arrow writer derives from [`requests_schema`].
+fn parquet_schema() -> Result<TypePtr> {
+    ArrowSchemaConverter::new()
+        .convert(&requests_schema())
+        .map(|d| d.root_schema_ptr())
+        .map_err(|e| AgentError::internal(format!("the requests schema: {e}")))
+}
+
+/// [`properties`] plus the key/value metadata every file carries: the
+/// Arrow schema (readers that map Parquet to Arrow use it) and the
+/// recording schema's version.
+fn file_properties() -> Arc<WriterProperties> {
+    let kv = KeyValue::new(
+        SCHEMA_VERSION_KEY.to_owned(),
+        crate::schema::schema_version().to_string(),
+    );
+    let mut props = properties_builder()
+        .set_key_value_metadata(Some(vec![kv]))
+        .build();
+    add_encoded_arrow_schema_to_metadata(&requests_schema(), &mut props);
+    Arc::new(props)
+}
+
+/// The key/value metadata key that holds `schema/recording.json`'s version.
+pub const SCHEMA_VERSION_KEY: &str = "tailscope.schema_version";
+
 struct OpenFile {
-    writer: ArrowWriter<File>,
+    writer: SerializedFileWriter<File>,
     tmp_path: PathBuf,
     final_path: PathBuf,
     rows: u64,
@@ -297,19 +381,26 @@ pub struct RequestWriter {
     tx: Option<std::sync::mpsc::SyncSender<Cmd>>,
     worker: Option<std::thread::JoinHandle<Result<WriterSummary>>>,
     bytes: Arc<std::sync::atomic::AtomicU64>,
+    /// Buffers the writer thread has written, ready to be filled again.
+    spare: std::sync::mpsc::Receiver<Box<Buffers>>,
 }
 
 /// The writer thread's side: files on disk.
 struct FileSink {
     dir: PathBuf,
     requests_dir: PathBuf,
-    schema: SchemaRef,
     policy: WriterPolicy,
     file: Option<OpenFile>,
     next_index: u32,
     summary: WriterSummary,
     /// Closed files plus what the open one has flushed, for the progress line.
     bytes: Arc<std::sync::atomic::AtomicU64>,
+    parquet_schema: TypePtr,
+    props: Arc<WriterProperties>,
+    /// Written buffers go back to the drain loop, to be filled again.
+    spare: std::sync::mpsc::Sender<Box<Buffers>>,
+    /// The `kind` column's values (reused between row groups).
+    kind_values: Vec<ByteArray>,
 }
 
 fn io_err(what: &str, path: &Path, e: impl std::fmt::Display) -> AgentError {
@@ -330,15 +421,19 @@ impl RequestWriter {
             )
         })?;
         let bytes = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (spare_tx, spare) = std::sync::mpsc::channel();
         let mut sink = FileSink {
             dir: dir.to_path_buf(),
             requests_dir,
-            schema: requests_schema(),
             policy,
             file: None,
             next_index: 0,
             summary: WriterSummary::default(),
             bytes: bytes.clone(),
+            parquet_schema: parquet_schema()?,
+            props: file_properties(),
+            spare: spare_tx,
+            kind_values: Vec::new(),
         };
         let (tx, rx) = std::sync::mpsc::sync_channel::<Cmd>(PENDING_ROW_GROUPS);
         let worker = std::thread::Builder::new()
@@ -354,7 +449,7 @@ impl RequestWriter {
                 }
                 for cmd in rx {
                     match cmd {
-                        Cmd::Rows(b) => sink.write_rows(*b)?,
+                        Cmd::Rows(b) => sink.write_rows(b)?,
                         Cmd::Rotate => sink.close_file()?,
                     }
                 }
@@ -369,7 +464,17 @@ impl RequestWriter {
             tx: Some(tx),
             worker: Some(worker),
             bytes,
+            spare,
         })
+    }
+
+    /// Empty buffers for the next row group: ones the writer thread has
+    /// finished with, or new ones.
+    fn fresh_buffers(&mut self) -> Buffers {
+        match self.spare.try_recv() {
+            Ok(b) => *b,
+            Err(_) => Buffers::with_capacity(self.policy.row_group_rows),
+        }
     }
 
     pub fn push(&mut self, pid: u32, kind: &str, r: &ts_request_record) -> Result<()> {
@@ -379,7 +484,7 @@ impl RequestWriter {
             self.window_start = Some(Instant::now());
         }
         if self.buffers.len() >= self.policy.row_group_rows {
-            let fresh = Buffers::with_capacity(self.policy.row_group_rows);
+            let fresh = self.fresh_buffers();
             let b = std::mem::replace(&mut self.buffers, fresh);
             self.send(Cmd::Rows(Box::new(b)))?;
         }
@@ -405,7 +510,7 @@ impl RequestWriter {
             .is_some_and(|t| now.duration_since(t) >= self.policy.rotate_after);
         if due {
             self.window_start = None;
-            let fresh = Buffers::with_capacity(self.policy.row_group_rows);
+            let fresh = self.fresh_buffers();
             let b = std::mem::replace(&mut self.buffers, fresh);
             if b.len() > 0 {
                 self.send(Cmd::Rows(Box::new(b)))?;
@@ -456,8 +561,9 @@ impl FileSink {
             let final_path = self.requests_dir.join(&name);
             let tmp_path = self.requests_dir.join(format!(".{name}.inprogress"));
             let f = File::create(&tmp_path).map_err(|e| io_err("cannot create", &tmp_path, e))?;
-            let writer = ArrowWriter::try_new(f, self.schema.clone(), Some(properties()))
-                .map_err(|e| io_err("cannot start Parquet file", &tmp_path, e))?;
+            let writer =
+                SerializedFileWriter::new(f, self.parquet_schema.clone(), self.props.clone())
+                    .map_err(|e| io_err("cannot start Parquet file", &tmp_path, e))?;
             self.file = Some(OpenFile {
                 writer,
                 tmp_path,
@@ -468,21 +574,60 @@ impl FileSink {
         Ok(self.file.as_mut().expect("just opened"))
     }
 
-    fn write_rows(&mut self, mut b: Buffers) -> Result<()> {
-        if b.len() == 0 {
-            return Ok(());
+    fn write_rows(&mut self, mut b: Box<Buffers>) -> Result<()> {
+        let n = b.len();
+        if n > 0 {
+            self.write_row_group(&b)?;
         }
-        let batch = b.take_batch(&self.schema)?;
+        b.clear();
+        // The drain loop may have finished: then the buffers just go.
+        let _ = self.spare.send(b);
+        Ok(())
+    }
+
+    /// One row group, column by column, through the typed column writers.
+    fn write_row_group(&mut self, b: &Buffers) -> Result<()> {
         let rotate_rows = self.policy.rotate_rows;
         let closed = self.summary.bytes;
+        // The kind column as byte arrays: one shared buffer per distinct
+        // kind, so a row costs a reference count.
+        let table: Vec<ByteArray> = b
+            .kinds
+            .iter()
+            .map(|k| ByteArray::from(k.as_bytes().to_vec()))
+            .collect();
+        let mut kind_values = std::mem::take(&mut self.kind_values);
+        kind_values.clear();
+        kind_values.extend(b.kind.iter().map(|&k| table[k as usize].clone()));
         let f = self.open_file()?;
-        f.rows += batch.num_rows() as u64;
-        f.writer
-            .write(&batch)
-            .and_then(|_| f.writer.flush())
-            .map_err(|e| io_err("cannot write", &f.tmp_path, e))?;
+        let tmp = f.tmp_path.clone();
+        let err = |e: parquet::errors::ParquetError| io_err("cannot write", &tmp, e);
+        let mut rg = f.writer.next_row_group().map_err(err)?;
+        let mut i = 0;
+        while let Some(mut col) = rg.next_column().map_err(err)? {
+            let Some(src) = SOURCES.get(i) else {
+                return Err(AgentError::internal(
+                    "the requests schema has extra columns",
+                ));
+            };
+            match *src {
+                Src::I64(c) => col.typed::<Int64Type>().write_batch(&b.i64s[c], None, None),
+                Src::I32(c) => col.typed::<Int32Type>().write_batch(&b.i32s[c], None, None),
+                Src::Kind => col
+                    .typed::<ByteArrayType>()
+                    .write_batch(&kind_values, None, None),
+                Src::Flag(c) => col.typed::<BoolType>().write_batch(&b.flags[c], None, None),
+            }
+            .and_then(|_| col.close())
+            .map_err(err)?;
+            i += 1;
+        }
+        rg.close().map_err(err)?;
+        f.rows += b.len() as u64;
         let open = f.writer.bytes_written() as u64;
         let full = f.rows >= rotate_rows;
+        kind_values.clear();
+        self.kind_values = kind_values;
         self.bytes
             .store(closed + open, std::sync::atomic::Ordering::Relaxed);
         if full {
@@ -536,7 +681,7 @@ impl FileSink {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use arrow_array::Array;
+    use arrow_array::{Array, BooleanArray, UInt32Array, UInt64Array};
     use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 
     pub fn tempdir(name: &str) -> PathBuf {
@@ -695,9 +840,57 @@ pub(crate) mod tests {
                 "{f}: kind is encoded {:?}",
                 kind.encodings()
             );
+            // The per-column choices: delta for the four stepping columns,
+            // no dictionaries anywhere, zstd on the PLAIN columns.
+            for c in (0..rg.num_columns()).map(|i| rg.column(i)) {
+                let name = c.column_path().string();
+                let delta = DELTA_COLUMNS.contains(&name.as_str());
+                assert_eq!(
+                    c.encodings().contains(&Encoding::DELTA_BINARY_PACKED),
+                    delta,
+                    "{f}: {name} is encoded {:?}",
+                    c.encodings()
+                );
+                let ty = COLUMNS.iter().find(|(n, _)| *n == name).unwrap().1;
+                if !delta && ty != "bool" {
+                    assert!(
+                        c.encodings().contains(&Encoding::PLAIN),
+                        "{f}: {name} is encoded {:?}",
+                        c.encodings()
+                    );
+                }
+                assert!(
+                    !c.encodings().contains(&Encoding::RLE_DICTIONARY),
+                    "{f}: {name} has a dictionary"
+                );
+                let want = if delta {
+                    Compression::UNCOMPRESSED
+                } else {
+                    Compression::ZSTD(ZstdLevel::try_new(1).unwrap())
+                };
+                assert_eq!(c.compression(), want, "{f}: {name}");
+                assert_eq!(
+                    c.statistics().is_some(),
+                    name == "start_ns",
+                    "{f}: {name} statistics"
+                );
+            }
+            // Readers that map Parquet to Arrow find the Arrow schema, and
+            // the file says which recording schema it follows.
+            let kv = meta
+                .file_metadata()
+                .key_value_metadata()
+                .expect("kv metadata");
+            let get = |k: &str| kv.iter().find(|e| e.key == k).and_then(|e| e.value.clone());
+            assert!(get("ARROW:schema").is_some(), "{f}: no ARROW:schema");
+            assert_eq!(
+                get(SCHEMA_VERSION_KEY),
+                Some(crate::schema::schema_version().to_string()),
+                "{f}"
+            );
         }
         let batches = read_all(&dir, &s.files);
-        assert_eq!(batches[0].schema(), requests_schema());
+        assert_eq!(batches[0].schema().fields(), requests_schema().fields());
         let mut i = 0;
         for b in &batches {
             let col = |n: &str| b.column_by_name(n).unwrap().clone();
@@ -775,7 +968,7 @@ pub(crate) mod tests {
         assert_eq!(s.files, vec!["requests/part-00000.parquet"]);
         let f = File::open(dir.join(&s.files[0])).unwrap();
         let b = ParquetRecordBatchReaderBuilder::try_new(f).unwrap();
-        assert_eq!(b.schema().as_ref(), requests_schema().as_ref());
+        assert_eq!(b.schema().fields(), requests_schema().fields());
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
