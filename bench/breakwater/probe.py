@@ -8,6 +8,8 @@ per thread. Not part of `make bench`; used to decide what the bench runs.
         --variant 'base||' --variant 'slice100|--io-slice-us 100|'
     # server-pushed credits (session 7) against the thesis protocol:
     ... --variant 'thesis||' --variant 'push||--bw-push'
+    # demand lines (session 10) against speculative pushes:
+    ... --variant 'spec|--no-demand|--bw-push' --variant 'demand||--bw-push'
 
 A variant is `name|bw-server flags|loadgen flags`. `--closed` instead runs
 the closed loop of the bench's overhead line (8 in flight, one per
@@ -84,6 +86,8 @@ def per_run(r: dict, cap: float, dur: float) -> dict:
         "registers_per_admitted": s.get("registers", 0) / adm,
         "pushed_per_admitted": s.get("pushed_credits", 0) / adm,
         "push_chunks_per_admitted": s.get("push_chunks", 0) / adm,
+        "demand_lines_per_admitted": s.get("demand_lines", 0) / adm,
+        "wanting_end": s.get("wanting_now", 0),
         "io_us_per_msg": io * 1e6 / max(arrivals, 1),
         "worker_us_per_admitted": worker * 1e6 / adm,
         "server_us_per_admitted": s.get("cpu_s", 0.0) * 1e6 / adm,
@@ -161,7 +165,7 @@ def main() -> int:
                     f"rej p99 {row['reject_p99_us']:6.0f}  msgs/adm {row['msgs_per_admitted']:.2f} "
                     f"(waits {row['credit_waits_per_admitted']:.2f}, parked {row['parked_waits_per_admitted']:.2f}, "
                     f"rejects {row['rejects_per_admitted']:.2f}, pushed {row['pushed_per_admitted']:.2f} "
-                    f"in {row['push_chunks_per_admitted']:.2f} chunks)  io {row['io_us_per_msg']:.1f} us/msg  "
+                    f"in {row['push_chunks_per_admitted']:.2f} chunks, demand lines {row['demand_lines_per_admitted']:.2f})  io {row['io_us_per_msg']:.1f} us/msg  "
                     f"worker {row['worker_us_per_admitted']:.0f} us/adm  busy {row['server_busy']:.2f}  "
                     f"cpu0 {row['cpu0_busy']:.2f} (other {row['cpu0_other_s']:.2f} s) cpu1 {row['cpu1_busy']:.2f}  "
                     f"loadgen {row['loadgen_cpu_s']:.2f} s  expired@client {row['expired_at_client']}  "

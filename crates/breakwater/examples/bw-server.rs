@@ -80,6 +80,11 @@ struct Args {
     /// spare the client a credit (the client stays quiet meanwhile).
     #[arg(long)]
     hold_expired: bool,
+    /// Do not read demand lines on credit streams (docs/breakwater.md,
+    /// session 10): pushed clients are then pushed speculatively, round
+    /// each connection's ring, as before demand lines existed.
+    #[arg(long)]
+    no_demand: bool,
     /// Breakwater: Eq. 2.4's floor, C_oc >= this (default 1; 0 with --carry).
     #[arg(long)]
     overcommit_floor: Option<u64>,
@@ -305,6 +310,7 @@ fn run(args: Args) -> Result<(), String> {
             // Credit streams are always served: clients that subscribe one
             // get explicit credits pushed; the others are unaffected.
             let hub = server.push_hub();
+            hub.set_accept_demand(!args.no_demand);
             tokio::spawn(serve_with_push(listener, server, hub, 4096))
         };
         let period = if args.trace_ms > 0 { args.trace_ms } else { 50 };

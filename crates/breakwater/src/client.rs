@@ -23,6 +23,11 @@
 //! client names its connection's stream when it registers, and while the
 //! stream is up a drained client sends no credit wait: its requests wait
 //! locally for a credit the server pushes ([`crate::push`]), or expire.
+//! If the server reads demand lines on the stream, a drained client sends
+//! one when its first request starts waiting (its demand goes from none to
+//! some while it holds no credit and has nothing in flight; not again
+//! until the queue empties or a request of it is sent), so the server
+//! pushes credits to clients that want one.
 //!
 //! Invariants: a permit taken for a waiter that has meanwhile expired is
 //! given back; at most one credit wait per client is outstanding; a
@@ -86,6 +91,8 @@ pub struct ClientStats {
     pub deregisters_sent: AtomicU64,
     /// Explicit credits received on credit streams.
     pub pushed_received: AtomicU64,
+    /// Demand lines sent on credit streams.
+    pub demand_sent: AtomicU64,
 }
 
 pub type PolicyFactory = Arc<dyn Fn() -> Box<dyn ClientPolicy> + Send + Sync>;
@@ -148,6 +155,7 @@ impl ClientLayer {
                     queue: VecDeque::new(),
                     inflight: 0,
                     credit_wait: false,
+                    demand_told: false,
                     timer: false,
                     rng: SplitMix64::new(id),
                 }),
@@ -174,6 +182,9 @@ pub struct PushLink {
     /// Notified when the stream ends: requests waiting for a pushed credit
     /// then make their client send a credit wait instead.
     ended: tokio::sync::Notify,
+    /// The subscription's request body, when the server reads demand
+    /// lines on it ([`Self::enable_demand`]).
+    demand: Mutex<Option<tokio::sync::mpsc::UnboundedSender<bytes::Bytes>>>,
 }
 
 impl PushLink {
@@ -183,7 +194,40 @@ impl PushLink {
             live: AtomicBool::new(false),
             clients: Mutex::new(HashMap::new()),
             ended: tokio::sync::Notify::new(),
+            demand: Mutex::new(None),
         })
+    }
+
+    /// The server reads demand lines sent into `tx` (the subscription's
+    /// request body): drained clients of this link send them.
+    pub fn enable_demand(&self, tx: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>) {
+        *self.demand.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
+    }
+
+    /// Whether drained clients of this link send demand lines.
+    pub fn signals_demand(&self) -> bool {
+        self.is_live()
+            && self
+                .demand
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .as_ref()
+                .is_some_and(|tx| !tx.is_closed())
+    }
+
+    /// Queue a demand line (see [`crate::push`]); false if the link sends
+    /// none (then the client must not count on the server knowing).
+    fn signal_demand(&self, client: u64, demand: u32, budget_us: u64) -> bool {
+        if !self.is_live() {
+            return false;
+        }
+        let guard = self.demand.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(tx) = guard.as_ref() else {
+            return false;
+        };
+        let mut line = Vec::with_capacity(48);
+        wire::encode_demand(&mut line, client, demand, budget_us);
+        tx.send(bytes::Bytes::from(line)).is_ok()
     }
 
     /// The id clients name in `bw-stream` when they register.
@@ -202,6 +246,8 @@ impl PushLink {
     pub fn set_live(&self, live: bool) {
         self.live.store(live, Ordering::SeqCst);
         if !live {
+            // No more demand lines: the request body ends.
+            self.demand.lock().unwrap_or_else(|p| p.into_inner()).take();
             self.ended.notify_waiters();
         }
     }
@@ -259,6 +305,10 @@ struct State {
     queue: VecDeque<Waiter>,
     inflight: usize,
     credit_wait: bool,
+    /// The server knows this client has demand (a demand line, or demand
+    /// piggybacked on its last request): no demand line until the queue
+    /// empties or a request is sent.
+    demand_told: bool,
     timer: bool,
     rng: SplitMix64,
 }
@@ -267,6 +317,9 @@ impl State {
     /// Waiting requests that are still alive (the demand we report).
     fn demand(&mut self, now: Nanos) -> u32 {
         self.queue.retain(|w| !w.tx.is_closed() && w.expiry > now);
+        if self.queue.is_empty() {
+            self.demand_told = false;
+        }
         self.queue.len() as u32
     }
 
@@ -387,6 +440,17 @@ where
         return;
     }
     let pushed = shared.pushed();
+    if pushed && !st.demand_told && st.policy.needs_credit_wait(st.inflight) {
+        // Drained with a request waiting and the server not told: one
+        // demand line (the server pushes credits only on known demand).
+        if let Some(link) = &shared.push {
+            let budget = st.queue.back().map_or(0, |w| w.expiry.saturating_sub(now));
+            if link.signal_demand(shared.id, st.queue.len() as u32, budget / 1000) {
+                st.demand_told = true;
+                shared.stats.demand_sent.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
     if !pushed
         && !st.credit_wait
         && st.policy.needs_credit_wait(st.inflight)
@@ -605,7 +669,10 @@ where
             let demand = {
                 let mut st = shared.lock();
                 st.inflight += 1;
-                st.demand(sent_at)
+                let d = st.demand(sent_at);
+                // Piggybacked: the server knows what waits behind it.
+                st.demand_told = d > 0;
+                d
             };
             wire::write_arrival(
                 req.headers_mut(),

@@ -4,7 +4,7 @@
 //! ([`serve_with_push`], [`H2Transport::open_credit_stream`]).
 
 use crate::client::PushLink;
-use crate::push::{CreditFeed, PushHub};
+use crate::push::{CreditFeed, DemandBody, PushHub};
 use crate::server::BoxError;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
@@ -111,10 +111,25 @@ where
         if let Some(raw) = sub {
             let r = match crate::wire::parse_stream(req.headers(), crate::wire::SUBSCRIBE) {
                 Ok(Some(id)) => {
-                    let mut r = Response::new(Either::Right(self.hub.subscribe(self.conn, id)));
+                    let demand =
+                        req.headers().get(crate::wire::SIGNALS).is_some_and(|v| {
+                            v.as_bytes() == crate::wire::SIGNALS_DEMAND.as_bytes()
+                        }) && self.hub.accepts_demand();
+                    let feed = self.hub.subscribe(self.conn, id);
+                    let key = feed.key();
+                    let mut r = Response::new(Either::Right(feed));
                     // Echoed, so a client can tell a subscription from a
                     // server that served the request as an ordinary RPC.
                     r.headers_mut().insert(crate::wire::SUBSCRIBE, raw);
+                    if demand && key != 0 {
+                        // Its request body carries demand lines (echoed:
+                        // the client sends them only then).
+                        tokio::spawn(self.hub.clone().read_demand(key, req.into_body()));
+                        r.headers_mut().insert(
+                            crate::wire::SIGNALS,
+                            http::HeaderValue::from_static(crate::wire::SIGNALS_DEMAND),
+                        );
+                    }
                     r
                 }
                 _ => {
@@ -172,8 +187,12 @@ where
 /// read to the end before the response is returned.
 #[derive(Clone)]
 pub struct H2Transport {
-    sender: hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    sender: hyper::client::conn::http2::SendRequest<ReqBody>,
 }
+
+/// Request bodies on a client connection: whole (RPCs) or the demand lines
+/// of a credit stream's subscription.
+type ReqBody = Either<Full<Bytes>, DemandBody>;
 
 impl H2Transport {
     /// Connect (prior-knowledge h2c) and drive the connection on the current
@@ -195,13 +214,20 @@ impl H2Transport {
     /// [`crate::ClientLayer::layer_pushed`] on the returned link register
     /// with it and wait for pushed credits instead of sending credit
     /// waits (while the stream is up). Fails if the server does not serve
-    /// credit streams ([`serve_with_push`]).
+    /// credit streams ([`serve_with_push`]). The subscription asks for
+    /// demand lines (`bw-signals: demand`); if the server echoes it, the
+    /// link's drained clients send them ([`crate::push`]).
     pub async fn open_credit_stream(&self) -> Result<Arc<PushLink>, BoxError> {
         let link = PushLink::new();
-        let mut req = Request::new(Full::new(Bytes::new()));
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let mut req = Request::new(Either::Right(DemandBody { rx }));
         req.headers_mut().insert(
             crate::wire::SUBSCRIBE,
             http::HeaderValue::from(link.stream_id()),
+        );
+        req.headers_mut().insert(
+            crate::wire::SIGNALS,
+            http::HeaderValue::from_static(crate::wire::SIGNALS_DEMAND),
         );
         let mut sender = self.sender.clone();
         futures_ready(&mut sender).await?;
@@ -218,6 +244,13 @@ impl H2Transport {
             )
             .into());
         }
+        let demand = resp
+            .headers()
+            .get(crate::wire::SIGNALS)
+            .is_some_and(|v| v.as_bytes() == crate::wire::SIGNALS_DEMAND.as_bytes());
+        if demand {
+            link.enable_demand(tx);
+        } // else `tx` drops here: the request body ends, no lines are sent
         link.set_live(true);
         tokio::spawn(link.clone().run(resp.into_body()));
         Ok(link)
@@ -225,7 +258,7 @@ impl H2Transport {
 }
 
 async fn futures_ready(
-    sender: &mut hyper::client::conn::http2::SendRequest<Full<Bytes>>,
+    sender: &mut hyper::client::conn::http2::SendRequest<ReqBody>,
 ) -> Result<(), BoxError> {
     std::future::poll_fn(|cx| sender.poll_ready(cx))
         .await
@@ -242,7 +275,7 @@ impl Service<Request<Full<Bytes>>> for H2Transport {
     }
 
     fn call(&mut self, req: Request<Full<Bytes>>) -> Self::Future {
-        let fut = self.sender.send_request(req);
+        let fut = self.sender.send_request(req.map(Either::Left));
         Box::pin(async move {
             let resp = fut.await?;
             let (parts, body) = resp.into_parts();

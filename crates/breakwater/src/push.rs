@@ -15,6 +15,25 @@
 //! client waits locally for a pushed credit instead of sending a credit
 //! wait.
 //!
+//! **Demand lines** (session 10). A drained pushed client tells the server
+//! nothing by itself, so explicit credits went round every drained client
+//! of a connection; with 1000 clients sending every ~67 ms almost none of
+//! them had a request waiting, and the credit sat unused for tens of ms
+//! while requests that wanted one expired at their clients (the server
+//! idled 14% at 2x, docs/breakwater.md, session 9). With `bw-signals:
+//! demand` on the subscription the credit stream is two-way: its request
+//! body carries demand lines `<client> <demand> <budget_us>\n`, which a
+//! client sends once when it goes from "nothing to send" to "a request
+//! waiting" while it holds no credit and has nothing in flight (not per
+//! request; coalesced per connection into one DATA frame per poll, with
+//! no stream, headers or response of its own). The hub accepts a line
+//! only for a client routed to that same stream, and hands it to the
+//! server ([`PushHub::set_demand_sink`], [`crate::Policy::on_demand`]),
+//! which then pushes explicit credits only to clients with known demand
+//! (`policy::breakwater`, "explicit credits"). The server echoes the
+//! header when it reads the lines; a client whose subscription was not
+//! echoed sends none and keeps being pushed speculatively.
+//!
 //! Who gets a credit is the policy's decision ([`crate::Policy::push_credits`]);
 //! this module only routes and delivers: [`PushHub`] maps clients to
 //! streams and streams to [`CreditFeed`] bodies, which the hyper glue
@@ -24,10 +43,10 @@
 use crate::policy::{ClientId, Feedback};
 use crate::wire;
 use bytes::Bytes;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::task::{Context, Poll};
 use tokio::sync::mpsc;
 
@@ -46,7 +65,16 @@ pub struct PushHub {
     open: AtomicUsize,
     /// Connection ids handed out by [`Self::next_conn`].
     conns: AtomicU64,
+    /// Where demand lines go (the server layer sets it); without one the
+    /// hub refuses `bw-signals: demand`.
+    sink: OnceLock<DemandSink>,
+    /// Refuse demand lines even with a sink (an A/B switch).
+    refuse_demand: AtomicBool,
 }
+
+/// Receives the demand lines `(client, demand, budget_us)` of clients
+/// routed to the stream they came on (drains the vector).
+pub type DemandSink = Box<dyn Fn(&mut Vec<(ClientId, u32, u64)>) + Send + Sync>;
 
 /// The connection a request came on, as the transport numbers them (in the
 /// request's extensions). Requests without one share connection 0.
@@ -63,6 +91,8 @@ struct HubState {
     next_key: u64,
     /// [`PushHub::close`] was called: no stream is open or opens again.
     closed: bool,
+    /// Streams whose request body carries demand lines.
+    demand: HashSet<u64>,
 }
 
 impl HubState {
@@ -72,6 +102,7 @@ impl HubState {
         }
         self.subs.retain(|_, k| *k != key);
         self.routes.retain(|_, k| *k != key);
+        self.demand.remove(&key);
     }
 }
 
@@ -93,6 +124,78 @@ impl PushHub {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HubState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Send demand lines to `sink` (the server layer does this for its
+    /// hub); only the first call counts.
+    pub fn set_demand_sink(&self, sink: DemandSink) {
+        let _ = self.sink.set(sink);
+    }
+
+    /// Refuse (or accept again) demand lines on new subscriptions: their
+    /// clients are then pushed speculatively, as without demand lines.
+    pub fn set_accept_demand(&self, accept: bool) {
+        self.refuse_demand.store(!accept, Ordering::Relaxed);
+    }
+
+    /// Whether a subscription asking for demand lines gets them.
+    pub fn accepts_demand(&self) -> bool {
+        self.sink.get().is_some() && !self.refuse_demand.load(Ordering::Relaxed)
+    }
+
+    /// Whether the clients of push group `key` signal their demand.
+    pub fn signals_demand(&self, key: u64) -> bool {
+        self.lock().demand.contains(&key)
+    }
+
+    /// Read demand lines from a subscription's request body (the stream
+    /// of `feed`) until it ends, handing those of clients routed to that
+    /// stream to the sink. Marks the stream as signalling demand.
+    pub async fn read_demand<Bd>(self: Arc<Self>, key: u64, body: Bd)
+    where
+        Bd: http_body::Body<Data = Bytes>,
+    {
+        use http_body_util::BodyExt;
+        {
+            let mut st = self.lock();
+            if !st.streams.contains_key(&key) {
+                return;
+            }
+            st.demand.insert(key);
+        }
+        let mut body = std::pin::pin!(body);
+        let (mut buf, mut lines) = (Vec::new(), Vec::new());
+        while let Some(Ok(frame)) = body.frame().await {
+            let Ok(data) = frame.into_data() else {
+                continue;
+            };
+            buf.extend_from_slice(&data);
+            if buf.len() > 1 << 16 && !buf.contains(&b'\n') {
+                buf.clear(); // garbage without lines: do not grow forever
+            }
+            wire::decode_demands(&mut buf, &mut lines);
+            self.demand(key, &mut lines);
+        }
+    }
+
+    /// Hand demand lines that came on stream `key` to the sink, keeping
+    /// only those of clients routed to it (a connection speaks only for
+    /// its own clients). Takes the hub's lock, then calls the sink without
+    /// it.
+    pub fn demand(&self, key: u64, lines: &mut Vec<(ClientId, u32, u64)>) {
+        if lines.is_empty() {
+            return;
+        }
+        {
+            let st = self.lock();
+            lines.retain(|(c, _, _)| st.routes.get(c) == Some(&key));
+        }
+        if let Some(sink) = self.sink.get() {
+            if !lines.is_empty() {
+                sink(lines);
+            }
+        }
+        lines.clear();
     }
 
     /// Whether any credit stream is open.
@@ -163,6 +266,7 @@ impl PushHub {
         st.closed = true;
         let n = st.streams.len();
         st.streams.clear();
+        st.demand.clear();
         st.subs.clear();
         st.routes.clear();
         self.open.fetch_sub(n, Ordering::Relaxed);
@@ -206,6 +310,51 @@ pub struct CreditFeed {
     rx: mpsc::UnboundedReceiver<Bytes>,
     hub: Weak<PushHub>,
     key: u64,
+}
+
+impl CreditFeed {
+    /// The stream's key at the hub (its push group); 0 for a feed that
+    /// ended at once.
+    pub fn key(&self) -> u64 {
+        self.key
+    }
+}
+
+/// The request body of a subscription with demand lines (client end):
+/// the lines queued by [`crate::client::PushLink`], coalesced into one
+/// DATA frame per poll. It ends when the link drops its sender.
+pub struct DemandBody {
+    pub(crate) rx: mpsc::UnboundedReceiver<Bytes>,
+}
+
+impl http_body::Body for DemandBody {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        match self.rx.poll_recv(cx) {
+            Poll::Ready(Some(first)) => {
+                let mut more = Vec::new();
+                while let Ok(b) = self.rx.try_recv() {
+                    if more.is_empty() {
+                        more.extend_from_slice(&first);
+                    }
+                    more.extend_from_slice(&b);
+                }
+                let data = if more.is_empty() {
+                    first
+                } else {
+                    Bytes::from(more)
+                };
+                Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
 }
 
 impl http_body::Body for CreditFeed {
@@ -340,6 +489,47 @@ mod tests {
         assert!(a.frame().await.is_none(), "the replaced stream ends");
         let d = hub.deliver(&mut vec![(1, Feedback::CreditLimit(9))]);
         assert_eq!(d.lost, 1, "client 1 must register again");
+    }
+
+    #[tokio::test]
+    async fn demand_lines_reach_the_sink_only_for_the_streams_own_clients() {
+        let hub = PushHub::new();
+        let got = Arc::new(Mutex::new(Vec::new()));
+        assert!(!hub.accepts_demand(), "no sink yet");
+        let g = got.clone();
+        hub.set_demand_sink(Box::new(move |lines| {
+            g.lock().unwrap().extend(lines.drain(..));
+        }));
+        assert!(hub.accepts_demand());
+        let (c1, c2) = (hub.next_conn(), hub.next_conn());
+        let a = hub.subscribe(c1, 1);
+        let b = hub.subscribe(c2, 1);
+        let (ka, kb) = (a.key(), b.key());
+        hub.route(10, c1, 1).unwrap();
+        hub.route(20, c2, 1).unwrap();
+        let mut body = Vec::new();
+        wire::encode_demand(&mut body, 10, 1, 900);
+        wire::encode_demand(&mut body, 20, 3, 900); // another connection's client
+        wire::encode_demand(&mut body, 30, 1, 900); // not routed at all
+        body.extend_from_slice(b"garbage\n");
+        let (tx, rx) = mpsc::unbounded_channel();
+        let reader = tokio::spawn(hub.clone().read_demand(ka, DemandBody { rx }));
+        // Split mid-line: the partial line waits for the rest.
+        tx.send(Bytes::copy_from_slice(&body[..7])).unwrap();
+        tx.send(Bytes::copy_from_slice(&body[7..])).unwrap();
+        drop(tx);
+        tokio::time::timeout(std::time::Duration::from_secs(30), reader)
+            .await
+            .expect("the reader ends with its body")
+            .unwrap();
+        assert!(hub.signals_demand(ka));
+        assert!(!hub.signals_demand(kb), "only the stream that sent lines");
+        assert_eq!(*got.lock().unwrap(), vec![(10, 1, 900)]);
+        hub.set_accept_demand(false);
+        assert!(!hub.accepts_demand());
+        drop(a);
+        assert!(!hub.signals_demand(ka), "forgotten with its stream");
+        drop(b);
     }
 
     #[tokio::test]

@@ -208,6 +208,7 @@ struct Counters {
     held_expired: AtomicU64,
     pushed_credits: AtomicU64,
     push_chunks: AtomicU64,
+    demand_lines: AtomicU64,
 }
 
 impl Counters {
@@ -258,6 +259,8 @@ pub struct ServerStats {
     /// credit-stream chunks (HTTP/2 DATA frames at most) that carried some.
     pub pushed_credits: u64,
     pub push_chunks: u64,
+    /// Demand lines received on credit streams ([`crate::push`]).
+    pub demand_lines: u64,
     pub queue_len: usize,
     #[serde(flatten)]
     pub control: PolicyStats,
@@ -470,6 +473,12 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
                 .expect("spawn worker thread");
         }
         let weak = Arc::downgrade(&shared);
+        shared.push.set_demand_sink(Box::new(move |lines| {
+            if let Some(shared) = weak.upgrade() {
+                shared.on_demand_lines(lines);
+            }
+        }));
+        let weak = Arc::downgrade(&shared);
         let handle = std::thread::Builder::new()
             .name("bw-ticker".into())
             .spawn(move || ticker(weak, config.tick))
@@ -511,6 +520,7 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             held_expired: c.held_expired.load(Ordering::Relaxed),
             pushed_credits: c.pushed_credits.load(Ordering::Relaxed),
             push_chunks: c.push_chunks.load(Ordering::Relaxed),
+            demand_lines: c.demand_lines.load(Ordering::Relaxed),
             queue_len,
             control,
         }
@@ -579,6 +589,9 @@ where
                 .copied()
                 .unwrap_or_default();
             if let Some(group) = shared.push.route(arrival.client, conn, s) {
+                if shared.push.signals_demand(group) {
+                    policy.set_signals_demand(arrival.client);
+                }
                 policy.set_pushable(arrival.client, group);
             }
         } else if arrival.kind == crate::Kind::Deregister {
@@ -824,6 +837,7 @@ struct Scratch {
     explicit: Vec<(u64, Feedback)>,
     releases: Vec<(u64, Release)>,
     pushes: Vec<(u64, Feedback)>,
+    stream_pushes: Vec<(u64, Feedback)>,
 }
 
 /// Run one admitted job (`serve` calls the inner service), report its
@@ -838,8 +852,10 @@ fn run_job<B, RB: Default>(
         explicit,
         releases,
         pushes,
+        stream_pushes,
     } = scratch;
     pushes.clear();
+    stream_pushes.clear();
     let start = clock::now();
     let waited = start.saturating_sub(job.enqueued);
     shared.lock_policy().on_start(start, waited);
@@ -869,14 +885,20 @@ fn run_job<B, RB: Default>(
         }
         shared.release_held(&mut **policy, now, releases);
         // Spare credits the response's own grant left go to drained
-        // clients of the responder's connection, riding on its response.
+        // clients of the responder's connection, riding on its response;
+        // what is left after them, to drained clients with known demand
+        // on the other connections (their credit streams).
         if shared.push.active() {
             policy.push_credits(now, Some(job.client), pushes);
+            policy.push_credits(now, None, stream_pushes);
         }
         fb
     };
     if !explicit.is_empty() {
         shared.answer_parked(explicit);
+    }
+    if !stream_pushes.is_empty() {
+        shared.deliver_pushes(stream_pushes);
     }
     shared.busy.fetch_sub(1, Ordering::Relaxed);
     let counter = if ok {
@@ -1042,6 +1064,26 @@ impl<B, RB> Shared<B, RB> {
             if let Some(t) = self.ticker.get() {
                 t.unpark();
             }
+        }
+    }
+
+    /// Demand lines from a credit stream (the hub's sink): tell the policy,
+    /// then push what spare credits there are to the clients that want one.
+    fn on_demand_lines(&self, lines: &mut Vec<(u64, u32, u64)>) {
+        let now = clock::now();
+        let mut pushes = Vec::new();
+        self.counters
+            .demand_lines
+            .fetch_add(lines.len() as u64, Ordering::Relaxed);
+        {
+            let mut policy = self.lock_policy();
+            for (client, demand, budget_us) in lines.drain(..) {
+                policy.on_demand(now, client, demand, Some(budget_us.saturating_mul(1000)));
+            }
+            policy.push_credits(now, None, &mut pushes);
+        }
+        if !pushes.is_empty() {
+            self.deliver_pushes(&mut pushes);
         }
     }
 

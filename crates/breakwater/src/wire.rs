@@ -14,9 +14,13 @@
 //! | `bw-subscribe` | request | open this connection's credit stream, named by a u64 (see [`crate::push`]) |
 //! | `bw-stream` | request (`register`) | the credit stream explicit credits for this client go to |
 //! | `bw-push` | response | explicit credits for *other* clients of the same credit stream, riding on this response: `<client>:<limit>,...` |
+//! | `bw-signals` | request (`bw-subscribe`), echoed | `demand`: the subscription's request body carries demand lines (see [`crate::push`]) |
 //!
 //! A credit stream's body is a sequence of lines `<client> <limit>\n`,
-//! each an explicit credit: the client's new cumulative edge.
+//! each an explicit credit: the client's new cumulative edge. Its request
+//! body, with `bw-signals: demand`, is a sequence of demand lines
+//! `<client> <demand> <budget_us>\n` from drained clients of that
+//! connection.
 //! A message without `bw-client` is "missing metadata" (428 where the
 //! policy requires it); a header that does not parse is "malformed" (400).
 
@@ -34,6 +38,10 @@ pub const REJECT: &str = "bw-reject";
 pub const SUBSCRIBE: &str = "bw-subscribe";
 pub const STREAM: &str = "bw-stream";
 pub const PUSH: &str = "bw-push";
+pub const SIGNALS: &str = "bw-signals";
+/// The `bw-signals` value of a subscription whose request body carries
+/// demand lines.
+pub const SIGNALS_DEMAND: &str = "demand";
 
 /// At most this many explicit credits ride in one response's `bw-push`
 /// (≤ 42 bytes each: ~2.7 KB, far under h2's default 16 KiB header list
@@ -110,6 +118,35 @@ pub fn decode_pushes(buf: &mut Vec<u8>, out: &mut Vec<(u64, u64)>) {
         if let (Some(c), Some(l), None) = (it.next(), it.next(), it.next()) {
             if let (Ok(c), Ok(l)) = (c.parse(), l.parse()) {
                 out.push((c, l));
+            }
+        }
+    }
+    buf.drain(..=end);
+}
+
+/// Append one demand line to a credit stream's request body: `client`
+/// holds no credit, has nothing in flight and `demand` requests waiting,
+/// the newest of which waits `budget_us` more.
+pub fn encode_demand(out: &mut Vec<u8>, client: u64, demand: u32, budget_us: u64) {
+    use std::io::Write;
+    let _ = writeln!(out, "{client} {demand} {budget_us}");
+}
+
+/// Decode the complete demand lines of a chunk into `(client, demand,
+/// budget_us)`; a trailing partial line stays in `buf`, and a line that
+/// does not parse is skipped.
+pub fn decode_demands(buf: &mut Vec<u8>, out: &mut Vec<(u64, u32, u64)>) {
+    let Some(end) = buf.iter().rposition(|&b| b == b'\n') else {
+        return;
+    };
+    for line in buf[..end].split(|&b| b == b'\n') {
+        let Ok(line) = std::str::from_utf8(line) else {
+            continue;
+        };
+        let mut it = line.split(' ');
+        if let (Some(c), Some(d), Some(b), None) = (it.next(), it.next(), it.next(), it.next()) {
+            if let (Ok(c), Ok(d), Ok(b)) = (c.parse(), d.parse(), b.parse()) {
+                out.push((c, d, b));
             }
         }
     }
@@ -368,6 +405,26 @@ mod tests {
         let bad = headers(&[(SUBSCRIBE, "x1")]);
         assert!(parse_stream(&bad, SUBSCRIBE).is_err());
         assert_eq!(parse_stream(&HeaderMap::new(), STREAM), Ok(None));
+    }
+
+    #[test]
+    fn demand_lines_round_trip_across_split_chunks_and_skip_garbage() {
+        let mut chunk = Vec::new();
+        encode_demand(&mut chunk, 7, 1, 1500);
+        encode_demand(&mut chunk, u64::MAX, u32::MAX, 0);
+        chunk.extend_from_slice(b"7 1\n1 2 3 4\n-1 2 3\nx 1 1\n9 2 ");
+        let mut buf = chunk[..5].to_vec();
+        let mut out = Vec::new();
+        decode_demands(&mut buf, &mut out);
+        assert!(out.is_empty(), "no complete line yet");
+        buf.extend_from_slice(&chunk[5..]);
+        decode_demands(&mut buf, &mut out);
+        assert_eq!(out, vec![(7, 1, 1500), (u64::MAX, u32::MAX, 0)]);
+        assert_eq!(buf, b"9 2 ", "the partial line waits");
+        buf.extend_from_slice(b"40\n");
+        decode_demands(&mut buf, &mut out);
+        assert_eq!(out.last(), Some(&(9, 2, 40)));
+        assert!(buf.is_empty());
     }
 
     #[test]

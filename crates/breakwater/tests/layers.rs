@@ -545,6 +545,90 @@ fn pushed_credits_replace_credit_waits_over_real_http2() {
     });
 }
 
+/// Demand lines over real HTTP/2 (session 10): the subscription asks for
+/// them, the server echoes it, drained clients send one when a request
+/// starts waiting, and every line sent reaches the server; all requests
+/// are served with no credit wait. A hub that refuses demand lines is not
+/// sent any, and its clients are still served (speculative pushes).
+#[test]
+fn demand_lines_flow_on_the_credit_streams_request_body_over_real_http2() {
+    use std::sync::atomic::Ordering::Relaxed;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        for accept in [true, false] {
+            // A generous SLO: nothing may expire even on a loaded CI box.
+            let spec = ControlSpec::new(ControlKind::Breakwater, 2_000_000_000, 1);
+            let server: Server<hyper::body::Incoming, Body> =
+                ServerLayer::new(spec.server().unwrap(), ServerConfig::default())
+                    .unwrap()
+                    .layer(tower::service_fn(
+                        |_req: Request<hyper::body::Incoming>| async {
+                            std::thread::sleep(Duration::from_millis(1));
+                            Ok::<_, BoxError>(Response::new(Full::new(Bytes::from_static(b"hi"))))
+                        },
+                    ));
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let addr = listener.local_addr().unwrap();
+            let stats = server.clone();
+            let hub = server.push_hub();
+            hub.set_accept_demand(accept);
+            tokio::spawn(breakwater::http::serve_with_push(
+                listener, server, hub, 256,
+            ));
+            let transport = breakwater::http::H2Transport::connect(addr).await.unwrap();
+            let link = transport.open_credit_stream().await.unwrap();
+            assert_eq!(link.signals_demand(), accept, "echoed only when accepted");
+            let spec2 = spec.clone();
+            let layer = ClientLayer::new(
+                Arc::new(move || spec2.client().unwrap()),
+                Duration::from_secs(2),
+            )
+            .unwrap();
+            let clients: Vec<_> = (0..20)
+                .map(|_| layer.layer_pushed(transport.clone(), &link))
+                .collect();
+            // Rounds: every client's requests wait behind its first, so
+            // drained clients with waiting requests are certain.
+            for _ in 0..3 {
+                let mut tasks = Vec::new();
+                for c in &clients {
+                    for _ in 0..3 {
+                        let c = c.clone();
+                        tasks.push(tokio::spawn(async move {
+                            c.oneshot(Request::new(Body::default())).await
+                        }));
+                    }
+                }
+                for t in tasks {
+                    let r = t.await.unwrap().expect("served, not expired");
+                    assert_eq!(r.status(), StatusCode::OK);
+                }
+            }
+            let cs = layer.stats();
+            assert_eq!(cs.credit_waits_sent.load(Relaxed), 0);
+            let sent = cs.demand_sent.load(Relaxed);
+            if accept {
+                assert!(sent > 0, "no demand line sent");
+                // Lines travel apart from the responses: wait (bounded) for
+                // the last to arrive.
+                let t0 = std::time::Instant::now();
+                while stats.stats().demand_lines < sent && t0.elapsed() < Duration::from_secs(30) {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            } else {
+                assert_eq!(sent, 0, "lines sent to a server that does not read them");
+            }
+            let s = stats.stats();
+            assert_eq!(s.demand_lines, sent, "every line sent arrives: {s:?}");
+            assert_eq!(s.credit_waits, 0);
+            assert_eq!(s.completed_ok, 180);
+        }
+    });
+}
+
 /// A pushed client whose requests wait for a pushed credit must not stay
 /// stuck when its credit stream ends: the waiters make it send a credit
 /// wait. The "server" is scripted (register: edge 1, so the next request

@@ -99,6 +99,8 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
         // Clients with a request held for a credit.
         let mut held: Vec<u64> = Vec::new();
         let mut releases = Vec::new();
+        // Clients that signal demand (demand lines).
+        let mut signals = std::collections::HashSet::new();
         let mut now = 1_000u64;
         for _ in 0..3000 {
             now += rng.below(50_000);
@@ -121,6 +123,10 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
                 0 => {
                     p.on_arrival(now, &msg(x, Kind::Register, demand), &q);
                     if rng.below(2) == 0 {
+                        if rng.below(2) == 0 {
+                            p.set_signals_demand(x);
+                            signals.insert(x);
+                        }
                         p.set_pushable(x, x % 3);
                     }
                 }
@@ -184,6 +190,12 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
                         if let Some(v) = via {
                             assert_eq!(y % 3, v % 3, "pushed outside the responder's group");
                         }
+                        if signals.contains(&y) {
+                            assert!(
+                                p.demand(y).unwrap() > 0,
+                                "pushed to client {y}, which signals demand, without any"
+                            );
+                        }
                         let g = p.last_grant().unwrap();
                         assert!(g.unused_after <= g.demand + g.c_oc, "{g:?}");
                     }
@@ -213,12 +225,17 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
                         }
                     }
                 }
+                9 if rng.below(2) == 0 => {
+                    // A demand line (a liar's too), with any budget.
+                    p.on_demand(now, x, demand, Some(rng.below(2 * SLO)));
+                }
                 _ => {
                     if rng.below(20) == 0 {
                         p.on_arrival(now, &msg(x, Kind::Deregister, 0), &q);
                     }
                 }
             }
+            assert!(p.wanting() <= p.clients(), "more wants than clients");
             check(&p, &ids);
         }
     }
@@ -348,6 +365,119 @@ fn explicit_credits_are_pushed_to_drained_clients_round_each_group() {
     assert_eq!(c.available(), 4);
     c.on_pushed(0, Feedback::CreditLimit(7));
     assert_eq!(c.available(), 6);
+}
+
+/// Demand lines (session 10): a pushable client that signals its demand
+/// is pushed an explicit credit only while its demand is known and
+/// waiting: never speculatively round the ring, newest demand first (the
+/// responder's connection first when a response is leaving), no
+/// speculation (C_oc = 0) while known demand waits, and a want lapses
+/// when its budget minus the service reserve runs out.
+#[test]
+fn explicit_credits_go_only_to_clients_with_known_demand_newest_first() {
+    let mut p = bw();
+    let q = empty();
+    let now = 1_000;
+    let reserve = p.config().service_reserve_ns;
+    // Client 100 (no stream) keeps requests in flight, binding the pool.
+    p.set_c_total(50.0);
+    p.on_arrival(now, &msg(100, Kind::Register, 10), &q);
+    while p.unused(100).unwrap() > 0 {
+        p.on_arrival(now, &msg(100, Kind::Request, 10), &q);
+    }
+    let mut sent = Vec::new();
+    for x in [1, 2, 3, 4] {
+        if p.on_arrival(now, &msg(x, Kind::Register, 0), &q) == Verdict::Admit {
+            sent.push(x);
+        }
+        while p.unused(x).unwrap() > 0 {
+            p.on_arrival(now, &msg(x, Kind::Request, 0), &q);
+            sent.push(x);
+        }
+        p.set_signals_demand(x);
+        p.set_pushable(x, if x <= 2 { 7 } else { 8 });
+    }
+    p.set_c_total(0.0); // C_min: every response revokes
+    for &x in &sent {
+        let done = Completion {
+            client: x,
+            ok: true,
+            sojourn_ns: 10,
+        };
+        p.on_complete(now, &done, &q);
+    }
+    for x in [1, 2, 3, 4] {
+        assert_eq!(p.unused(x), Some(0), "client {x} drained");
+    }
+    // Spare credits, but no drained client has said it wants one.
+    p.set_c_total(p.issued() as f64 + 2.0);
+    let mut out = Vec::new();
+    p.push_credits(now, Some(1), &mut out);
+    p.push_credits(now, None, &mut out);
+    assert!(
+        out.is_empty(),
+        "no speculative push to clients that signal demand: {out:?}"
+    );
+    assert!(
+        p.overcommit_per_client() >= 1,
+        "Eq. 2.4's floor while nobody waits"
+    );
+    // Demand lines: 3 (oldest), then 4, both of connection 8, then 1 (7).
+    p.on_demand(now, 3, 1, Some(SLO));
+    p.on_demand(now + 10, 4, 1, Some(SLO));
+    p.on_demand(now + 20, 1, 1, Some(SLO));
+    assert_eq!(p.wanting(), 3);
+    assert_eq!(
+        p.overcommit_per_client(),
+        0,
+        "no speculation while demand waits"
+    );
+    // A response to client 2 is leaving: its connection's wanting client
+    // first (the credit rides on that response), and only it.
+    p.push_credits(now + 30, Some(2), &mut out);
+    let got: Vec<u64> = out.iter().map(|&(x, _)| x).collect();
+    assert_eq!(got, vec![1], "connection 7's wanting client");
+    assert_eq!(p.unused(1), Some(1), "its demand, no speculative extra");
+    out.clear();
+    // The last spare credit: the newest demand of the rest.
+    p.push_credits(now + 30, None, &mut out);
+    let got: Vec<u64> = out.iter().map(|&(x, _)| x).collect();
+    assert_eq!(got, vec![4], "newest first");
+    assert_eq!(p.unused(3), Some(0));
+    assert_eq!(p.wanting(), 1);
+    assert_eq!(p.issued(), p.c_total() as u64, "never past C_total");
+    // Client 3's want lapses when its budget minus the reserve runs out.
+    let late = now + SLO - reserve;
+    out.clear();
+    p.set_c_total(p.issued() as f64 + 1.0);
+    p.push_credits(late, None, &mut out);
+    assert!(out.is_empty(), "a lapsed want gets nothing: {out:?}");
+    assert_eq!(p.wanting(), 0);
+    // A line from a client holding credit (one is on its way) is ignored.
+    p.on_demand(late, 4, 2, Some(SLO));
+    assert_eq!(p.wanting(), 0);
+    // Demand piggybacked on a request whose response leaves the client
+    // drained makes it wanting without a line.
+    assert_eq!(
+        p.on_arrival(late, &msg(4, Kind::Request, 1), &q),
+        Verdict::Admit
+    );
+    p.set_c_total(0.0);
+    let done = Completion {
+        client: 4,
+        ok: true,
+        sojourn_ns: 10,
+    };
+    p.on_complete(late, &done, &q);
+    assert_eq!(p.unused(4), Some(0));
+    assert_eq!(p.wanting(), 1, "known demand 1, drained");
+    p.set_c_total(p.issued() as f64 + 1.0);
+    out.clear();
+    p.push_credits(late, None, &mut out);
+    assert_eq!(out.iter().map(|&(x, _)| x).collect::<Vec<_>>(), vec![4]);
+    // A client without a stream is never made wanting.
+    p.on_demand(late, 100, 5, Some(SLO));
+    assert_eq!(p.wanting(), 0);
 }
 
 #[test]

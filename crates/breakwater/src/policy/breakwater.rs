@@ -237,6 +237,12 @@ struct ClientState {
     /// The group (connection) whose credit stream explicit credits for it
     /// can be pushed on.
     push_group: Option<u64>,
+    /// It signals its demand when drained ([`Policy::on_demand`]): no
+    /// speculative push to it.
+    signals: bool,
+    /// Its entry in `wanting` (0: none): it is drained and its demand
+    /// waits for an explicit credit.
+    want_seq: u64,
 }
 
 impl ClientState {
@@ -304,6 +310,27 @@ pub struct Breakwater {
     push_groups: VecDeque<u64>,
     /// Credits granted by [`Policy::push_credits`].
     pub pushed: u64,
+    /// Drained clients whose demand is known (a demand line, or the
+    /// demand piggybacked on their last request) and waits for an explicit
+    /// credit, in the order it became known; entries whose `seq` is no
+    /// longer their client's `want_seq` are stale and skipped.
+    wanting: VecDeque<Want>,
+    /// Live entries of `wanting`.
+    want_live: usize,
+    want_next: u64,
+    /// Demand lines received, and explicit credits granted to them.
+    pub demand_lines: u64,
+    pub demand_pushed: u64,
+}
+
+/// A drained client whose demand waits for an explicit credit.
+#[derive(Debug, Clone, Copy)]
+struct Want {
+    client: ClientId,
+    seq: u64,
+    group: u64,
+    /// After this its requests can no longer be served in time: dropped.
+    deadline: Nanos,
 }
 
 /// A request held for a credit.
@@ -346,6 +373,11 @@ impl Breakwater {
             push_rings: HashMap::new(),
             push_groups: VecDeque::new(),
             pushed: 0,
+            wanting: VecDeque::new(),
+            want_live: 0,
+            want_next: 0,
+            demand_lines: 0,
+            demand_pushed: 0,
         })
     }
 
@@ -409,9 +441,12 @@ impl Breakwater {
         (self.config.alpha * self.n_c() as f64).max(1.0)
     }
 
-    /// C_oc = max((C_total − C_issued)/n_c, 1) (Eq. 2.4), 0 without overcommit.
+    /// C_oc = max((C_total − C_issued)/n_c, 1) (Eq. 2.4), 0 without
+    /// overcommit, and 0 while a drained client's known demand waits for
+    /// an explicit credit (see [`Self::wanting`]): speculation then takes
+    /// credits from clients known to want them.
     pub fn overcommit_per_client(&self) -> u64 {
-        if !self.config.overcommit {
+        if !self.config.overcommit || self.want_live > 0 {
             return 0;
         }
         (self.total().saturating_sub(self.claimed()) / self.n_c()).max(self.config.overcommit_floor)
@@ -550,6 +585,10 @@ impl Breakwater {
             want.min(c_x.saturating_sub(1))
         };
         self.issued = self.issued - c_x + c_new;
+        if c_new > 0 && c.want_seq != 0 {
+            c.want_seq = 0;
+            self.want_live -= 1;
+        }
         c.limit = c.received + c_new;
         c.high_water = c.high_water.max(c.limit);
         self.last_grant = Some(GrantRecord {
@@ -560,6 +599,105 @@ impl Breakwater {
             unused_after: c_new,
         });
         c.limit
+    }
+
+    /// Drained clients whose known demand waits for an explicit credit now.
+    pub fn wanting(&self) -> usize {
+        self.want_live
+    }
+
+    /// `id` (known, pushable, drained) has `c.demand` > 0 waiting until
+    /// `deadline`: queue it for an explicit credit (replacing its entry).
+    fn add_want(&mut self, id: ClientId, deadline: Nanos) {
+        let Some(c) = self.clients.get_mut(&id) else {
+            return;
+        };
+        let Some(group) = c.push_group else {
+            return;
+        };
+        if c.want_seq == 0 {
+            self.want_live += 1;
+        }
+        self.want_next += 1;
+        c.want_seq = self.want_next;
+        self.wanting.push_back(Want {
+            client: id,
+            seq: self.want_next,
+            group,
+            deadline,
+        });
+    }
+
+    fn clear_want(&mut self, id: ClientId) {
+        if let Some(c) = self.clients.get_mut(&id) {
+            if c.want_seq != 0 {
+                c.want_seq = 0;
+                self.want_live -= 1;
+            }
+        }
+    }
+
+    /// Whether `w` is its client's current entry.
+    fn want_is_live(&self, w: &Want) -> bool {
+        self.clients
+            .get(&w.client)
+            .is_some_and(|c| c.want_seq == w.seq)
+    }
+
+    /// Drop stale and timed-out entries from the front (the oldest).
+    fn prune_wants(&mut self, now: Nanos) {
+        while let Some(&w) = self.wanting.front() {
+            let live = self.want_is_live(&w);
+            if live && w.deadline > now {
+                break;
+            }
+            self.wanting.pop_front();
+            if live {
+                self.clear_want(w.client);
+            }
+        }
+        if self.want_live == 0 {
+            self.wanting.clear();
+        }
+    }
+
+    /// Grant explicit credits to drained clients whose demand is known,
+    /// newest first (they have the most time left; under overload the
+    /// oldest are the ones that can no longer finish in time), those of
+    /// `group` first when given, while the pool has spare credits.
+    fn push_wanting(
+        &mut self,
+        now: Nanos,
+        group: Option<u64>,
+        out: &mut Vec<(ClientId, Feedback)>,
+    ) {
+        let mut i = self.wanting.len();
+        while i > 0 && self.want_live > 0 && self.claimed() < self.total() {
+            i -= 1;
+            let w = self.wanting[i];
+            if group.is_some_and(|g| g != w.group) {
+                continue;
+            }
+            if !self.want_is_live(&w) {
+                self.wanting.remove(i);
+                continue;
+            }
+            self.wanting.remove(i);
+            self.clear_want(w.client);
+            if w.deadline <= now {
+                continue;
+            }
+            let c = &self.clients[&w.client];
+            if c.unused() > 0 || c.inflight > 0 || c.parked || c.awaiting || c.demand == 0 {
+                continue;
+            }
+            let limit = self.grant(w.client);
+            if self.clients[&w.client].unused() > 0 {
+                self.pushed += 1;
+                self.demand_pushed += 1;
+                out.push((w.client, Feedback::CreditLimit(limit)));
+            }
+        }
     }
 
     fn register(&mut self, now: Nanos, id: ClientId) {
@@ -595,15 +733,21 @@ impl Breakwater {
         }
         self.last_idle_scan = now;
         let mut revoked = 0;
+        let mut wants_gone = 0;
         self.clients.retain(|_, c| {
             if now.saturating_sub(c.last_seen) < idle || c.parked || c.awaiting {
                 return true;
             }
             revoked += c.unused();
             c.limit = c.received;
-            c.inflight > 0 || c.push_group.is_some()
+            let keep = c.inflight > 0 || c.push_group.is_some();
+            if !keep && c.want_seq != 0 {
+                wants_gone += 1;
+            }
+            keep
         });
         self.issued -= revoked;
+        self.want_live -= wants_gone;
     }
 }
 
@@ -729,7 +873,8 @@ impl Breakwater {
             let Some(c) = self.clients.get(&id) else {
                 continue; // forgotten (idle, deregistered): leaves the ring
             };
-            if c.push_group != Some(g) {
+            if c.push_group != Some(g) || c.signals {
+                // Moved, or pushed only on its known demand: leaves the ring.
                 continue;
             }
             ring.push_back(id);
@@ -775,6 +920,9 @@ impl Policy for Breakwater {
 
     fn on_arrival(&mut self, now: Nanos, msg: &Arrival, queue: &QueueView) -> Verdict {
         self.maybe_update(now, queue);
+        self.prune_wants(now);
+        // Whatever it sends, the message says its demand now.
+        self.clear_want(msg.client);
         let cap = self.total();
         match msg.kind {
             Kind::Deregister => {
@@ -897,7 +1045,20 @@ impl Policy for Breakwater {
             (1.0 - w) * self.eff.sojourn_ewma_ns + w * done.sojourn_ns as f64
         };
         self.maybe_update(now, queue);
-        self.feedback(now, done.client)
+        self.prune_wants(now);
+        let fb = self.feedback(now, done.client);
+        // A demand-signalling client this response leaves drained with
+        // demand piggybacked on its request: it sends no demand line (the
+        // server knows), so its demand waits for an explicit credit. The
+        // requests queued behind that one arrived later: the queue budget
+        // from now bounds their time left.
+        if let Some(c) = self.clients.get(&done.client) {
+            if c.signals && c.demand > 0 && c.inflight == 0 && c.unused() == 0 {
+                let deadline = now.saturating_add(self.config.queue_budget_ns);
+                self.add_want(done.client, deadline);
+            }
+        }
+        fb
     }
 
     fn feedback(&mut self, _now: Nanos, client: ClientId) -> Feedback {
@@ -1010,11 +1171,55 @@ impl Policy for Breakwater {
             return;
         }
         c.push_group = Some(group);
+        if c.signals {
+            // Pushed only on its known demand, never round the ring.
+            return;
+        }
         let ring = self.push_rings.entry(group).or_insert_with(|| {
             self.push_groups.push_back(group);
             VecDeque::new()
         });
         ring.push_back(client);
+    }
+
+    fn set_signals_demand(&mut self, client: ClientId) {
+        if let Some(c) = self.clients.get_mut(&client) {
+            c.signals = true;
+        }
+    }
+
+    /// A demand line: a drained client (no credit, nothing in flight) has
+    /// `demand` requests waiting. Its demand is recorded (clamped to the
+    /// pool, like piggybacked demand) and it queues for an explicit credit
+    /// until its newest request's budget minus the service reserve runs
+    /// out. Ignored from a client that is not pushable or, on our books,
+    /// not drained (a credit is on its way, or a response will carry one).
+    fn on_demand(&mut self, now: Nanos, client: ClientId, demand: u32, budget_ns: Option<Nanos>) {
+        self.demand_lines += 1;
+        self.prune_wants(now);
+        let cap = self.total();
+        let reserve = self.config.service_reserve_ns;
+        let budget = budget_ns.unwrap_or(self.config.queue_budget_ns + reserve);
+        let Some(c) = self.clients.get_mut(&client) else {
+            return;
+        };
+        if c.push_group.is_none() {
+            return;
+        }
+        c.last_seen = now;
+        c.signals = true;
+        c.demand = u64::from(demand).min(cap);
+        let drained = c.unused() == 0 && c.inflight == 0 && !c.parked && !c.awaiting;
+        if c.demand == 0 || !drained {
+            self.clear_want(client);
+            return;
+        }
+        let deadline = now.saturating_add(budget.saturating_sub(reserve));
+        if deadline > now {
+            self.add_want(client, deadline);
+        } else {
+            self.clear_want(client);
+        }
     }
 
     /// Spare credits (`C_total − C_issued − held`, after the response's
@@ -1026,16 +1231,33 @@ impl Policy for Breakwater {
     /// held request gets nothing here. Never grants past `C_total`.
     fn push_credits(
         &mut self,
-        _now: Nanos,
+        now: Nanos,
         via: Option<ClientId>,
         out: &mut Vec<(ClientId, Feedback)>,
     ) {
+        self.prune_wants(now);
         if self.claimed() >= self.total() {
             return;
         }
+        // Known demand first (clients that signal it), then the rings
+        // (speculation, for clients that do not).
+        let via_group = via.and_then(|v| self.clients.get(&v).and_then(|c| c.push_group));
+        if self.want_live > 0 {
+            match via {
+                Some(_) => {
+                    if let Some(g) = via_group {
+                        self.push_wanting(now, Some(g), out);
+                    }
+                }
+                None => self.push_wanting(now, None, out),
+            }
+        }
+        if self.want_live > 0 || self.claimed() >= self.total() {
+            return;
+        }
         match via {
-            Some(v) => {
-                if let Some(g) = self.clients.get(&v).and_then(|c| c.push_group) {
+            Some(_) => {
+                if let Some(g) = via_group {
                     self.push_group(g, out);
                 }
             }
@@ -1061,6 +1283,7 @@ impl Policy for Breakwater {
             clients: self.clients.len(),
             unused: self.clients.values().map(ClientState::unused).sum(),
             held_now: self.held.len() + self.expired.len(),
+            wanting_now: self.want_live,
         }
     }
 }

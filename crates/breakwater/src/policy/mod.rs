@@ -181,6 +181,9 @@ pub struct PolicyStats {
     pub unused: u64,
     /// Breakwater: requests held for a credit right now.
     pub held_now: usize,
+    /// Breakwater: drained clients whose signalled demand waits for an
+    /// explicit credit right now.
+    pub wanting_now: usize,
 }
 
 /// The server half of an overload control. See the module docs.
@@ -248,6 +251,22 @@ pub trait Policy: Send + 'static {
         _now: Nanos,
         _via: Option<ClientId>,
         _out: &mut Vec<(ClientId, Feedback)>,
+    ) {
+    }
+    /// `client` (pushable) signals its demand when drained: it sends a
+    /// demand line ([`Self::on_demand`]) when it has requests waiting, no
+    /// credit and nothing in flight, and otherwise has none. Called before
+    /// [`Self::set_pushable`] on the arrival that registered it.
+    fn set_signals_demand(&mut self, _client: ClientId) {}
+    /// A demand line from `client`: it holds no credit, has nothing in
+    /// flight and `demand` requests waiting, the newest of which will wait
+    /// `budget_ns` more (relative, like `Arrival::budget_ns`).
+    fn on_demand(
+        &mut self,
+        _now: Nanos,
+        _client: ClientId,
+        _demand: u32,
+        _budget_ns: Option<Nanos>,
     ) {
     }
 }
