@@ -61,8 +61,10 @@ OPTIONS:
                         time nothing else wants; 0 busy-polls, for a spare
                         core (see --fn-normal-priority)
     --fn-normal-priority
-                        run the observer at normal priority: finer scans
-                        under load, at the cost of CPU the target could use
+                        run the observer (and the agent's other threads,
+                        which --functions otherwise moves to SCHED_IDLE too)
+                        at normal priority: finer scans under load, at the
+                        cost of CPU and wake-up latency the target could use
     --fn-threshold-us N record only calls at least N us long (default 0: every
                         call the observer sees end)
     --mutex-threshold-us N  log a lock when its wait or hold exceeds N us
