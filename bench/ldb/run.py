@@ -481,12 +481,13 @@ def interleaved(settings: list, rounds: int, seconds: float, rate: float, tmp: P
         for k in ("p50_us", "p99_us", "rps", "server_cpu_us_per_req"):
             row[k.split("_")[0] + ("_cpu" if k.startswith("server") else "") + "_ratio"] = spread(
                 [x[k] / b[k] for x, b in zip(rs, base, strict=True) if x.get(k) and b.get(k)])
-        agent = [x["threads"]["agent"] for x in rs if x.get("threads", {}).get("agent")]
-        if agent:
-            names = sorted({n for a in agent for n in a})
-            row["agent_threads"] = {n: {m: med([a[n][m] for a in agent if n in a])
-                                        for m in ("cpu_share", "wakeups_per_s", "preempted_per_s")}
-                                    for n in names}
+        for who in ("agent", "server"):  # per thread name: medians over rounds
+            ts = [x["threads"][who] for x in rs if x.get("threads", {}).get(who)]
+            if ts:
+                names = sorted({n for a in ts for n in a})
+                row[f"{who}_threads"] = {n: {m: med([a[n][m] for a in ts if n in a])
+                                             for m in ("cpu_share", "wakeups_per_s", "preempted_per_s")}
+                                         for n in names}
         lev = [x["rows"]["locks"] / (x["rps"] * x["trace_seconds"]) for x in ok
                if (x.get("rows") or {}).get("locks") is not None and x.get("rps") and x.get("trace_seconds")]
         if lev:  # logged lock events per request (the trace also spans the agent's start and the warm-up)
