@@ -85,6 +85,14 @@ struct Args {
     /// each connection's ring, as before demand lines existed.
     #[arg(long)]
     no_demand: bool,
+    /// Breakwater: push explicit credits only on known demand (session
+    /// 10's first try; see BreakwaterConfig::demand_only).
+    #[arg(long)]
+    demand_only: bool,
+    /// Clients send a demand line for 1 in N of their idle-to-busy
+    /// transitions (the server tells them N when it echoes bw-signals).
+    #[arg(long, default_value = "1")]
+    demand_sample: u32,
     /// Breakwater: Eq. 2.4's floor, C_oc >= this (default 1; 0 with --carry).
     #[arg(long)]
     overcommit_floor: Option<u64>,
@@ -196,6 +204,7 @@ fn run(args: Args) -> Result<(), String> {
     }
     spec.carry = args.carry;
     spec.hold_expired = args.hold_expired;
+    spec.demand_only = args.demand_only;
     spec.overcommit_floor = args.overcommit_floor;
     if let Some(r) = args.reserve_us {
         if r == 0 || r >= args.slo_us {
@@ -311,6 +320,7 @@ fn run(args: Args) -> Result<(), String> {
             // get explicit credits pushed; the others are unaffected.
             let hub = server.push_hub();
             hub.set_accept_demand(!args.no_demand);
+            hub.set_demand_sample(args.demand_sample.max(1));
             tokio::spawn(serve_with_push(listener, server, hub, 4096))
         };
         let period = if args.trace_ms > 0 { args.trace_ms } else { 50 };

@@ -185,6 +185,8 @@ pub struct PushLink {
     /// The subscription's request body, when the server reads demand
     /// lines on it ([`Self::enable_demand`]).
     demand: Mutex<Option<tokio::sync::mpsc::UnboundedSender<bytes::Bytes>>>,
+    /// A line for 1 in this many idle-to-busy transitions (the server's).
+    demand_sample: std::sync::atomic::AtomicU32,
 }
 
 impl PushLink {
@@ -195,12 +197,15 @@ impl PushLink {
             clients: Mutex::new(HashMap::new()),
             ended: tokio::sync::Notify::new(),
             demand: Mutex::new(None),
+            demand_sample: std::sync::atomic::AtomicU32::new(1),
         })
     }
 
     /// The server reads demand lines sent into `tx` (the subscription's
-    /// request body): drained clients of this link send them.
-    pub fn enable_demand(&self, tx: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>) {
+    /// request body): drained clients of this link send them, for 1 in
+    /// `sample` of their idle-to-busy transitions.
+    pub fn enable_demand(&self, tx: tokio::sync::mpsc::UnboundedSender<bytes::Bytes>, sample: u32) {
+        self.demand_sample.store(sample.max(1), Ordering::Relaxed);
         *self.demand.lock().unwrap_or_else(|p| p.into_inner()) = Some(tx);
     }
 
@@ -445,7 +450,11 @@ where
         // demand line (the server pushes credits only on known demand).
         if let Some(link) = &shared.push {
             let budget = st.queue.back().map_or(0, |w| w.expiry.saturating_sub(now));
-            if link.signal_demand(shared.id, st.queue.len() as u32, budget / 1000) {
+            let n = u64::from(link.demand_sample.load(Ordering::Relaxed));
+            if n > 1 && st.rng.below(n) != 0 {
+                // Not sampled this time: stay quiet until the queue empties.
+                st.demand_told = link.signals_demand();
+            } else if link.signal_demand(shared.id, st.queue.len() as u32, budget / 1000) {
                 st.demand_told = true;
                 shared.stats.demand_sent.fetch_add(1, Ordering::Relaxed);
             }

@@ -80,6 +80,9 @@ pub struct ControlSpec {
     /// credit (`BreakwaterConfig::hold_expired`); the bound on held
     /// requests then defaults to one per client (no cap of its own).
     pub hold_expired: bool,
+    /// Breakwater: push explicit credits only on known demand (demand
+    /// lines), see `BreakwaterConfig::demand_only`.
+    pub demand_only: bool,
     /// Eq. 2.4's floor (`C_oc ≥ this`); `None`: 1, or 0 with `carry`.
     pub overcommit_floor: Option<u64>,
     /// Breakwater's bound on requests held for a credit; `None` keeps the
@@ -110,6 +113,7 @@ impl ControlSpec {
             aqm_forecast: true,
             carry: false,
             hold_expired: false,
+            demand_only: false,
             overcommit_floor: None,
             max_held: None,
             target_delay_ns: None,
@@ -137,6 +141,7 @@ impl ControlSpec {
             c.hold_expired = true;
             c.max_held = u64::from(u32::MAX);
         }
+        c.demand_only = self.demand_only;
         if let Some(f) = self.overcommit_floor {
             c.overcommit_floor = f;
         }

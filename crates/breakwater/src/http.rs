@@ -125,10 +125,9 @@ where
                         // Its request body carries demand lines (echoed:
                         // the client sends them only then).
                         tokio::spawn(self.hub.clone().read_demand(key, req.into_body()));
-                        r.headers_mut().insert(
-                            crate::wire::SIGNALS,
-                            http::HeaderValue::from_static(crate::wire::SIGNALS_DEMAND),
-                        );
+                        if let Ok(v) = http::HeaderValue::from_str(&self.hub.demand_echo()) {
+                            r.headers_mut().insert(crate::wire::SIGNALS, v);
+                        }
                     }
                     r
                 }
@@ -244,12 +243,12 @@ impl H2Transport {
             )
             .into());
         }
-        let demand = resp
+        let sample = resp
             .headers()
             .get(crate::wire::SIGNALS)
-            .is_some_and(|v| v.as_bytes() == crate::wire::SIGNALS_DEMAND.as_bytes());
-        if demand {
-            link.enable_demand(tx);
+            .and_then(|v| crate::wire::parse_signals_echo(v.as_bytes()));
+        if let Some(n) = sample {
+            link.enable_demand(tx, n);
         } // else `tx` drops here: the request body ends, no lines are sent
         link.set_live(true);
         tokio::spawn(link.clone().run(resp.into_body()));

@@ -70,6 +70,9 @@ pub struct PushHub {
     sink: OnceLock<DemandSink>,
     /// Refuse demand lines even with a sink (an A/B switch).
     refuse_demand: AtomicBool,
+    /// Clients send a line for 1 in this many idle-to-busy transitions
+    /// (0 and 1: every one); told to them in the echoed `bw-signals`.
+    demand_sample: std::sync::atomic::AtomicU32,
 }
 
 /// Receives the demand lines `(client, demand, budget_us)` of clients
@@ -136,6 +139,22 @@ impl PushHub {
     /// clients are then pushed speculatively, as without demand lines.
     pub fn set_accept_demand(&self, accept: bool) {
         self.refuse_demand.store(!accept, Ordering::Relaxed);
+    }
+
+    /// Ask clients for a demand line on 1 in `n` of their idle-to-busy
+    /// transitions (sampling: the server needs a few known waiters to aim
+    /// credits at when its core would idle, not all of them).
+    pub fn set_demand_sample(&self, n: u32) {
+        self.demand_sample.store(n.max(1), Ordering::Relaxed);
+    }
+
+    /// The `bw-signals` value a subscription with demand lines is answered
+    /// with: `demand`, or `demand/<n>` when sampling 1 in n.
+    pub fn demand_echo(&self) -> String {
+        match self.demand_sample.load(Ordering::Relaxed) {
+            0 | 1 => wire::SIGNALS_DEMAND.to_string(),
+            n => format!("{}/{n}", wire::SIGNALS_DEMAND),
+        }
     }
 
     /// Whether a subscription asking for demand lines gets them.

@@ -124,6 +124,21 @@ pub fn decode_pushes(buf: &mut Vec<u8>, out: &mut Vec<(u64, u64)>) {
     buf.drain(..=end);
 }
 
+/// The sampling `n` of an echoed `bw-signals` (`demand` → 1, `demand/<n>`
+/// → n), or None if it does not grant demand lines.
+pub fn parse_signals_echo(v: &[u8]) -> Option<u32> {
+    let s = std::str::from_utf8(v).ok()?;
+    if s == SIGNALS_DEMAND {
+        return Some(1);
+    }
+    let n: u32 = s
+        .strip_prefix(SIGNALS_DEMAND)?
+        .strip_prefix('/')?
+        .parse()
+        .ok()?;
+    Some(n.max(1))
+}
+
 /// Append one demand line to a credit stream's request body: `client`
 /// holds no credit, has nothing in flight and `demand` requests waiting,
 /// the newest of which waits `budget_us` more.
@@ -425,6 +440,11 @@ mod tests {
         decode_demands(&mut buf, &mut out);
         assert_eq!(out.last(), Some(&(9, 2, 40)));
         assert!(buf.is_empty());
+        assert_eq!(parse_signals_echo(b"demand"), Some(1));
+        assert_eq!(parse_signals_echo(b"demand/4"), Some(4));
+        assert_eq!(parse_signals_echo(b"demand/0"), Some(1));
+        assert_eq!(parse_signals_echo(b"demand/x"), None);
+        assert_eq!(parse_signals_echo(b"credits"), None);
     }
 
     #[test]

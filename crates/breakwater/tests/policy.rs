@@ -92,6 +92,8 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
         cfg.max_held = 1 + rng.below(4);
         cfg.hold_expired = rng.below(3) == 0;
         cfg.max_hold_ns = 1 + rng.below(4 * SLO);
+        cfg.demand_only = rng.below(2) == 0;
+        let demand_only = cfg.demand_only;
         let mut p = Breakwater::new(cfg).unwrap();
         let ids: Vec<u64> = (0..1 + rng.below(40)).collect();
         // Requests admitted and not yet completed, by client.
@@ -190,7 +192,7 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
                         if let Some(v) = via {
                             assert_eq!(y % 3, v % 3, "pushed outside the responder's group");
                         }
-                        if signals.contains(&y) {
+                        if demand_only && signals.contains(&y) {
                             assert!(
                                 p.demand(y).unwrap() > 0,
                                 "pushed to client {y}, which signals demand, without any"
@@ -367,18 +369,15 @@ fn explicit_credits_are_pushed_to_drained_clients_round_each_group() {
     assert_eq!(c.available(), 6);
 }
 
-/// Demand lines (session 10): a pushable client that signals its demand
-/// is pushed an explicit credit only while its demand is known and
-/// waiting: never speculatively round the ring, newest demand first (the
-/// responder's connection first when a response is leaving), no
-/// speculation (C_oc = 0) while known demand waits, and a want lapses
-/// when its budget minus the service reserve runs out.
-#[test]
-fn explicit_credits_go_only_to_clients_with_known_demand_newest_first() {
-    let mut p = bw();
+/// Drained pushable clients 1..=4 that signal demand (1, 2 on connection
+/// 7; 3, 4 on 8), none wanting yet, and client 100 (no stream) holding
+/// requests in flight so the pool can be bound.
+fn drained_signalling_clients(demand_only: bool) -> Breakwater {
+    let mut cfg = BreakwaterConfig::for_slo(SLO, 4);
+    cfg.demand_only = demand_only;
+    let mut p = Breakwater::new(cfg).unwrap();
     let q = empty();
     let now = 1_000;
-    let reserve = p.config().service_reserve_ns;
     // Client 100 (no stream) keeps requests in flight, binding the pool.
     p.set_c_total(50.0);
     p.on_arrival(now, &msg(100, Kind::Register, 10), &q);
@@ -409,6 +408,22 @@ fn explicit_credits_go_only_to_clients_with_known_demand_newest_first() {
     for x in [1, 2, 3, 4] {
         assert_eq!(p.unused(x), Some(0), "client {x} drained");
     }
+    p
+}
+
+/// Demand lines, strict (`demand_only`, session 10's first try): a
+/// pushable client that signals its demand is pushed an explicit credit
+/// only while its demand is known and waiting: never speculatively round
+/// the ring, newest demand first (the responder's connection first when a
+/// response is leaving), no speculation (C_oc = 0) while known demand
+/// waits, and a want lapses when its budget minus the service reserve
+/// runs out.
+#[test]
+fn demand_only_pushes_go_only_to_clients_with_known_demand_newest_first() {
+    let mut p = drained_signalling_clients(true);
+    let q = empty();
+    let now = 1_000;
+    let reserve = p.config().service_reserve_ns;
     // Spare credits, but no drained client has said it wants one.
     p.set_c_total(p.issued() as f64 + 2.0);
     let mut out = Vec::new();
@@ -478,6 +493,60 @@ fn explicit_credits_go_only_to_clients_with_known_demand_newest_first() {
     // A client without a stream is never made wanting.
     p.on_demand(late, 100, 5, Some(SLO));
     assert_eq!(p.wanting(), 0);
+}
+
+/// Demand lines, the default: known demand goes first only while the
+/// queue is short (the forecast wait under half of d_t: the core is about
+/// to idle), newest first and with no speculation then; with a long queue
+/// the wanting clients wait and the spare credits go round the ring as
+/// without demand lines (clients that signal demand included).
+#[test]
+fn known_demand_goes_first_while_the_queue_is_short() {
+    let mut p = drained_signalling_clients(false);
+    // Later than the setup by more than the queue delays used below.
+    let now = 2 * SLO;
+    let mut ex = Vec::new();
+    let mut out = Vec::new();
+    p.on_demand(now, 3, 1, Some(SLO));
+    p.on_demand(now + 10, 4, 1, Some(SLO));
+    assert_eq!(p.wanting(), 2);
+    // A long queue (half the SLO old, d_t is 40% of it).
+    let t = now + 20;
+    p.on_tick(t, &queue_with_delay(t, SLO / 2), &mut ex);
+    p.set_c_total(p.issued() as f64 + 1.0);
+    assert!(p.overcommit_per_client() >= 1, "speculation goes on");
+    p.push_credits(t, None, &mut out);
+    let got: Vec<u64> = out.iter().map(|&(x, _)| x).collect();
+    assert_eq!(
+        got,
+        vec![1],
+        "round connection 7's ring, as without demand lines"
+    );
+    assert_eq!(p.wanting(), 2, "the wanting clients wait");
+    // The queue is short again: the newest known demand first.
+    let t = now + 30;
+    p.on_tick(t, &empty(), &mut ex);
+    p.set_c_total(p.issued() as f64 + 1.0);
+    assert_eq!(
+        p.overcommit_per_client(),
+        0,
+        "no speculation while demand waits"
+    );
+    out.clear();
+    p.push_credits(t, None, &mut out);
+    let got: Vec<u64> = out.iter().map(|&(x, _)| x).collect();
+    assert_eq!(got, vec![4], "newest known demand first");
+    assert_eq!(p.unused(4), Some(1));
+    assert_eq!(p.wanting(), 1);
+    // With a response leaving on connection 7, its wanting client first.
+    p.on_demand(t + 10, 2, 1, Some(SLO));
+    p.set_c_total(p.issued() as f64 + 1.0);
+    out.clear();
+    p.push_credits(t + 10, Some(1), &mut out);
+    let got: Vec<u64> = out.iter().map(|&(x, _)| x).collect();
+    assert_eq!(got, vec![2]);
+    assert_eq!(p.wanting(), 1, "client 3 still waits");
+    assert!(p.issued() <= p.c_total() as u64);
 }
 
 #[test]
