@@ -41,11 +41,6 @@ static __always_inline struct ts_kcounters *tracked(struct task_struct *t)
 	return kc_entry(t->pid, tgid, !(t->flags & PF_EXITING));
 }
 
-static __always_inline struct ts_kcounters *tracked_current(void)
-{
-	return tracked(bpf_get_current_task_btf());
-}
-
 /* irq, softirq and fault events count only for threads inside a sampled
  * request (entry.sampled_refs > 0): the runtime sets it around a sampled
  * request, zero-instrumentation inference keeps a count of open sampled
@@ -65,6 +60,35 @@ static __always_inline struct ts_kcounters *accounted_current(void)
 	e = kc_entry((__u32)id, id >> 32, false);
 	if (e && *(volatile __u32 *)&e->sampled_refs)
 		return e;
+	return NULL;
+}
+
+/* accounted_current() for the interrupt entries, which also keep the
+ * entry's index, so that the exit finds the entry with one array load
+ * (no target-set lookup, no probe loop). */
+static __always_inline struct ts_kcounters *accounted_current_idx(__u32 *idx_out)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+	__u32 tid = (__u32)id;
+
+	if (!tid || !maybe_target_tgid(id >> 32))
+		return NULL;
+	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
+		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1);
+		struct ts_kcounters *e;
+
+		if (!idx)
+			continue;
+		e = bpf_map_lookup_elem(&kcounters, &idx);
+		if (!e)
+			return NULL;
+		if (e->tid == tid) {
+			if (!*(volatile __u32 *)&e->sampled_refs)
+				return NULL;
+			*idx_out = idx;
+			return e;
+		}
+	}
 	return NULL;
 }
 
@@ -264,7 +288,7 @@ struct ts_irq_frame {
 	__u64 start;
 	__u64 nested_ns;
 	__u32 kind;
-	__u32 _pad;
+	__u32 kc_idx; /* the interrupted thread's kcounters entry (timed frames) */
 };
 
 struct ts_irq_stack {
@@ -295,9 +319,12 @@ static __always_inline void irq_enter(__u32 kind)
 		 * task's events do not count now (no target, or not
 		 * in a sampled request), the frame stays untimed: start 0, no
 		 * clock read, and its exit returns at once. */
-		s->f[d].start = accounted_current() ? bpf_ktime_get_ns() : 0;
+		__u32 idx = 0;
+
+		s->f[d].start = accounted_current_idx(&idx) ? bpf_ktime_get_ns() : 0;
 		s->f[d].nested_ns = 0;
 		s->f[d].kind = kind;
+		s->f[d].kc_idx = idx;
 	}
 	if (s->depth < 64)
 		s->depth++;
@@ -309,7 +336,7 @@ static __always_inline void irq_exit(__u32 kind)
 	struct ts_irq_stack *s = bpf_map_lookup_elem(&irq_stacks, &zero);
 	struct ts_kcounters *e;
 	__u64 now, total, actual;
-	__u32 d;
+	__u32 d, idx;
 
 	if (!s || !s->depth)
 		return;
@@ -334,8 +361,12 @@ static __always_inline void irq_exit(__u32 kind)
 	if (d > 0) /* the mask only convinces the verifier; d < IRQ_STACK_DEPTH */
 		s->f[(d - 1) & (IRQ_STACK_DEPTH - 1)].nested_ns += total;
 
-	e = tracked_current();
-	if (!e)
+	/* The entry the frame's start found: an interrupt runs on the
+	 * interrupted thread's behalf and cannot switch it out, so the entry
+	 * is still that thread's (the tid check guards against a reuse). */
+	idx = s->f[d].kc_idx;
+	e = bpf_map_lookup_elem(&kcounters, &idx);
+	if (!e || e->tid != (__u32)bpf_get_current_pid_tgid())
 		return;
 	kc_write_begin(e);
 	if (kind == KIND_IRQ) {

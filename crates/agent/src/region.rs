@@ -501,7 +501,8 @@ impl<M: RegionMemory> MarkerSource<M> {
             crate::sys::monotonic_ns(),
         );
         let mut n = 0;
-        let mut rec_buf = [0u8; RECORD_SIZE];
+        // Taken out of self for the loop (take_record borrows self).
+        let mut run_buf = std::mem::take(&mut self.run_buf);
         self.busiest = 0;
         // Slots are claimed in order up to the slots_used high-water mark
         // (recycling reuses them): none above it has ever held a thread.
@@ -539,15 +540,18 @@ impl<M: RegionMemory> MarkerSource<M> {
                 let first = plan.ring_index(k, TS_RING_CAPACITY);
                 let run = (plan.count - k).min(TS_RING_CAPACITY - first);
                 let bytes = run as usize * RECORD_SIZE;
-                self.run_buf.resize(bytes.max(self.run_buf.len()), 0);
-                self.mem.read(
-                    base + record_offset_in_slot(first),
-                    &mut self.run_buf[..bytes],
-                );
+                run_buf.resize(bytes.max(run_buf.len()), 0);
+                self.mem
+                    .read(base + record_offset_in_slot(first), &mut run_buf[..bytes]);
                 k += run;
-                for j in 0..run as usize {
-                    rec_buf.copy_from_slice(&self.run_buf[j * RECORD_SIZE..(j + 1) * RECORD_SIZE]);
-                    n += self.take_record(&rec_buf, slot.tid, &mut emit)?;
+                for rec in run_buf[..bytes].chunks_exact(RECORD_SIZE) {
+                    match self.take_record(rec, slot.tid, &mut emit) {
+                        Ok(m) => n += m,
+                        Err(e) => {
+                            self.run_buf = run_buf;
+                            return Err(e);
+                        }
+                    }
                 }
             }
             // The records are copied: hand the space back to the producer.
@@ -555,6 +559,7 @@ impl<M: RegionMemory> MarkerSource<M> {
             self.mem
                 .store_u64_release(base + slot_offsets::RING_TAIL, plan.new_tail);
         }
+        self.run_buf = run_buf;
         self.sum_drops();
         Ok(n)
     }
@@ -563,7 +568,7 @@ impl<M: RegionMemory> MarkerSource<M> {
     /// was emitted.
     fn take_record<E: Emit>(
         &mut self,
-        rec_buf: &[u8; RECORD_SIZE],
+        rec_buf: &[u8],
         slot_tid: u32,
         emit: &mut E,
     ) -> Result<usize, E::Error> {
