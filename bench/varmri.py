@@ -429,7 +429,13 @@ def main() -> None:
                     help="length of each half of an attach pair")
     ap.add_argument("--keep-others", action="store_true",
                     help="keep the results of workloads not measured now (from an earlier run, one per invocation)")
+    ap.add_argument("--setups", default=None,
+                    help="comma-separated setups to measure now (with the baselines they are compared with); "
+                         "the other setups of the workload keep their rows from the earlier results file, "
+                         "each row paired with the baseline runs of its own invocation")
     args = ap.parse_args()
+    if args.setups is not None and args.workloads.count(",") > 0:
+        sys.exit("bench: --setups needs a single --workloads")
     command = " ".join(["python", "bench/varmri.py", *sys.argv[1:]])
     for exe in (AGENT, LOADGEN):
         if not exe.exists():
@@ -453,6 +459,14 @@ def main() -> None:
                       if have_marked or not ("marker" in s or s in ("none-marked", "none-plain"))]
             if not have_marked and workload == "memcached":
                 log("bench: build/memcached-marked or -plain missing (bench/memcached/build.sh); marker rows skipped")
+            if args.setups is not None:
+                wanted = set(args.setups.split(","))
+                unknown = wanted - set(SETUPS[workload])
+                if unknown:
+                    sys.exit(f"bench: unknown setups for {workload}: {', '.join(sorted(unknown))}")
+                # A setup's baseline is measured with it (paired by round).
+                wanted |= {baseline_of(s, setups) for s in wanted}
+                setups = [s for s in setups if s in wanted]
             # Untraced max throughput first: it sets the 80% open-loop rate,
             # for each baseline (a setup runs at 80% of its own baseline's).
             rate80 = {}
@@ -496,6 +510,8 @@ def main() -> None:
                     attach[s] = {"failed": str(e)[-300:], "pairs": []}
             table[workload] = {"rate80": rate80, "runs": runs, "command": command, "repetitions": args.runs,
                                "attach": attach}
+            if args.setups is not None:
+                table[workload] = merge_earlier(workload, table[workload])
     if args.keep_others:
         # Workloads measured by an earlier invocation stay (each keeps its own command).
         try:
@@ -517,6 +533,34 @@ def main() -> None:
     md = render(summary, " ; ".join(f"`{c}`" for c in commands), attach_summary)
     (RESULTS / "varmri.md").write_text(md)
     print(md)
+
+
+def merge_earlier(workload: str, new: dict) -> dict:
+    """The rows of setups not measured now, from the earlier results file.
+    A kept row keeps its own baseline's runs (it is paired by round with
+    them), so a kept setup whose baseline was measured now is dropped."""
+    try:
+        old = json.loads((RESULTS / "varmri.json").read_text()).get("raw", {}).get(workload, {})
+    except (OSError, ValueError):
+        old = {}
+    measured = set(new["runs"])
+    old_runs = old.get("runs", {})
+    for s, rs in old_runs.items():
+        if s in measured or baseline_of(s, list(old_runs)) in measured:
+            continue
+        new["runs"][s] = rs
+        base = baseline_of(s, list(old_runs))
+        if base not in new["runs"] and base in old_runs:
+            new["runs"][base] = old_runs[base]
+        if base in old.get("rate80", {}):
+            new["rate80"].setdefault(base, old["rate80"][base])
+    for s, a in old.get("attach", {}).items():
+        new["attach"].setdefault(s, a)
+    new["runs"] = {s: new["runs"][s] for s in SETUPS[workload] if s in new["runs"]}
+    new["attach"] = {s: new["attach"][s] for s in ATTACH_SETUPS[workload] if s in new["attach"]}
+    if old.get("command") and old["command"] != new["command"]:
+        new["command"] = f"{old['command']} (rows not re-measured) ; {new['command']}"
+    return new
 
 
 def med(xs):
