@@ -75,6 +75,10 @@ def per_run(r: dict, cap: float, dur: float) -> dict:
         "goodput_x": r["goodput_rps"] / cap,
         "p99_us": r["p99_us"],
         "reject_p99_us": r["reject_p99_us"],
+        "reject_p50_us": r["reject_p50_us"],
+        # The load generator's worst lag behind its own schedule: when it
+        # lags, replies (rejects included) wait in its socket too.
+        "max_send_lag_us": r["max_send_lag_us"],
         "expired": r["expired"],
         "msgs_per_admitted": arrivals / adm,
         "requests_per_admitted": requests / adm,
@@ -162,7 +166,7 @@ def main() -> int:
                 out["runs"][name].append(row)
                 print(
                     f"  {name:>14}: goodput {row['goodput_x']:.3f}x  p99 {row['p99_us']:6.0f}  "
-                    f"rej p99 {row['reject_p99_us']:6.0f}  msgs/adm {row['msgs_per_admitted']:.2f} "
+                    f"rej p99 {row['reject_p99_us']:6.0f} (p50 {row['reject_p50_us']:.0f}, lg lag {row['max_send_lag_us']:.0f})  msgs/adm {row['msgs_per_admitted']:.2f} "
                     f"(waits {row['credit_waits_per_admitted']:.2f}, parked {row['parked_waits_per_admitted']:.2f}, "
                     f"rejects {row['rejects_per_admitted']:.2f}, pushed {row['pushed_per_admitted']:.2f} "
                     f"in {row['push_chunks_per_admitted']:.2f} chunks, demand lines {row['demand_lines_per_admitted']:.2f})  io {row['io_us_per_msg']:.1f} us/msg  "

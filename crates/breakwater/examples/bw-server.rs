@@ -91,7 +91,7 @@ struct Args {
     demand_only: bool,
     /// Clients send a demand line for 1 in N of their idle-to-busy
     /// transitions (the server tells them N when it echoes bw-signals).
-    #[arg(long, default_value = "1")]
+    #[arg(long, default_value_t = breakwater::push::DEFAULT_DEMAND_SAMPLE)]
     demand_sample: u32,
     /// Breakwater: Eq. 2.4's floor, C_oc >= this (default 1; 0 with --carry).
     #[arg(long)]

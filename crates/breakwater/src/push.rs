@@ -71,9 +71,20 @@ pub struct PushHub {
     /// Refuse demand lines even with a sink (an A/B switch).
     refuse_demand: AtomicBool,
     /// Clients send a line for 1 in this many idle-to-busy transitions
-    /// (0 and 1: every one); told to them in the echoed `bw-signals`.
+    /// (0: [`DEFAULT_DEMAND_SAMPLE`]); told to them in the echoed
+    /// `bw-signals`.
     demand_sample: std::sync::atomic::AtomicU32,
 }
+
+/// Clients send a demand line for 1 in this many of their idle-to-busy
+/// transitions unless the server says otherwise
+/// ([`PushHub::set_demand_sample`]). Measured at 2x (docs/breakwater.md,
+/// session 10): every transition, 1.75 lines per admitted request, cost
+/// more server and load-generator CPU than the aimed credits saved (0.69
+/// of capacity against 0.73 without lines); 1 in 4 (0.36 lines per
+/// admitted) still names enough waiting clients to fill the core's idle
+/// moments (busy 0.88 -> 0.94; 0.77 of capacity).
+pub const DEFAULT_DEMAND_SAMPLE: u32 = 4;
 
 /// Receives the demand lines `(client, demand, budget_us)` of clients
 /// routed to the stream they came on (drains the vector).
@@ -152,7 +163,8 @@ impl PushHub {
     /// with: `demand`, or `demand/<n>` when sampling 1 in n.
     pub fn demand_echo(&self) -> String {
         match self.demand_sample.load(Ordering::Relaxed) {
-            0 | 1 => wire::SIGNALS_DEMAND.to_string(),
+            0 => format!("{}/{DEFAULT_DEMAND_SAMPLE}", wire::SIGNALS_DEMAND),
+            1 => wire::SIGNALS_DEMAND.to_string(),
             n => format!("{}/{n}", wire::SIGNALS_DEMAND),
         }
     }

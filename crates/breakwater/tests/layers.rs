@@ -575,6 +575,7 @@ fn demand_lines_flow_on_the_credit_streams_request_body_over_real_http2() {
             let stats = server.clone();
             let hub = server.push_hub();
             hub.set_accept_demand(accept);
+            hub.set_demand_sample(1); // every transition: lines are certain
             tokio::spawn(breakwater::http::serve_with_push(
                 listener, server, hub, 256,
             ));

@@ -68,6 +68,21 @@
 //! ring per connection (the thesis picks at random), each by Eq. 2.5.
 //! After a completion only clients of the responder's connection are
 //! picked, so the credits ride on that response.
+//!
+//! **Known demand (demand lines, session 10).** A client that signals its
+//! demand (`set_signals_demand`; [`crate::push`]) sends a line when it is
+//! drained and a request starts waiting (`on_demand`); a response that
+//! leaves such a client drained with piggybacked demand counts the same.
+//! Those clients *want* a credit until their budget minus the service
+//! reserve runs out. While the queue is short (forecast wait < d_t/2: the
+//! core is about to idle) `push_credits` gives the spare credits to them
+//! first, newest first, and C_oc is 0 (no speculation while known demand
+//! waits); otherwise everything above is unchanged. With `demand_only`
+//! they are pushed only on known demand, always (measured worse: each
+//! targeted credit costs a round trip of the request's budget). The
+//! invariants are the thesis's: a want only orders the spare credits
+//! (never past `C_total`), and a grant is still Eq. 2.5/2.6
+//! (`unused ≤ demand + C_oc`).
 
 use super::{
     fraction, positive_f64, positive_u64, Acquire, Arrival, ClientId, ClientPolicy, Completion,
