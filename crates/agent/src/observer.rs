@@ -1182,6 +1182,33 @@ mod tests {
         assert!(s.max_depth_seen <= 1 << 20);
     }
 
+    /// Every thread of the process moves to SCHED_IDLE and back, including
+    /// one started before the call (like the writers and the drain loop).
+    #[test]
+    fn every_agent_thread_goes_idle_and_back() {
+        let (tx, rx) = std::sync::mpsc::channel::<libc::pid_t>();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let other = std::thread::spawn(move || {
+            // SAFETY: a plain syscall.
+            tx.send(unsafe { libc::gettid() }).unwrap();
+            done_rx.recv().ok();
+        });
+        let other_tid = rx.recv().unwrap();
+        // SAFETY: plain syscalls on threads of this process.
+        let policy = |tid: libc::pid_t| unsafe { libc::sched_getscheduler(tid) };
+        let me = unsafe { libc::gettid() };
+        let moved_idle = set_agent_threads_idle(true);
+        let idle = (policy(me), policy(other_tid));
+        let moved_back = set_agent_threads_idle(false);
+        let back = (policy(me), policy(other_tid));
+        done_tx.send(()).unwrap();
+        other.join().unwrap();
+        assert!(moved_idle >= 2, "moved {moved_idle} threads to SCHED_IDLE");
+        assert_eq!(idle, (libc::SCHED_IDLE, libc::SCHED_IDLE));
+        assert!(moved_back >= 2, "moved {moved_back} threads back");
+        assert_eq!(back, (libc::SCHED_OTHER, libc::SCHED_OTHER));
+    }
+
     #[test]
     fn maps_keep_executable_file_mappings() {
         let text = "\
