@@ -356,6 +356,7 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agen
     out["server_cpu_us_per_req"] = srv_cpu * 1e6 / lg["achieved_rps"] if lg["achieved_rps"] else None
     if setup.startswith("recording"):
         meta = json.loads((trace / "meta.json").read_text())
+        out["drops"] = meta.get("drops") or {}  # e.g. ring_full: records lost to a drain that fell behind
         if not functions:
             out["trace_seconds"] = meta["duration_s"]
             return out
@@ -495,6 +496,9 @@ def interleaved(settings: list, rounds: int, seconds: float, rate: float, tmp: P
         obs = [x["observer"] for x in rs if "observer" in x]
         if obs:
             row["observer"] = {k: med([o.get(k) for o in obs]) for k in obs[0]}
+        drops = [x["drops"].get("ring_full") for x in ok if x.get("drops")]
+        if drops:  # request records lost because the (idle-priority) drain fell behind, per round
+            row["ring_full_drops"] = drops
         rows.append(row)
     return rows
 
