@@ -94,14 +94,17 @@ def load_requests(rec: Path) -> dict:
     return {c: t.column(c).to_numpy(zero_copy_only=False) for c in t.column_names}
 
 
-def injected_share(truth: Path, requests: int) -> float | None:
+def injected_share(truth: Path, request_ids: np.ndarray) -> float | None:
     """Share of the recorded requests that overlapped an injection, from the
-    server's ground-truth file (None when the server wrote none)."""
+    server's ground-truth file (None when the server wrote none). Only ids
+    that are in the recording count: the file covers the server's whole run."""
     try:
-        ids = [ln for ln in truth.read_text().splitlines() if ln and not ln.startswith("#")]
-    except OSError:
+        ids = {int(ln) for ln in truth.read_text().splitlines() if ln and not ln.startswith("#")}
+    except (OSError, ValueError):
         return None
-    return len(ids) / requests if requests else None
+    if not len(request_ids):
+        return None
+    return float(np.isin(request_ids, np.fromiter(ids, dtype=np.int64, count=len(ids))).mean())
 
 
 def accounting_error(cols: dict) -> float | None:
@@ -161,7 +164,7 @@ def run_one(cause: str, seed: int, port: int, seconds: float, tmp: Path) -> dict
     causes = ranked.get("causes", [])
     cols = load_requests(rec)
     return {
-        "injected_share": injected_share(truth, len(cols["latency_ns"])),
+        "injected_share": injected_share(truth, cols["request_id"].astype(np.int64)),
         "cause": cause, "seed": seed,
         "top": causes[0]["event"] if causes else None,
         "top_pct": causes[0].get("impact_pct_of_target") if causes else 0.0,

@@ -39,6 +39,7 @@
 #include <sched.h>
 #include <sys/resource.h>
 #include <signal.h>
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,7 +73,7 @@ static volatile int inject_active; /* an injector burst is running */
 /* Bursts started so far. A hog burst preempts the worker, so the worker never
  * sees inject_active set: a request overlapped a burst if one started while
  * it ran. */
-static volatile uint64_t inject_bursts;
+static _Atomic uint64_t inject_bursts;
 static pthread_mutex_t work_lock = PTHREAD_MUTEX_INITIALIZER;
 static double iters_per_us;
 static uint8_t *fault_buf, *ipi_buf;
@@ -157,7 +158,7 @@ static void burst_loop(uint64_t *rng, void (*burst)(uint64_t deadline), uint64_t
 		uint64_t deadline =
 		    now_ns() + uniform(rng, len_min * 1000, len_max * 1000) * 1000ull;
 		inject_active = 1;
-		inject_bursts++;
+		atomic_fetch_add_explicit(&inject_bursts, 1, memory_order_relaxed);
 		burst(deadline);
 		inject_active = 0;
 	}
@@ -248,7 +249,7 @@ static int handle(int fd, uint64_t id, int kind)
 {
 	tailscope_request_begin_kind(id, kind);
 	int hit = inject_active;
-	uint64_t bursts0 = inject_bursts;
+	uint64_t bursts0 = atomic_load_explicit(&inject_bursts, memory_order_relaxed);
 	pthread_mutex_lock(&work_lock);
 	if (cfg.inject == INJ_FAULTS && faults_hit(id)) {
 		fault_storm();
@@ -273,7 +274,8 @@ static int handle(int fd, uint64_t id, int kind)
 		else
 			break;
 	}
-	hit |= inject_active || inject_bursts != bursts0;
+	hit |=
+	    inject_active || atomic_load_explicit(&inject_bursts, memory_order_relaxed) != bursts0;
 	tailscope_request_end(id);
 	if (hit)
 		truth_add(id);
