@@ -552,8 +552,9 @@ def merge_earlier(workload: str, new: dict) -> dict:
         base = baseline_of(s, list(old_runs))
         if base not in new["runs"] and base in old_runs:
             new["runs"][base] = old_runs[base]
-        if base in old.get("rate80", {}):
-            new["rate80"].setdefault(base, old["rate80"][base])
+        if base in old.get("rate80", {}) and base not in measured:
+            # the open-loop rate the kept rows ran at
+            new["rate80"][base] = old["rate80"][base]
     for s, a in old.get("attach", {}).items():
         new["attach"].setdefault(s, a)
     new["runs"] = {s: new["runs"][s] for s in SETUPS[workload] if s in new["runs"]}
