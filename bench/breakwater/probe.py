@@ -166,10 +166,12 @@ def main() -> int:
                 out["runs"][name].append(row)
                 print(
                     f"  {name:>14}: goodput {row['goodput_x']:.3f}x  p99 {row['p99_us']:6.0f}  "
-                    f"rej p99 {row['reject_p99_us']:6.0f} (p50 {row['reject_p50_us']:.0f}, lg lag {row['max_send_lag_us']:.0f})  msgs/adm {row['msgs_per_admitted']:.2f} "
+                    f"rej p99 {row['reject_p99_us']:6.0f} (p50 {row['reject_p50_us']:.0f}, "
+                    f"lg lag {row['max_send_lag_us']:.0f})  msgs/adm {row['msgs_per_admitted']:.2f} "
                     f"(waits {row['credit_waits_per_admitted']:.2f}, parked {row['parked_waits_per_admitted']:.2f}, "
                     f"rejects {row['rejects_per_admitted']:.2f}, pushed {row['pushed_per_admitted']:.2f} "
-                    f"in {row['push_chunks_per_admitted']:.2f} chunks, demand lines {row['demand_lines_per_admitted']:.2f})  io {row['io_us_per_msg']:.1f} us/msg  "
+                    f"in {row['push_chunks_per_admitted']:.2f} chunks, "
+                    f"demand lines {row['demand_lines_per_admitted']:.2f})  io {row['io_us_per_msg']:.1f} us/msg  "
                     f"worker {row['worker_us_per_admitted']:.0f} us/adm  busy {row['server_busy']:.2f}  "
                     f"cpu0 {row['cpu0_busy']:.2f} (other {row['cpu0_other_s']:.2f} s) cpu1 {row['cpu1_busy']:.2f}  "
                     f"loadgen {row['loadgen_cpu_s']:.2f} s  expired@client {row['expired_at_client']}  "
