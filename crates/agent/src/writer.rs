@@ -219,6 +219,8 @@ const SOURCES: [Src; 24] = [
     Src::Flag(2), // counters_valid
 ];
 
+const _: () = assert!(SOURCES.len() == COLUMNS.len());
+
 /// Column buffers for one row group, in the physical types the column
 /// writers take: the unsigned columns are stored as their bit patterns
 /// (Parquet INT64/INT32 with an unsigned logical type, as the Arrow writer
@@ -936,7 +938,9 @@ pub(crate) mod tests {
                 assert_eq!(u32c("runnable_wait_count").value(j), r.runnable_count);
                 assert_eq!(u32c("blocked_wait_count").value(j), r.blocked_count);
                 assert_eq!(u32c("irq_count").value(j), r.irq_count);
+                assert_eq!(u32c("softirq_count").value(j), r.softirq_count);
                 assert_eq!(u32c("fault_user_count").value(j), r.fault_user_count);
+                assert_eq!(u32c("fault_kernel_count").value(j), r.fault_kernel_count);
                 assert_eq!(u32c("migration_count").value(j), r.migrations);
                 assert_eq!(u32c("voluntary_switch_count").value(j), r.vol_switches);
                 assert_eq!(u32c("involuntary_switch_count").value(j), r.invol_switches);
@@ -957,6 +961,98 @@ pub(crate) mod tests {
             .map(|e| e.unwrap().file_name().into_string().unwrap())
             .collect();
         assert_eq!(names.len(), 2, "{names:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// Every field of a record lands in its own column: each field holds a
+    /// value no other field has (and some hold unsigned values past the
+    /// signed range), so swapping two entries of `SOURCES` or of
+    /// `Buffers::push` fails here.
+    #[test]
+    fn every_field_lands_in_its_own_column() {
+        let dir = tempdir("fields");
+        let mut w = RequestWriter::new(&dir, WriterPolicy::default()).unwrap();
+        let rec = |i: u64| {
+            let v = |k: u64| k * 1_000 + i;
+            ts_request_record {
+                request_id: v(1),
+                start_ns: v(2),
+                latency_ns: u64::MAX - v(3),
+                tid: u32::MAX - v(4) as u32,
+                kind: 1,
+                flags: TS_REC_SAMPLED | TS_REC_COUNTERS,
+                oncpu_ns: v(5),
+                runnable_ns: v(6),
+                blocked_ns: v(7),
+                irq_ns: v(8),
+                softirq_ns: v(9),
+                runnable_count: v(10) as u32,
+                blocked_count: v(11) as u32,
+                irq_count: v(12) as u32,
+                softirq_count: v(13) as u32,
+                fault_user_count: v(14) as u32,
+                fault_kernel_count: v(15) as u32,
+                migrations: v(16) as u32,
+                vol_switches: v(17) as u32,
+                invol_switches: v(18) as u32,
+                cpu: v(19) as u32,
+            }
+        };
+        for i in 0..3 {
+            w.push(u32::MAX - 20, "GET", &rec(i)).unwrap();
+        }
+        let s = w.finish().unwrap();
+        let batches = read_all(&dir, &s.files);
+        let b = &batches[0];
+        assert_eq!(b.num_rows(), 3);
+        let want_u64 = [
+            ("request_id", 1u64),
+            ("start_ns", 2),
+            ("on_cpu_ns", 5),
+            ("runnable_wait_ns", 6),
+            ("blocked_wait_ns", 7),
+            ("irq_ns", 8),
+            ("softirq_ns", 9),
+        ];
+        let want_u32 = [
+            ("runnable_wait_count", 10u64),
+            ("blocked_wait_count", 11),
+            ("irq_count", 12),
+            ("softirq_count", 13),
+            ("fault_user_count", 14),
+            ("fault_kernel_count", 15),
+            ("migration_count", 16),
+            ("voluntary_switch_count", 17),
+            ("involuntary_switch_count", 18),
+            ("cpu", 19),
+        ];
+        for j in 0..3usize {
+            let i = j as u64;
+            let col = |n: &str| b.column_by_name(n).unwrap().clone();
+            let u64v = |n: &str| {
+                col(n)
+                    .as_any()
+                    .downcast_ref::<UInt64Array>()
+                    .unwrap()
+                    .value(j)
+            };
+            let u32v = |n: &str| {
+                col(n)
+                    .as_any()
+                    .downcast_ref::<UInt32Array>()
+                    .unwrap()
+                    .value(j)
+            };
+            for (n, k) in want_u64 {
+                assert_eq!(u64v(n), k * 1_000 + i, "{n} row {j}");
+            }
+            for (n, k) in want_u32 {
+                assert_eq!(u32v(n) as u64, k * 1_000 + i, "{n} row {j}");
+            }
+            assert_eq!(u64v("latency_ns"), u64::MAX - (3_000 + i), "row {j}");
+            assert_eq!(u32v("tid"), u32::MAX - (4_000 + i) as u32, "row {j}");
+            assert_eq!(u32v("pid"), u32::MAX - 20, "row {j}");
+        }
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
