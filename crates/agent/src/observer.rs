@@ -813,11 +813,20 @@ impl ObserverThread {
         })
     }
 
-    /// Stops after one last pass and returns what it wrote.
-    pub fn finish(self) -> Result<ObserverReport> {
+    /// Moves the agent's threads back to SCHED_OTHER if they were moved to
+    /// SCHED_IDLE: the recorder calls this before its last drain, so that
+    /// finalising the files is not starved by a busy target (a supervisor's
+    /// kill grace period would otherwise cut it short).
+    pub fn unidle(&mut self) {
         if self.agent_idle {
-            set_agent_threads_idle(false); // the last drains and file closes: not starved
+            set_agent_threads_idle(false);
+            self.agent_idle = false;
         }
+    }
+
+    /// Stops after one last pass and returns what it wrote.
+    pub fn finish(mut self) -> Result<ObserverReport> {
+        self.unidle(); // the last drains and file closes: not starved
         self.stop.store(true, Ordering::Relaxed);
         match self.handle.join() {
             Ok(r) => r,

@@ -823,6 +823,10 @@ pub fn run(args: RecordArgs) -> Result<()> {
         Ok(by) => Some(*by),
         Err(_) => None,
     };
+    // Back to normal priority before the last drain and the file closes.
+    if let Some(o) = st.observer.as_mut() {
+        o.unidle();
+    }
     // No real wait before the last drain (it may have grown to IDLE_WAIT,
     // or MARKER_WAIT in marker mode): the cap's floor, 100 us.
     st.wait = Duration::ZERO;
