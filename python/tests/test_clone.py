@@ -967,3 +967,36 @@ def test_branch_unit_tuning_step():
     split2 = {"threads": {}, "far": {}, "brx": {"Bc": 9.0, "Bcm": 3.0}}
     k2 = tune.update_knobs(knobs, m2, target, split2, {})
     assert k2["branch_x"] == pytest.approx(0.2) and k2["branch_r_scale"] < knobs["branch_r_scale"]
+
+
+@needs_valgrind
+@needs_gcc
+def test_ll_conflict_rings_are_warm_at_a_larger_ll_from_their_first_use(tmp_path):
+    """At a clone's real rates (~0.01 accesses per event) a ring goes round about once in a
+    window, so its lines are warmed at start-up (clone_llc_warm_<name>, which the harness and the
+    skeleton call): at the profiled LL every access still misses, at a 4x larger one none does."""
+    spec = _spec(
+        instructions=3000,
+        chunk_insns=5,
+        icode_bins=[(2048, 1.0)],
+        llc_code=[(4 << 20, 0.02)],
+        llc_data=[(4 << 20, 0.03)],
+    )
+    calls = 1500
+    asmgen.write_standalone(spec, tmp_path, seed=7, calls=calls)
+    assert "clone_llc_warm_t:" in (tmp_path / "body.S").read_text()
+    got = {}
+    for ll in (2 << 20, 8 << 20):
+        tc = _cg_run(tmp_path, tmp_path / "harness", calls, f"w{ll >> 20}", ("--cache-sim=yes", f"--LL={ll},16,64"))
+        # the rings' own misses: the warm-up's data loads are clone_llc_warm_t's; its calls fetch
+        # the variants (clone_llcv_t), K = 15 x 4 MiB / 2 MiB = 30 first fetches, taken off
+        k = 30
+        got[ll >> 20] = (
+            tc.fn_total("ILmr", "clone_llcv_t") + tc.fn_total("ILmr", "clone_llc_t") - k,
+            tc.fn_total("DLmr", "clone_llc_t"),
+        )
+    # at 2 MiB: every access misses, but for the first pass over lines that the start-up touch
+    # left among the last 16 of their set (the harness touches the whole region, downwards)
+    assert abs(got[2][0] - 0.02 * calls) <= 3, got
+    assert 0.03 * calls - 16 <= got[2][1] <= 0.03 * calls + 3, got
+    assert got[8][0] <= 3 and got[8][1] <= 3, got

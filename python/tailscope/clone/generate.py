@@ -163,7 +163,8 @@ def _set_llc(specs: dict, prof: dict) -> None:
         return
     sp = max(specs.values(), key=lambda x: (x.name == "worker", x.events_per_request))
     sp.branch_unit = True  # the random-branch unit too (asmgen.brx_function)
-    if not (bins["code"] or bins["data"]):
+    # (the workers' arena: the skeleton warms the rings' lines there, clone_warm)
+    if not (bins["code"] or bins["data"]) or sp.name not in ("worker", "acceptor"):
         return
     epr = max(1e-9, sp.events_per_request)
     sp.llc_code = [(s, n / epr) for s, n in bins["code"]]
@@ -290,6 +291,10 @@ def generate(
             ],
         }
     del rng
+    # clone_warm (the skeleton calls it once at start-up): the LL conflict rings' lines
+    warm = [sp.name for sp in specs.values() if (sp.llc_code or sp.llc_data) and not empty_body]
+    asm += ["    .globl clone_warm", "    .type clone_warm, @function", "clone_warm:"]
+    asm += [f"    jmp clone_llc_warm_{n}" for n in warm[:1]] or ["    ret"]
     for need_name in ("worker", "acceptor"):
         if need_name not in body_names.values():
             asm += [f"    .globl clone_body_{need_name}", f"clone_body_{need_name}:", "    ret"]

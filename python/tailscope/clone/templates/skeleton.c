@@ -270,6 +270,8 @@ static char *arena_new(size_t bytes)
  * keep the longest reuse distance first, each from its end down): the simulated caches are
  * shared by all threads, so an arena touched on its own after another pushed the other's
  * regions out of the LL (see generate._touch_rows). */
+void clone_warm(char *arena0);
+
 static void arenas_touch(char *const *arena)
 {
 	for (int i = 0; i < CLONE_N_TOUCH; i++) {
@@ -829,6 +831,9 @@ int main(int argc, char **argv)
 	for (int c = 0; c < CLONE_N_BG; c++)
 		arenas[c + 1] = clone_bg[c].arena ? arena_new(clone_bg[c].arena) : worker_arena;
 	arenas_touch(arenas);
+	/* the LL conflict rings' lines, code and data, once each after the touch (asmgen.llc_warm):
+	 * at a larger LL their first use in the window must hit, as the original's lines do */
+	clone_warm(worker_arena);
 	for (int c = 0; c < CLONE_N_BG; c++) {
 		char *arena = arenas[c + 1];
 		for (int k = 0; k < clone_bg[c].count; k++) {
