@@ -572,13 +572,24 @@ def render_spread(sp, spec: str = ".1f") -> str:
     return f"{format(sp['median'], spec)} ({format(sp['min'], spec)}–{format(sp['max'], spec)})"
 
 
+def render_drops(r: dict, records: bool) -> str:
+    """Request records a recording setup lost because its drain fell behind (meta.json
+    drops.ring_full), per round; "—" for setups that do not record, "not kept" for rows of
+    runs from before session 10, which did not keep them."""
+    d = r.get("ring_full_drops")
+    if d:
+        return ", ".join(str(x) for x in d)
+    return "not kept" if records else "—"
+
+
 def render_decompose(d: dict) -> list[str]:
     out = ["", f"## Where the cost at {int(d['load'] * 100)}% load comes from (memcached SET; {d['rounds']} "
            f"interleaved rounds × {d['seconds']} s; median (min–max over rounds))", "",
            "Ratios are paired: each round's figure over the same round's uninstrumented run. The "
            "uninstrumented row's own range is the noise a ratio has to clear.", "",
            "| setting | p50 µs | p99 µs | p50 × | p99 × | server CPU µs/SET | CPU × | agent CPU (% of one) "
-           "| observer wake-ups/s | lock events per SET |", "|---|---|---|---|---|---|---|---|---|---|"]
+           "| observer wake-ups/s | lock events per SET | records dropped (ring full), per round |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
     c = d.get("calls") or {}
     if c.get("calls_per_set"):
         out[5:5] = [f"Instrumented calls per SET: {c['calls_per_set']:.0f} (shadow-stack pushes of the instrumented "
@@ -590,7 +601,8 @@ def render_decompose(d: dict) -> list[str]:
         out.append(f"| {r['setting']} | {render_spread(r['p50_us'])} | {render_spread(r['p99_us'])} | "
                    f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
                    f"{render_spread(r['server_cpu_us_per_req'], '.2f')} | {render_spread(r['server_cpu_ratio'], '.2f')}"
-                   f" | {fmt(agent_cpu, '.1f')} | {fmt(ob, '.0f')} | {fmt(r.get('lock_events_per_req'), '.2f')} |"
+                   f" | {fmt(agent_cpu, '.1f')} | {fmt(ob, '.0f')} | {fmt(r.get('lock_events_per_req'), '.2f')} | "
+                   f"{render_drops(r, r['setting'].startswith(('--functions', 'marker')))} |"
                    + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
     return out
 
@@ -719,14 +731,16 @@ def render(res: dict, command: str) -> str:
                 "figure over the same round's uninstrumented run, median (min–max). The uninstrumented row's "
                 "own range is the noise a ratio has to clear.", "",
                 "| load | setup | p50 µs | p99 µs | req/s | p50 × | p99 × | throughput × | trace MB/s | "
-                "report s per min (scaled from a short run) |", "|---|---|---|---|---|---|---|---|---|---|"]
+                "report s per min (scaled from a short run) | records dropped (ring full), per round |",
+                "|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in m["rows"]:
             out.append(f"| {int(r['load'] * 100)}%{'' if isinstance(r['p50_us'], dict) else ' (earlier run)'} | "
                        f"{r['setup']} | {render_spread(r['p50_us'])} | "
                        f"{render_spread(r['p99_us'])} | {render_spread(r['rps'], '.0f')} | "
                        f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
                        f"{render_spread(r['rps_ratio'], '.3f')} | {fmt(r['trace_mb_s'], '.3f')} | "
-                       f"{fmt(r['analysis_s_per_min'], '.1f')} |"
+                       f"{fmt(r['analysis_s_per_min'], '.1f')} | "
+                       f"{render_drops(r, r['setup'].startswith('recording'))} |"
                        + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
         caps = sorted({(r["load"], r.get("capacity_rps") or m["capacity_rps"], r.get("runs") or m["runs"],
                         r.get("seconds") or m["seconds"]) for r in m["rows"]})
