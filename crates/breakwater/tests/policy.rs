@@ -411,6 +411,35 @@ fn drained_signalling_clients(demand_only: bool) -> Breakwater {
     p
 }
 
+/// Demand lines are hostile input: a budget past the server's own is cut
+/// to it, and a client streaming lines while an older entry holds the
+/// front of the want queue cannot grow that queue without bound.
+#[test]
+fn demand_lines_cannot_pin_or_grow_the_want_queue() {
+    let mut p = drained_signalling_clients(false);
+    let now = 1_000;
+    p.set_c_total(p.issued() as f64); // the pool is spent: nothing is granted
+    p.on_demand(now, 3, 1, Some(u64::MAX));
+    for i in 0..100_000u64 {
+        p.on_demand(now + 1 + i / 1000, 4, 1, Some(SLO));
+        assert!(
+            p.want_queue_len() <= 2 * p.wanting() + 64,
+            "line {i}: {} entries for {} live wants",
+            p.want_queue_len(),
+            p.wanting()
+        );
+    }
+    assert_eq!(p.wanting(), 2);
+    // Client 3's want lapses with the server's own budget, not its claim.
+    let late = now + SLO + 1;
+    p.on_demand(late, 4, 1, Some(SLO));
+    assert_eq!(
+        p.wanting(),
+        1,
+        "client 3's want outlived the server's budget"
+    );
+}
+
 /// Demand lines, strict (`demand_only`, session 10's first try): a
 /// pushable client that signals its demand is pushed an explicit credit
 /// only while its demand is known and waiting: never speculatively round

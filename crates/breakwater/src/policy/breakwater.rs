@@ -664,6 +664,20 @@ impl Breakwater {
             group,
             deadline,
         });
+        // A replaced entry stays behind as a stale one until it reaches the
+        // front; a client sending line after line while an older live entry
+        // holds the front would grow the queue without bound. Compact it.
+        if self.wanting.len() > 2 * self.want_live + 64 {
+            let clients = &self.clients;
+            self.wanting
+                .retain(|w| clients.get(&w.client).is_some_and(|c| c.want_seq == w.seq));
+        }
+    }
+
+    /// Entries in the want queue, stale ones included (bounded by
+    /// 2 × [`Self::wanting`] + 64).
+    pub fn want_queue_len(&self) -> usize {
+        self.wanting.len()
     }
 
     fn clear_want(&mut self, id: ClientId) {
@@ -1237,7 +1251,10 @@ impl Policy for Breakwater {
         self.prune_wants(now);
         let cap = self.total();
         let reserve = self.config.service_reserve_ns;
-        let budget = budget_ns.unwrap_or(self.config.queue_budget_ns + reserve);
+        // The budget comes from the network: never past our own (a huge
+        // one would pin its entry at the front of `wanting` for good).
+        let own = self.config.queue_budget_ns + reserve;
+        let budget = budget_ns.unwrap_or(own).min(own);
         let Some(c) = self.clients.get_mut(&client) else {
             return;
         };
