@@ -322,8 +322,9 @@ def _l1_steps(k: dict, m: dict, target: dict, brx: dict | None = None) -> None:
 
 def score(errs: dict) -> float:
     """Which iteration is best: the sum of errors in units of their tolerance, each capped at 10
-    (one metric stuck far off must not decide alone)."""
-    return sum(min(10.0, errs.get(k, 0.0) / TOLERANCE[k]) for k in TOLERANCE)
+    (one metric stuck far off must not decide alone). A metric an iteration failed to measure
+    counts as the cap, not as a perfect match."""
+    return sum(min(10.0, errs[k] / TOLERANCE[k]) if k in errs else 10.0 for k in TOLERANCE)
 
 
 def tune(
