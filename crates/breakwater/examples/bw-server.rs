@@ -91,6 +91,7 @@ struct Args {
     demand_only: bool,
     /// Clients send a demand line for 1 in N of their idle-to-busy
     /// transitions (the server tells them N when it echoes bw-signals).
+    /// Ignored with --demand-only, which needs every line (N = 1).
     #[arg(long, default_value_t = breakwater::push::DEFAULT_DEMAND_SAMPLE)]
     demand_sample: u32,
     /// Breakwater: Eq. 2.4's floor, C_oc >= this (default 1; 0 with --carry).
@@ -320,7 +321,13 @@ fn run(args: Args) -> Result<(), String> {
             // get explicit credits pushed; the others are unaffected.
             let hub = server.push_hub();
             hub.set_accept_demand(!args.no_demand);
-            hub.set_demand_sample(args.demand_sample.max(1));
+            // Strict mode pushes only on known demand: a client that skips
+            // its line (sampling) would wait for a credit that never comes.
+            hub.set_demand_sample(if args.demand_only {
+                1
+            } else {
+                args.demand_sample.max(1)
+            });
             tokio::spawn(serve_with_push(listener, server, hub, 4096))
         };
         let period = if args.trace_ms > 0 { args.trace_ms } else { 50 };

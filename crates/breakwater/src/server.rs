@@ -886,8 +886,12 @@ fn run_job<B, RB: Default>(
         shared.release_held(&mut **policy, now, releases);
         // Spare credits the response's own grant left go to drained
         // clients of the responder's connection, riding on its response;
-        // what is left after them, to drained clients with known demand
-        // on the other connections (their credit streams).
+        // what is left after them goes out on the other connections'
+        // credit streams: to drained clients with known demand first when
+        // they are served first, otherwise speculatively round the rings
+        // (since session 10 every completion does this, not only the
+        // ticker; the session-10 A/Bs in docs/breakwater.md include it in
+        // both arms, so their "before" column is not session 9's code).
         if shared.push.active() {
             policy.push_credits(now, Some(job.client), pushes);
             policy.push_credits(now, None, stream_pushes);

@@ -187,6 +187,13 @@ pub struct BreakwaterConfig {
     /// of capacity at 2x against 0.83 without demand lines (every
     /// targeted credit costs the extra round trip, so the pushed requests
     /// arrive with too little budget and the AQM refuses them).
+    ///
+    /// Strict mode needs every idle-to-busy transition signalled: pair it
+    /// with a demand sample of 1 (`PushHub::set_demand_sample`; bw-server
+    /// does so), or an unsampled drained client waits for a credit that
+    /// never comes. A client whose queue grows after its line, before the
+    /// want lapses, sends no second line (not handled; strict mode is an
+    /// experiment, off by default).
     pub demand_only: bool,
 }
 
