@@ -56,6 +56,7 @@ lint: setup
 	cargo fmt --all -- --check
 	cargo clippy $(CARGO_FLAGS) --all-targets -- -D warnings
 	$(VENV)/bin/ruff check python bench scripts tests
+	$(VENV)/bin/ruff format --check python bench scripts tests
 	clang-format --dry-run --Werror $$(git ls-files 'runtime/*.[ch]' 'bpf/*.[ch]' 'tests/accuracy/*.c' 'bench/runtime/*.c')
 
 fmt:

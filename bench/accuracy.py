@@ -113,16 +113,14 @@ def accounting_error(cols: dict) -> float | None:
     if not ok.any():
         return None
     lat = cols["latency_ns"][ok].astype(np.float64)
-    acc = (cols["on_cpu_ns"][ok].astype(np.float64) + cols["runnable_wait_ns"][ok]
-           + cols["blocked_wait_ns"][ok])
+    acc = cols["on_cpu_ns"][ok].astype(np.float64) + cols["runnable_wait_ns"][ok] + cols["blocked_wait_ns"][ok]
     return float(np.median(np.abs(acc - lat) / np.maximum(lat, 1.0)))
 
 
 def accounting_error_switched(cols: dict) -> float | None:
     """The same, over requests that context-switched at least once: the ones
     where the identity is not a matter of one uninterrupted on-CPU interval."""
-    sw = cols["counters_valid"].astype(bool) & (
-        (cols["voluntary_switch_count"] + cols["involuntary_switch_count"]) > 0)
+    sw = cols["counters_valid"].astype(bool) & ((cols["voluntary_switch_count"] + cols["involuntary_switch_count"]) > 0)
     if not sw.any():
         return None
     return accounting_error({k: v[sw] for k, v in cols.items()})
@@ -136,19 +134,62 @@ def run_one(cause: str, seed: int, port: int, seconds: float, tmp: Path) -> dict
     # requests at all (a hog that never preempted the worker is not evidence).
     truth = tmp / f"truth-{cause}-{seed}.txt"
     agent = subprocess.Popen(
-        [str(AGENT), "record", "-o", str(rec), "--force", "--sample", "100%", "--mode", "marker",
-         "--duration", str(seconds + 2.5), "--quiet", "--",
-         str(SERVER), "--port", str(port), "--cpu", "0", "--work-us", str(work_us),
-         "--inject", cause.split("-")[0], "--seed", str(seed), "--truth", str(truth)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            str(AGENT),
+            "record",
+            "-o",
+            str(rec),
+            "--force",
+            "--sample",
+            "100%",
+            "--mode",
+            "marker",
+            "--duration",
+            str(seconds + 2.5),
+            "--quiet",
+            "--",
+            str(SERVER),
+            "--port",
+            str(port),
+            "--cpu",
+            "0",
+            "--work-us",
+            str(work_us),
+            "--inject",
+            cause.split("-")[0],
+            "--seed",
+            str(seed),
+            "--truth",
+            str(truth),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     try:
         wait_port(port, agent)
         subprocess.run(
-            [str(LOADGEN), "--protocol", "line", "--target", f"127.0.0.1:{port}",
-             "--rate", str(rate), "--duration", str(seconds), "--cpu", "1", "--seed", str(seed),
-             "--connections", "4", "--json", str(tmp / "load.json"), "--quiet"],
-            check=True, stdout=subprocess.DEVNULL,
+            [
+                str(LOADGEN),
+                "--protocol",
+                "line",
+                "--target",
+                f"127.0.0.1:{port}",
+                "--rate",
+                str(rate),
+                "--duration",
+                str(seconds),
+                "--cpu",
+                "1",
+                "--seed",
+                str(seed),
+                "--connections",
+                "4",
+                "--json",
+                str(tmp / "load.json"),
+                "--quiet",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
         if agent.wait(timeout=60) != 0:
             raise RuntimeError(f"agent failed: {agent.stderr.read().decode()[-400:]}")
@@ -156,8 +197,9 @@ def run_one(cause: str, seed: int, port: int, seconds: float, tmp: Path) -> dict
         if agent.poll() is None:
             agent.terminate()
             agent.wait(timeout=30)
-    rep = subprocess.run([sys.executable, "-m", "tailscope", "report", str(rec), "--json"],
-                         capture_output=True, text=True)
+    rep = subprocess.run(
+        [sys.executable, "-m", "tailscope", "report", str(rec), "--json"], capture_output=True, text=True
+    )
     if rep.returncode != 0:
         raise RuntimeError(f"report failed: {rep.stderr.strip()}")
     ranked = json.loads(rep.stdout)
@@ -165,7 +207,8 @@ def run_one(cause: str, seed: int, port: int, seconds: float, tmp: Path) -> dict
     cols = load_requests(rec)
     return {
         "injected_share": injected_share(truth, cols["request_id"].astype(np.int64)),
-        "cause": cause, "seed": seed,
+        "cause": cause,
+        "seed": seed,
         "top": causes[0]["event"] if causes else None,
         "top_pct": causes[0].get("impact_pct_of_target") if causes else 0.0,
         "ranking": [(c["event"], c.get("impact_pct_of_target")) for c in causes[:5]],
@@ -183,10 +226,11 @@ def verdict(cause: str, runs: list[dict]) -> dict:
         ok = sum(1 for r in runs if r["max_pct"] <= NULL_MAX_PCT)
         return {"passed": ok == len(runs), "score": f"{ok}/{len(runs)} runs with no cause > {NULL_MAX_PCT:.0f}% of p99"}
     if cause == "none-short":
-        ok = sum(1 for r in runs
-                 if all((p or 0.0) <= NULL_MAX_PCT for e, p in r["all"] if e not in PLATFORM_EVENTS))
-        return {"passed": ok == len(runs),
-                "score": f"{ok}/{len(runs)} runs with no non-interrupt cause > {NULL_MAX_PCT:.0f}% of p99"}
+        ok = sum(1 for r in runs if all((p or 0.0) <= NULL_MAX_PCT for e, p in r["all"] if e not in PLATFORM_EVENTS))
+        return {
+            "passed": ok == len(runs),
+            "score": f"{ok}/{len(runs)} runs with no non-interrupt cause > {NULL_MAX_PCT:.0f}% of p99",
+        }
     ok = sum(1 for r in runs if r["top"] == EXPECTED[cause])
     need = max(1, (4 * len(runs) + 4) // 5)  # 4 of 5
     return {"passed": ok >= need, "score": f"{ok}/{len(runs)} seeds ranked first"}
@@ -204,46 +248,72 @@ def run_suite(causes: list[str], seeds: int, seconds: float) -> dict:
             for seed in range(1, seeds + 1):
                 port += 1
                 r = run_one(cause, seed, port, seconds, Path(td))
-                print(f"accuracy: {cause} seed {seed}: top={r['top']} ({r['top_pct']}) "
-                      f"p99={r['p99_us']} us injected_share={r['injected_share']} "
-                      f"acc_err={r['accounting_error']}", file=sys.stderr, flush=True)
+                print(
+                    f"accuracy: {cause} seed {seed}: top={r['top']} ({r['top_pct']}) "
+                    f"p99={r['p99_us']} us injected_share={r['injected_share']} "
+                    f"acc_err={r['accounting_error']}",
+                    file=sys.stderr,
+                    flush=True,
+                )
                 runs.append(r)
             out["causes"][cause] = {"expected": EXPECTED[cause], "runs": runs, **verdict(cause, runs)}
-    errs = [r["accounting_error"] for c in out["causes"].values() for r in c["runs"]
-            if r["accounting_error"] is not None]
+    errs = [
+        r["accounting_error"] for c in out["causes"].values() for r in c["runs"] if r["accounting_error"] is not None
+    ]
     out["accounting_error_median"] = float(np.median(errs)) if errs else None
     out["accounting_passed"] = bool(errs) and out["accounting_error_median"] <= ACCOUNTING_TOL
-    sw = [r["accounting_error_switched"] for c in out["causes"].values() for r in c["runs"]
-          if r.get("accounting_error_switched") is not None]
+    sw = [
+        r["accounting_error_switched"]
+        for c in out["causes"].values()
+        for r in c["runs"]
+        if r.get("accounting_error_switched") is not None
+    ]
     out["accounting_error_switched_median"] = float(np.median(sw)) if sw else None
     return out
 
 
 def render(res: dict, command: str) -> str:
-    lines = ["# Accuracy: injected cause ranked first (VarMRI, marker mode, 100% sampling)", "",
-             f"Reproduce: `{command}`", "",
-             "| injected | work/request, rate | expected first | result | rankings (top event, % of p99) per seed "
-             "| requests overlapping an injection, per seed | passed |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Accuracy: injected cause ranked first (VarMRI, marker mode, 100% sampling)",
+        "",
+        f"Reproduce: `{command}`",
+        "",
+        "| injected | work/request, rate | expected first | result | rankings (top event, % of p99) per seed "
+        "| requests overlapping an injection, per seed | passed |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for cause, c in res["causes"].items():
         per_seed = "; ".join(f"{r['top']} {r['top_pct'] if r['top_pct'] is not None else 0:.0f}%" for r in c["runs"])
         work_us, rate = WORKLOAD[cause]
-        reach = "; ".join("—" if r.get("injected_share") is None else f"{100 * r['injected_share']:.0f}%"
-                          for r in c["runs"]) if c["expected"] else "—"
-        lines.append(f"| {cause} | {work_us} µs, {rate}/s | {c['expected'] or '— (null run)'} | {c['score']} | "
-                     f"{per_seed} | {reach} | "
-                     f"{'yes' if c['passed'] else 'NO'} |")
+        reach = (
+            "; ".join(
+                "—" if r.get("injected_share") is None else f"{100 * r['injected_share']:.0f}%" for r in c["runs"]
+            )
+            if c["expected"]
+            else "—"
+        )
+        lines.append(
+            f"| {cause} | {work_us} µs, {rate}/s | {c['expected'] or '— (null run)'} | {c['score']} | "
+            f"{per_seed} | {reach} | "
+            f"{'yes' if c['passed'] else 'NO'} |"
+        )
     e = res.get("accounting_error_median")
-    lines += ["", f"Accounting identity (on-CPU + runnable + blocked vs latency, median relative error "
-                  f"over all runs): {'n/a' if e is None else f'{100 * e:.2f}%'} "
-                  f"(limit {100 * ACCOUNTING_TOL:.0f}%): {'pass' if res['accounting_passed'] else 'FAIL'}"]
+    lines += [
+        "",
+        f"Accounting identity (on-CPU + runnable + blocked vs latency, median relative error "
+        f"over all runs): {'n/a' if e is None else f'{100 * e:.2f}%'} "
+        f"(limit {100 * ACCOUNTING_TOL:.0f}%): {'pass' if res['accounting_passed'] else 'FAIL'}",
+    ]
     sw = res.get("accounting_error_switched_median")
     if sw is not None:
         lines.append(f"Over requests that context-switched at least once: {100 * sw:.2f}%.")
-    lines += ["", "The null run's requests are 500 µs: with 100 µs requests this VM's own timer ticks "
-              "(~20 µs) and loopback reply softirqs (10-30 µs) are genuinely the cause of p99 "
-              "(9-12% of it), see WORKLOAD in bench/accuracy.py. `none-short` is the matched control "
-              "at the injected runs' 100 µs: there only those interrupt events may pass 10%."]
+    lines += [
+        "",
+        "The null run's requests are 500 µs: with 100 µs requests this VM's own timer ticks "
+        "(~20 µs) and loopback reply softirqs (10-30 µs) are genuinely the cause of p99 "
+        "(9-12% of it), see WORKLOAD in bench/accuracy.py. `none-short` is the matched control "
+        "at the injected runs' 100 µs: there only those interrupt events may pass 10%.",
+    ]
     return "\n".join(lines) + "\n"
 
 

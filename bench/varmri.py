@@ -76,8 +76,17 @@ class Server:
     def __init__(self, kind: str, port: int, env: dict | None = None):
         self.kind, self.port = kind, port
         if kind == "redis":
-            cmd = [shutil.which("redis-server"), "--port", str(port), "--save", "",
-                   "--appendonly", "no", "--logfile", "/dev/null"]
+            cmd = [
+                shutil.which("redis-server"),
+                "--port",
+                str(port),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                "/dev/null",
+            ]
         elif kind == "memcached":
             cmd = [shutil.which("memcached"), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
         elif kind == "memcached-marked":
@@ -86,8 +95,12 @@ class Server:
             cmd = [str(MEMCACHED_PLAIN), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
         else:
             raise ValueError(kind)
-        self.proc = subprocess.Popen(["taskset", "-c", "0", *cmd], env={**os.environ, **(env or {})},
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            ["taskset", "-c", "0", *cmd],
+            env={**os.environ, **(env or {})},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         wait_port(port)
         time.sleep(0.2)
 
@@ -109,17 +122,36 @@ WARMUP_S = 0.5
 def server_cpu_ns(pid: int) -> int | None:
     """CPU time the server (all its threads) has run, from schedstat."""
     try:
-        return sum(int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0])
-                   for t in os.listdir(f"/proc/{pid}/task"))
+        return sum(
+            int(Path(f"/proc/{pid}/task/{t}/schedstat").read_text().split()[0]) for t in os.listdir(f"/proc/{pid}/task")
+        )
     except (OSError, ValueError, IndexError):
         return None
 
 
-def loadgen(server: Server, rate: str, seconds: float, out: Path, preload: bool = False,
-            warmup: float = WARMUP_S) -> dict:
-    cmd = [str(LOADGEN), "--protocol", server.protocol, "--target", f"127.0.0.1:{server.port}",
-           "--rate", rate, "--duration", str(seconds), "--warmup", str(warmup), "--cpu", "1",
-           "--connections", "16", "--json", str(out), "--quiet"]
+def loadgen(
+    server: Server, rate: str, seconds: float, out: Path, preload: bool = False, warmup: float = WARMUP_S
+) -> dict:
+    cmd = [
+        str(LOADGEN),
+        "--protocol",
+        server.protocol,
+        "--target",
+        f"127.0.0.1:{server.port}",
+        "--rate",
+        rate,
+        "--duration",
+        str(seconds),
+        "--warmup",
+        str(warmup),
+        "--cpu",
+        "1",
+        "--connections",
+        "16",
+        "--json",
+        str(out),
+        "--quiet",
+    ]
     if preload:
         cmd.append("--preload")
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
@@ -138,14 +170,27 @@ class Tracer:
         if setup.startswith("tailscope"):
             rate = "1%" if "-1%" in setup else "100%"
             mode = "marker" if "marker" in setup else "infer"
-            cmd = [str(AGENT), "record", "-o", str(self.out), "--force", "-p", str(pid),
-                   "--sample", rate, "--mode", mode, "--quiet"]
+            cmd = [
+                str(AGENT),
+                "record",
+                "-o",
+                str(self.out),
+                "--force",
+                "-p",
+                str(pid),
+                "--sample",
+                rate,
+                "--mode",
+                mode,
+                "--quiet",
+            ]
             if setup.endswith("-continuous"):
                 # every request drawn independently, programs always attached
                 cmd += ["--burst", "off"]
         elif setup == "bpftrace":
-            prog = (f'tracepoint:raw_syscalls:sys_enter /pid == {pid}/ '
-                    '{ printf("%d %d %ld\\n", tid, args->id, nsecs); }')
+            prog = (
+                f'tracepoint:raw_syscalls:sys_enter /pid == {pid}/ {{ printf("%d %d %ld\\n", tid, args->id, nsecs); }}'
+            )
             cmd = ["bpftrace", "-o", str(self.out), "-e", prog]
         elif setup == "perf":
             cmd = ["perf", "record", "-F", "4000", "-g", "-p", str(pid), "-o", str(self.out), "-q"]
@@ -195,12 +240,29 @@ class Tracer:
 
 
 SETUPS = {
-    "redis": ["none", "tailscope-infer-1%", "tailscope-infer-1%-continuous", "tailscope-infer-100%",
-              "bpftrace", "perf", "ftrace"],
-    "memcached": ["none", "none-plain", "none-marked", "tailscope-infer-1%", "tailscope-infer-1%-continuous",
-                  "tailscope-infer-100%",
-                  "tailscope-marker-1%", "tailscope-marker-1%-continuous", "tailscope-marker-100%",
-                  "bpftrace", "perf", "ftrace"],
+    "redis": [
+        "none",
+        "tailscope-infer-1%",
+        "tailscope-infer-1%-continuous",
+        "tailscope-infer-100%",
+        "bpftrace",
+        "perf",
+        "ftrace",
+    ],
+    "memcached": [
+        "none",
+        "none-plain",
+        "none-marked",
+        "tailscope-infer-1%",
+        "tailscope-infer-1%-continuous",
+        "tailscope-infer-100%",
+        "tailscope-marker-1%",
+        "tailscope-marker-1%-continuous",
+        "tailscope-marker-100%",
+        "bpftrace",
+        "perf",
+        "ftrace",
+    ],
 }
 
 
@@ -223,8 +285,7 @@ def baseline_of(setup: str, setups) -> str:
     return "none"
 
 
-def measure(workload: str, setup: str, port: int, seconds: float, rate80: float | None,
-            tmp: Path) -> dict:
+def measure(workload: str, setup: str, port: int, seconds: float, rate80: float | None, tmp: Path) -> dict:
     env = {"TAILSCOPE_SAMPLE": "1%"} if "marker" in setup else {}
     srv = Server(server_kind(workload, setup), port, env)
     try:
@@ -241,8 +302,7 @@ def measure(workload: str, setup: str, port: int, seconds: float, rate80: float 
             info = tr.stop()
     finally:
         srv.stop()
-    res = {"max_rps": mx["achieved_rps"], "bytes": info["bytes"], "elapsed_s": elapsed,
-           "recorded": info["requests"]}
+    res = {"max_rps": mx["achieved_rps"], "bytes": info["bytes"], "elapsed_s": elapsed, "recorded": info["requests"]}
     if p:
         res["p99_us"] = p["latency_us"]["p99"]
         res["rate80_achieved"] = p["achieved_rps"]
@@ -260,8 +320,14 @@ def measure(workload: str, setup: str, port: int, seconds: float, rate80: float 
 # server, alternating short halves (see attach_pairs).
 ATTACH_SETUPS = {
     "redis": ["tailscope-infer-1%", "tailscope-infer-1%-continuous", "tailscope-infer-100%"],
-    "memcached": ["tailscope-infer-1%", "tailscope-infer-1%-continuous", "tailscope-infer-100%",
-                  "tailscope-marker-1%", "tailscope-marker-1%-continuous", "tailscope-marker-100%"],
+    "memcached": [
+        "tailscope-infer-1%",
+        "tailscope-infer-1%-continuous",
+        "tailscope-infer-100%",
+        "tailscope-marker-1%",
+        "tailscope-marker-1%-continuous",
+        "tailscope-marker-100%",
+    ],
 }
 
 
@@ -404,15 +470,19 @@ def attach_pairs(workload: str, setup: str, port: int, pairs: int, seconds: floa
         out["idle_exit_ns"] = idle_exit_ns(srv, setup, seconds, tmp)
         for i in range(pairs):
             try:
-                half = {state: attach_half(srv, setup, state == "on", seconds, tmp)
-                        for state in (("off", "on") if i % 2 == 0 else ("on", "off"))}
+                half = {
+                    state: attach_half(srv, setup, state == "on", seconds, tmp)
+                    for state in (("off", "on") if i % 2 == 0 else ("on", "off"))
+                }
             except Exception as e:  # one bad pair is dropped and counted, not the setup
                 log(f"bench: {workload} attach pair {i + 1}/{pairs} {setup}: {e}")
                 out["failed_pairs"] = out.get("failed_pairs", 0) + 1
                 continue
             out["pairs"].append(half)
-            log(f"bench: {workload} attach pair {i + 1}/{pairs} {setup}: "
-                f"off {half['off']['max_rps']:.0f} on {half['on']['max_rps']:.0f} req/s")
+            log(
+                f"bench: {workload} attach pair {i + 1}/{pairs} {setup}: "
+                f"off {half['off']['max_rps']:.0f} on {half['on']['max_rps']:.0f} req/s"
+            )
     finally:
         srv.stop()
     return out
@@ -423,16 +493,22 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--workloads", default="redis,memcached")
-    ap.add_argument("--pairs", type=int, default=8,
-                    help="attach/detach pairs per tailscope setup on one running server (0: skip)")
-    ap.add_argument("--pair-seconds", type=float, default=1.5,
-                    help="length of each half of an attach pair")
-    ap.add_argument("--keep-others", action="store_true",
-                    help="keep the results of workloads not measured now (from an earlier run, one per invocation)")
-    ap.add_argument("--setups", default=None,
-                    help="comma-separated setups to measure now (with the baselines they are compared with); "
-                         "the other setups of the workload keep their rows from the earlier results file, "
-                         "each row paired with the baseline runs of its own invocation")
+    ap.add_argument(
+        "--pairs", type=int, default=8, help="attach/detach pairs per tailscope setup on one running server (0: skip)"
+    )
+    ap.add_argument("--pair-seconds", type=float, default=1.5, help="length of each half of an attach pair")
+    ap.add_argument(
+        "--keep-others",
+        action="store_true",
+        help="keep the results of workloads not measured now (from an earlier run, one per invocation)",
+    )
+    ap.add_argument(
+        "--setups",
+        default=None,
+        help="comma-separated setups to measure now (with the baselines they are compared with); "
+        "the other setups of the workload keep their rows from the earlier results file, "
+        "each row paired with the baseline runs of its own invocation",
+    )
     args = ap.parse_args()
     if args.setups is not None and args.workloads.count(",") > 0:
         sys.exit("bench: --setups needs a single --workloads")
@@ -444,8 +520,13 @@ def main() -> None:
         # Rebuild if libtailscope changed since (idempotent; `make bench` runs
         # it too): a stale build has another region layout and the agent
         # refuses it.
-        b = subprocess.run([str(ROOT / "bench" / "memcached" / "build.sh")], env={**os.environ, "TS_NO_APT": "1"},
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        b = subprocess.run(
+            [str(ROOT / "bench" / "memcached" / "build.sh")],
+            env={**os.environ, "TS_NO_APT": "1"},
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         if b.returncode != 0:
             log(f"bench: memcached-marked rebuild failed: {b.stderr.strip()[-300:]}")
     have_marked = MEMCACHED_MARKED.exists() and MEMCACHED_PLAIN.exists()
@@ -455,8 +536,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="ts-bench-") as td:
         tmp = Path(td)
         for workload in args.workloads.split(","):
-            setups = [s for s in SETUPS[workload]
-                      if have_marked or not ("marker" in s or s in ("none-marked", "none-plain"))]
+            setups = [
+                s for s in SETUPS[workload] if have_marked or not ("marker" in s or s in ("none-marked", "none-plain"))
+            ]
             if not have_marked and workload == "memcached":
                 log("bench: build/memcached-marked or -plain missing (bench/memcached/build.sh); marker rows skipped")
             if args.setups is not None:
@@ -476,8 +558,7 @@ def main() -> None:
                     port += 1
                     base.append(measure(workload, b, port, args.seconds, None, tmp)["max_rps"])
                 rate80[b] = 0.8 * statistics.median(base)
-                log(f"bench: {workload}: {b} max {statistics.median(base):.0f} req/s; "
-                    f"open-loop rate {rate80[b]:.0f}")
+                log(f"bench: {workload}: {b} max {statistics.median(base):.0f} req/s; open-loop rate {rate80[b]:.0f}")
             runs: dict = {s: [] for s in setups}
             for r in range(args.runs):
                 # Rotate the order each repetition: pairing cancels drift
@@ -508,8 +589,13 @@ def main() -> None:
                 except Exception as e:
                     log(f"bench: {workload}/{s} attach pairs: {e}")
                     attach[s] = {"failed": str(e)[-300:], "pairs": []}
-            table[workload] = {"rate80": rate80, "runs": runs, "command": command, "repetitions": args.runs,
-                               "attach": attach}
+            table[workload] = {
+                "rate80": rate80,
+                "runs": runs,
+                "command": command,
+                "repetitions": args.runs,
+                "attach": attach,
+            }
             if args.setups is not None:
                 table[workload] = merge_earlier(workload, table[workload])
     if args.keep_others:
@@ -525,9 +611,16 @@ def main() -> None:
         table = {w: table[w] for w in SETUPS if w in table}
     summary = summarise(table)
     attach_summary = summarise_attach(table)
-    out = {"command": command, "attach_summary": attach_summary,
-           "host": os.uname().nodename, "kernel": os.uname().release, "runs": args.runs,
-           "seconds": args.seconds, "summary": summary, "raw": table}
+    out = {
+        "command": command,
+        "attach_summary": attach_summary,
+        "host": os.uname().nodename,
+        "kernel": os.uname().release,
+        "runs": args.runs,
+        "seconds": args.seconds,
+        "summary": summary,
+        "raw": table,
+    }
     (RESULTS / "varmri.json").write_text(json.dumps(out, indent=2))
     commands = sorted({t.get("command", command) for t in table.values()})
     md = render(summary, " ; ".join(f"`{c}`" for c in commands), attach_summary)
@@ -576,8 +669,11 @@ def paired_ratios(rs: list[dict], base: list[dict], key: str) -> list[float]:
     (a 100% loss); a failed run, or a failed baseline, leaves its pair out,
     and the caller reports how many pairs remain."""
     by_round = {r.get("round"): r.get(key) for r in base if not r.get("failed")}
-    return [r[key] / by_round[r.get("round")] for r in rs
-            if not r.get("failed") and r.get(key) is not None and by_round.get(r.get("round"))]
+    return [
+        r[key] / by_round[r.get("round")]
+        for r in rs
+        if not r.get("failed") and r.get(key) is not None and by_round.get(r.get("round"))
+    ]
 
 
 def paired(rs: list[dict], base: list[dict], key: str):
@@ -608,19 +704,27 @@ def summarise(table: dict) -> list[dict]:
             # Fewer than half the repetitions paired: not a measurement.
             if len(losses) * 2 < reps:
                 tput = None
-            rows.append({
-                "workload": workload, "setup": s, "baseline": base_name, "max_rps": mx, "p99_us": p99,
-                "throughput_ratio": tput,
-                "throughput_loss_pct": 100 * (1 - tput) if tput else None,
-                "loss_range_pct": [min(losses), max(losses)] if losses else None,
-                "losses_pct": losses,
-                "pairs": len(losses), "repetitions": reps,
-                "p99_ratio": paired(rs, base, "p99_us"),
-                "rate80_ratio": paired(rs, base, "rate80_achieved"),
-                "trace_MB_per_s": mbps, "bytes_per_recorded_request": per_req,
-                "cpu_ns_per_req": cpu,
-                "cpu_ratio": cpu_ratio,
-            })
+            rows.append(
+                {
+                    "workload": workload,
+                    "setup": s,
+                    "baseline": base_name,
+                    "max_rps": mx,
+                    "p99_us": p99,
+                    "throughput_ratio": tput,
+                    "throughput_loss_pct": 100 * (1 - tput) if tput else None,
+                    "loss_range_pct": [min(losses), max(losses)] if losses else None,
+                    "losses_pct": losses,
+                    "pairs": len(losses),
+                    "repetitions": reps,
+                    "p99_ratio": paired(rs, base, "p99_us"),
+                    "rate80_ratio": paired(rs, base, "rate80_achieved"),
+                    "trace_MB_per_s": mbps,
+                    "bytes_per_recorded_request": per_req,
+                    "cpu_ns_per_req": cpu,
+                    "cpu_ratio": cpu_ratio,
+                }
+            )
     return rows
 
 
@@ -644,7 +748,7 @@ def median_ci(xs: list[float], coverage: float = 0.9) -> tuple[float, float] | N
     xs = sorted(xs)
     best = None
     for k in range(1, n // 2 + 1):
-        tail = sum(math.comb(n, i) for i in range(k)) / 2 ** n
+        tail = sum(math.comb(n, i) for i in range(k)) / 2**n
         if 1 - 2 * tail >= coverage:
             best = (xs[k - 1], xs[n - k])
     return best
@@ -667,11 +771,19 @@ def summarise_attach(table: dict) -> list[dict]:
                 rows.append({"workload": workload, "setup": s, "failed": a.get("failed", "no pairs")})
                 continue
             losses = [100 * (1 - p["on"]["max_rps"] / p["off"]["max_rps"]) for p in ps]
-            cpus = [p["on"]["cpu_ns_per_req"] / p["off"]["cpu_ns_per_req"] for p in ps
-                    if p["on"].get("cpu_ns_per_req") and p["off"].get("cpu_ns_per_req")]
+            cpus = [
+                p["on"]["cpu_ns_per_req"] / p["off"]["cpu_ns_per_req"]
+                for p in ps
+                if p["on"].get("cpu_ns_per_req") and p["off"].get("cpu_ns_per_req")
+            ]
             off_cpu = med([p["off"].get("cpu_ns_per_req") for p in ps])
-            idle_pct = (100 * idle_ns / off_cpu if "marker" in s and idle_ns is not None and off_cpu
-                        else 0.0 if "marker" not in s else None)
+            idle_pct = (
+                100 * idle_ns / off_cpu
+                if "marker" in s and idle_ns is not None and off_cpu
+                else 0.0
+                if "marker" not in s
+                else None
+            )
             loss = statistics.median(losses)
             ci = median_ci(losses)
             # tailscope's own CPU per request, as the kernel accounts it: its
@@ -684,88 +796,118 @@ def summarise_attach(table: dict) -> list[dict]:
                 on = p["on"]
                 on["agent_charged_ns_per_req"] = (
                     on["agent_steady_ns_per_req"] + max(0.0, on["agent_exit_ns"] - fixed_exit) / on["requests"]
-                    if fixed_exit is not None and on.get("agent_steady_ns_per_req") is not None
-                    and on.get("requests") else on.get("agent_ns_per_req"))
-            own = [p["on"]["bpf_ns_per_req"] + p["on"]["agent_charged_ns_per_req"] for p in ps
-                   if p["on"].get("bpf_ns_per_req") is not None
-                   and p["on"].get("agent_charged_ns_per_req") is not None]
+                    if fixed_exit is not None and on.get("agent_steady_ns_per_req") is not None and on.get("requests")
+                    else on.get("agent_ns_per_req")
+                )
+            own = [
+                p["on"]["bpf_ns_per_req"] + p["on"]["agent_charged_ns_per_req"]
+                for p in ps
+                if p["on"].get("bpf_ns_per_req") is not None and p["on"].get("agent_charged_ns_per_req") is not None
+            ]
             own_ns = statistics.median(own) if own else None
             if own_ns is not None and "marker" in s:
                 rate = 1.0 if "100%" in s else 0.01
                 own_ns = own_ns + rate * sampled_ns if sampled_ns is not None else None
-            accounted = (100 * own_ns / off_cpu + (idle_pct or 0.0)
-                         if own_ns is not None and off_cpu else None)
-            rows.append({
-                "workload": workload, "setup": s, "pairs": len(ps),
-                "loss_pct": loss, "loss_range_pct": [min(losses), max(losses)],
-                "loss_ci90_pct": list(ci) if ci else None,
-                "off_rps": med([p["off"]["max_rps"] for p in ps]),
-                "on_rps": med([p["on"]["max_rps"] for p in ps]),
-                "cpu_increase_pct": 100 * (statistics.median(cpus) - 1) if cpus else None,
-                "idle_path_pct": idle_pct,
-                "total_loss_pct": loss + idle_pct if idle_pct is not None else None,
-                "own_ns_per_req": own_ns,
-                "bpf_ns_per_req": med([p["on"].get("bpf_ns_per_req") for p in ps]),
-                "agent_ns_per_req": med([p["on"].get("agent_charged_ns_per_req") for p in ps]),
-                "agent_whole_life_ns_per_req": med([p["on"].get("agent_ns_per_req") for p in ps]),
-                "agent_exit_fixed_ms": a.get("idle_exit_ns") / 1e6 if a.get("idle_exit_ns") is not None else None,
-                "server_ns_per_req": off_cpu,
-                "accounted_pct": accounted,
-                "failed_pairs": a.get("failed_pairs", 0),
-            })
+            accounted = 100 * own_ns / off_cpu + (idle_pct or 0.0) if own_ns is not None and off_cpu else None
+            rows.append(
+                {
+                    "workload": workload,
+                    "setup": s,
+                    "pairs": len(ps),
+                    "loss_pct": loss,
+                    "loss_range_pct": [min(losses), max(losses)],
+                    "loss_ci90_pct": list(ci) if ci else None,
+                    "off_rps": med([p["off"]["max_rps"] for p in ps]),
+                    "on_rps": med([p["on"]["max_rps"] for p in ps]),
+                    "cpu_increase_pct": 100 * (statistics.median(cpus) - 1) if cpus else None,
+                    "idle_path_pct": idle_pct,
+                    "total_loss_pct": loss + idle_pct if idle_pct is not None else None,
+                    "own_ns_per_req": own_ns,
+                    "bpf_ns_per_req": med([p["on"].get("bpf_ns_per_req") for p in ps]),
+                    "agent_ns_per_req": med([p["on"].get("agent_charged_ns_per_req") for p in ps]),
+                    "agent_whole_life_ns_per_req": med([p["on"].get("agent_ns_per_req") for p in ps]),
+                    "agent_exit_fixed_ms": a.get("idle_exit_ns") / 1e6 if a.get("idle_exit_ns") is not None else None,
+                    "server_ns_per_req": off_cpu,
+                    "accounted_pct": accounted,
+                    "failed_pairs": a.get("failed_pairs", 0),
+                }
+            )
     return rows
 
 
 def render_attach(rows: list[dict]) -> list[str]:
     if not rows:
         return []
-    lines = ["", "## Attach pairs: the agent attached to and detached from one running server", "",
-             "Each pair measures the closed-loop maximum of ONE server process twice, seconds apart: "
-             "with the agent attached (started with `-p PID`) and without (half order alternating). "
-             "This cancels what the table above cannot: differences between server starts and the "
-             "host's drift between minutes. Loss is the median over pairs, with the range and a 90% "
-             "confidence interval of the median (order statistics); the measured verdict needs the whole "
-             "interval on one side of the goal, else it says `inconclusive (noise)`. For the "
-             "marker rows the detached server still runs the marked build's idle path (no request is "
-             "sampled without an agent); `idle path` adds its cost, one unsampled begin/end pair from "
-             "the runtime microbenchmark (`bench/results/runtime.json`) over the server's CPU time "
-             "per request, so `total` is the loss against no tracing at all.", "",
-             "`accounted` is tailscope's own CPU per request as the kernel counts it, which host "
-             "noise barely moves: its BPF programs (`bpf_stats`, on every CPU), the agent's CPU from "
-             "the half's start to its exit (schedstat, rusage) less its fixed cost of stopping (`exit ms`: "
-             "SIGINT to exit after an idle half, median of 3; a recording pays it once, the 1.5 s halves "
-             "would charge it to ~60k requests; what the exit costs beyond it, the half's last records, "
-             "stays charged) and, for marker rows, the runtime's sampled path (microbenchmark) and idle "
-             "path; as a % of the untraced server's CPU per request it is the capacity loss if all of "
-             "it came out of the server's core. It is the DIRECT cost only: it leaves out cache and "
-             "TLB pollution, the IPIs of attaching and detaching burst windows and the agent's "
-             "preemption of the server, so above the goal it shows the goal is not met, and below "
-             "it only that the direct part fits (`direct cost within`). Pairs whose agent did not "
-             "record through its half are dropped and counted.", "",
-             "| workload | setup | pairs | max req/s off → on | loss % (range) | CPU/request increase | "
-             "idle path % | total loss % | verdict (measured) | BPF + agent ns/req | agent exit ms | "
-             "server ns/req | accounted % | goal | verdict (accounted) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "",
+        "## Attach pairs: the agent attached to and detached from one running server",
+        "",
+        "Each pair measures the closed-loop maximum of ONE server process twice, seconds apart: "
+        "with the agent attached (started with `-p PID`) and without (half order alternating). "
+        "This cancels what the table above cannot: differences between server starts and the "
+        "host's drift between minutes. Loss is the median over pairs, with the range and a 90% "
+        "confidence interval of the median (order statistics); the measured verdict needs the whole "
+        "interval on one side of the goal, else it says `inconclusive (noise)`. For the "
+        "marker rows the detached server still runs the marked build's idle path (no request is "
+        "sampled without an agent); `idle path` adds its cost, one unsampled begin/end pair from "
+        "the runtime microbenchmark (`bench/results/runtime.json`) over the server's CPU time "
+        "per request, so `total` is the loss against no tracing at all.",
+        "",
+        "`accounted` is tailscope's own CPU per request as the kernel counts it, which host "
+        "noise barely moves: its BPF programs (`bpf_stats`, on every CPU), the agent's CPU from "
+        "the half's start to its exit (schedstat, rusage) less its fixed cost of stopping (`exit ms`: "
+        "SIGINT to exit after an idle half, median of 3; a recording pays it once, the 1.5 s halves "
+        "would charge it to ~60k requests; what the exit costs beyond it, the half's last records, "
+        "stays charged) and, for marker rows, the runtime's sampled path (microbenchmark) and idle "
+        "path; as a % of the untraced server's CPU per request it is the capacity loss if all of "
+        "it came out of the server's core. It is the DIRECT cost only: it leaves out cache and "
+        "TLB pollution, the IPIs of attaching and detaching burst windows and the agent's "
+        "preemption of the server, so above the goal it shows the goal is not met, and below "
+        "it only that the direct part fits (`direct cost within`). Pairs whose agent did not "
+        "record through its half are dropped and counted.",
+        "",
+        "| workload | setup | pairs | max req/s off → on | loss % (range) | CPU/request increase | "
+        "idle path % | total loss % | verdict (measured) | BPF + agent ns/req | agent exit ms | "
+        "server ns/req | accounted % | goal | verdict (accounted) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         goal = GOALS.get(r["setup"])
         if r.get("failed"):
-            lines.append(f"| {r['workload']} | {r['setup']} | 0 | failed: {r['failed']} | | | | | unmeasured "
-                         "| | | | | | unmeasured |")
+            lines.append(
+                f"| {r['workload']} | {r['setup']} | 0 | failed: {r['failed']} | | | | | unmeasured "
+                "| | | | | | unmeasured |"
+            )
             continue
         tot = r["total_loss_pct"]
         ci = r.get("loss_ci90_pct")
         idle = r.get("idle_path_pct") or 0.0
         # met / NOT met only when the whole 90% interval of the median is on
         # one side of the goal; with this host's noise it often is not
-        verdict = ("" if goal is None else "unmeasured" if tot is None or ci is None
-                   else "met" if ci[1] + idle <= goal else "NOT met" if ci[0] + idle > goal
-                   else "inconclusive (noise)")
+        verdict = (
+            ""
+            if goal is None
+            else "unmeasured"
+            if tot is None or ci is None
+            else "met"
+            if ci[1] + idle <= goal
+            else "NOT met"
+            if ci[0] + idle > goal
+            else "inconclusive (noise)"
+        )
         acc = r.get("accounted_pct")
         # Direct CPU leaves out indirect costs (cache and TLB pollution, the
         # IPIs of burst attach/detach, preemption by the agent): over the
         # goal it is certainly NOT met; under it, only the direct part is.
-        acc_verdict = ("" if goal is None else "unmeasured" if acc is None or r["pairs"] < 3
-                       else "direct cost within" if acc <= goal else "NOT met")
+        acc_verdict = (
+            ""
+            if goal is None
+            else "unmeasured"
+            if acc is None or r["pairs"] < 3
+            else "direct cost within"
+            if acc <= goal
+            else "NOT met"
+        )
         parts = f"{fmt(r.get('bpf_ns_per_req'), '.0f')} + {fmt(r.get('agent_ns_per_req'), '.0f')}"
         lo, hi = r["loss_range_pct"]
         ci_text = f"; 90% CI {ci[0]:.1f} to {ci[1]:.1f}" if ci else ""
@@ -778,7 +920,8 @@ def render_attach(rows: list[dict]) -> list[str]:
             f"{fmt(r['idle_path_pct'], '.2f')} | {fmt(tot, '.1f')} | {verdict} | {parts} | "
             f"{fmt(r.get('agent_exit_fixed_ms'), '.1f')} | {fmt(r.get('server_ns_per_req'), '.0f')} | "
             f"{fmt(acc, '.2f')} | "
-            f"{'≤ ' + format(goal, 'g') + '%' if goal is not None else '—'} | {acc_verdict} |")
+            f"{'≤ ' + format(goal, 'g') + '%' if goal is not None else '—'} | {acc_verdict} |"
+        )
     return lines
 
 
@@ -787,22 +930,26 @@ def fmt(x, spec):
 
 
 def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None) -> str:
-    lines = ["# varmri: cost of recording (medians; ratios to no tracing)", "",
-             f"Reproduce: {command} (part of `make bench`)", "",
-             "Ratios are paired: each is the median, over repetitions, of the setup against its "
-             "baseline measured in the same repetition (setups run back to back), so drift in the "
-             "machine's speed cancels. The baseline is the untraced Debian server, except for the "
-             "marker rows: memcached-marked is built from the Debian source with configure's "
-             "default flags, so it is compared with `none-plain`, the same source and flags "
-             "without the patch (Debian's package is built with other flags and with TLS and SASL).",
-             "",
-             "The `1%` rows use the default, burst sampling (50 ms windows sampled at 20%, about "
-             "every second; between windows the per-request and per-packet programs are detached). "
-             "`-continuous` rows use `--burst off`: every request drawn at 1%, programs always attached.",
-             "",
-             "| workload | setup | baseline | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio "
-             "| throughput ratio @80% | server CPU ns/req at max | CPU ratio | trace MB/s | B/recorded req |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# varmri: cost of recording (medians; ratios to no tracing)",
+        "",
+        f"Reproduce: {command} (part of `make bench`)",
+        "",
+        "Ratios are paired: each is the median, over repetitions, of the setup against its "
+        "baseline measured in the same repetition (setups run back to back), so drift in the "
+        "machine's speed cancels. The baseline is the untraced Debian server, except for the "
+        "marker rows: memcached-marked is built from the Debian source with configure's "
+        "default flags, so it is compared with `none-plain`, the same source and flags "
+        "without the patch (Debian's package is built with other flags and with TLS and SASL).",
+        "",
+        "The `1%` rows use the default, burst sampling (50 ms windows sampled at 20%, about "
+        "every second; between windows the per-request and per-packet programs are detached). "
+        "`-continuous` rows use `--burst off`: every request drawn at 1%, programs always attached.",
+        "",
+        "| workload | setup | baseline | max req/s | throughput ratio | loss % | p99 @80% (µs) | p99 ratio "
+        "| throughput ratio @80% | server CPU ns/req at max | CPU ratio | trace MB/s | B/recorded req |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         if r.get("failed"):
             lines.append(f"| {r['workload']} | {r['setup']} | | failed | | | | | | | | | |")
@@ -813,17 +960,23 @@ def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None
             f"{fmt(r['throughput_loss_pct'], '.1f')} | {fmt(r['p99_us'], '.0f')} | {fmt(r['p99_ratio'], '.2f')} | "
             f"{fmt(r.get('rate80_ratio'), '.3f')} | "
             f"{fmt(r.get('cpu_ns_per_req'), '.0f')} | {fmt(r.get('cpu_ratio'), '.3f')} | "
-            f"{fmt(r['trace_MB_per_s'], '.3f')} | {fmt(r['bytes_per_recorded_request'], '.1f')} |")
-    lines += ["", "## Goals (issue 2)", "",
-              "Throughput loss here is the loss of capacity (closed-loop maximum). The issue's workload runs "
-              "at 80% of the maximum; read literally, its throughput is the `@80%` column of the table "
-              "above, which stays near 1.000 unless tracing pushes the server past saturation, so the "
-              "verdict uses the stricter capacity reading. "
-              "The CPU-per-request increase is shown beside it "
-              "because it is far less sensitive to other load on a shared machine. In brackets: the "
-              "lowest and highest of the per-repetition losses. A verdict needs the 90% confidence interval of "
-         "the median (with 5 repetitions: their whole range) on one side of the goal, else it says "
-         "`inconclusive (noise)`.", ""]
+            f"{fmt(r['trace_MB_per_s'], '.3f')} | {fmt(r['bytes_per_recorded_request'], '.1f')} |"
+        )
+    lines += [
+        "",
+        "## Goals (issue 2)",
+        "",
+        "Throughput loss here is the loss of capacity (closed-loop maximum). The issue's workload runs "
+        "at 80% of the maximum; read literally, its throughput is the `@80%` column of the table "
+        "above, which stays near 1.000 unless tracing pushes the server past saturation, so the "
+        "verdict uses the stricter capacity reading. "
+        "The CPU-per-request increase is shown beside it "
+        "because it is far less sensitive to other load on a shared machine. In brackets: the "
+        "lowest and highest of the per-repetition losses. A verdict needs the 90% confidence interval of "
+        "the median (with 5 repetitions: their whole range) on one side of the goal, else it says "
+        "`inconclusive (noise)`.",
+        "",
+    ]
     # perf and ftrace cannot make a server faster: if they measured faster than
     # the untraced baseline, the baseline's starts were slow and no verdict
     # against it is evidence.
@@ -832,38 +985,63 @@ def render(rows: list[dict], command: str, attach_rows: list[dict] | None = None
         if r["setup"] in ("perf", "ftrace") and (r.get("throughput_ratio") or 0) > 1.03:
             biased.setdefault(r["workload"], []).append(f"{r['setup']} ×{r['throughput_ratio']:.2f}")
     for w, why in biased.items():
-        lines += [f"**{w}: baseline bias.** {', '.join(why)} against no tracing: tracers cannot speed a "
-                  "server up, so this workload's untraced starts were slow and its verdicts below are "
-                  "not evidence (see the attach pairs).", ""]
-    lines += ["| workload | setup | against | goal | throughput loss | CPU/request increase | verdict (throughput) |",
-              "|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{w}: baseline bias.** {', '.join(why)} against no tracing: tracers cannot speed a "
+            "server up, so this workload's untraced starts were slow and its verdicts below are "
+            "not evidence (see the attach pairs).",
+            "",
+        ]
+    lines += [
+        "| workload | setup | against | goal | throughput loss | CPU/request increase | verdict (throughput) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         goal = GOALS.get(r["setup"])
         if goal is None or r.get("failed"):
             continue
         loss = r.get("throughput_loss_pct")
         ci = median_ci(r.get("losses_pct") or []) if loss is not None else None
-        verdict = ("unmeasured" if loss is None or ci is None else "not evidence (baseline bias)"
-                   if r["workload"] in biased else "met" if ci[1] <= goal
-                   else "NOT met" if ci[0] > goal else "inconclusive (noise)")
+        verdict = (
+            "unmeasured"
+            if loss is None or ci is None
+            else "not evidence (baseline bias)"
+            if r["workload"] in biased
+            else "met"
+            if ci[1] <= goal
+            else "NOT met"
+            if ci[0] > goal
+            else "inconclusive (noise)"
+        )
         cpu_up = 100 * (r["cpu_ratio"] - 1) if r.get("cpu_ratio") else None
         spread = r.get("loss_range_pct")
         rng = f" ({spread[0]:.1f} to {spread[1]:.1f}; {r['pairs']}/{r['repetitions']} pairs)" if spread else ""
-        lines.append(f"| {r['workload']} | {r['setup']} | {r['baseline']} | throughput loss ≤ {goal:g}% | "
-                     f"{fmt(loss, '.1f')}%{rng} | {fmt(cpu_up, '+.1f')}% | {verdict} |")
-    per_req = [r["bytes_per_recorded_request"] for r in rows
-               if r["setup"].startswith("tailscope") and r.get("bytes_per_recorded_request")]
+        lines.append(
+            f"| {r['workload']} | {r['setup']} | {r['baseline']} | throughput loss ≤ {goal:g}% | "
+            f"{fmt(loss, '.1f')}%{rng} | {fmt(cpu_up, '+.1f')}% | {verdict} |"
+        )
+    per_req = [
+        r["bytes_per_recorded_request"]
+        for r in rows
+        if r["setup"].startswith("tailscope") and r.get("bytes_per_recorded_request")
+    ]
     if per_req:
         worst = max(per_req)
-        lines.append(f"| all | tailscope | | trace volume ≤ 64 B/recorded request | {worst:.1f} B (worst) | | "
-                     f"{'met' if worst <= 64 else 'NOT met'} |")
+        lines.append(
+            f"| all | tailscope | | trace volume ≤ 64 B/recorded request | {worst:.1f} B (worst) | | "
+            f"{'met' if worst <= 64 else 'NOT met'} |"
+        )
     lines += render_attach(attach_rows or [])
     return "\n".join(lines) + "\n"
 
 
 # Throughput-loss goals from issue 2, in percent.
-GOALS = {"tailscope-infer-1%": 3.0, "tailscope-infer-1%-continuous": 3.0, "tailscope-marker-1%": 1.0,
-         "tailscope-marker-1%-continuous": 1.0, "tailscope-marker-100%": 3.0}
+GOALS = {
+    "tailscope-infer-1%": 3.0,
+    "tailscope-infer-1%-continuous": 3.0,
+    "tailscope-marker-1%": 1.0,
+    "tailscope-marker-1%-continuous": 1.0,
+    "tailscope-marker-100%": 3.0,
+}
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 The schema has a single source of truth at the repository root. Editable installs read it in
 place; a built wheel gets a copy under tailscope/data/ so that it works away from the repo.
 """
+
 import shutil
 from pathlib import Path
 

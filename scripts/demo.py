@@ -70,11 +70,13 @@ def start_hog(cpu: int) -> subprocess.Popen:
     SCHED_OTHER burner is a weaker, less reproducible injection: the
     scheduler lets a mostly-sleeping redis preempt it, and how often it does
     depends on how much CPU everything else (tracing included) takes."""
-    code = ("import time\n"
-            "while True:\n"
-            "    end = time.perf_counter() + 0.002\n"
-            "    while time.perf_counter() < end: pass\n"
-            "    time.sleep(0.008)\n")
+    code = (
+        "import time\n"
+        "while True:\n"
+        "    end = time.perf_counter() + 0.002\n"
+        "    while time.perf_counter() < end: pass\n"
+        "    time.sleep(0.008)\n"
+    )
     return subprocess.Popen(["chrt", "-f", "10", "taskset", "-c", str(cpu), sys.executable, "-c", code])
 
 
@@ -90,21 +92,58 @@ def main() -> None:
     try:
         step(f"starting redis-server on CPU 0, port {PORT}")
         srv = subprocess.Popen(
-            ["taskset", "-c", "0", redis, "--port", str(PORT), "--save", "",
-             "--appendonly", "no", "--daemonize", "no", "--logfile", str(OUT / "redis.log")],
+            [
+                "taskset",
+                "-c",
+                "0",
+                redis,
+                "--port",
+                str(PORT),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+                "--logfile",
+                str(OUT / "redis.log"),
+            ],
         )
         procs.append(srv)
         wait_port(PORT)
         subprocess.run(
-            [str(LOADGEN), "--protocol", "redis", "--target", f"127.0.0.1:{PORT}",
-             "--preload", "--rate", "1000", "--duration", "0.5", "--quiet"],
-            check=True, stdout=subprocess.DEVNULL,
+            [
+                str(LOADGEN),
+                "--protocol",
+                "redis",
+                "--target",
+                f"127.0.0.1:{PORT}",
+                "--preload",
+                "--rate",
+                "1000",
+                "--duration",
+                "0.5",
+                "--quiet",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
         )
 
         step(f"recording PID {srv.pid} with tailscope (zero-instrumentation, {SAMPLE} sampling)")
         agent = subprocess.Popen(
-            [*TAILSCOPE, "record", "-o", str(REC), "--force", "-p", str(srv.pid),
-             "--sample", SAMPLE, "--duration", str(DURATION + 3)],
+            [
+                *TAILSCOPE,
+                "record",
+                "-o",
+                str(REC),
+                "--force",
+                "-p",
+                str(srv.pid),
+                "--sample",
+                SAMPLE,
+                "--duration",
+                str(DURATION + 3),
+            ],
         )
         procs.append(agent)
         deadline = time.time() + 30
@@ -116,12 +155,29 @@ def main() -> None:
             time.sleep(0.1)
         time.sleep(1.0)
 
-        step(f"driving {RATE} req/s open-loop GET load from CPU 1 for {DURATION} s; "
-             f"CPU hog on redis's core from t={HOG_AT}s for {HOG_FOR}s")
+        step(
+            f"driving {RATE} req/s open-loop GET load from CPU 1 for {DURATION} s; "
+            f"CPU hog on redis's core from t={HOG_AT}s for {HOG_FOR}s"
+        )
         load = subprocess.Popen(
-            [str(LOADGEN), "--protocol", "redis", "--target", f"127.0.0.1:{PORT}",
-             "--rate", str(RATE), "--duration", str(DURATION), "--cpu", "1",
-             "--connections", "8", "--json", str(OUT / "load.json"), "--quiet"],
+            [
+                str(LOADGEN),
+                "--protocol",
+                "redis",
+                "--target",
+                f"127.0.0.1:{PORT}",
+                "--rate",
+                str(RATE),
+                "--duration",
+                str(DURATION),
+                "--cpu",
+                "1",
+                "--connections",
+                "8",
+                "--json",
+                str(OUT / "load.json"),
+                "--quiet",
+            ],
         )
         procs.append(load)
         time.sleep(HOG_AT)
@@ -145,23 +201,25 @@ def main() -> None:
 
     load_stats = json.loads((OUT / "load.json").read_text())
     lat = load_stats.get("latency_us", {})
-    print(f"\nclient view: {load_stats.get('completed')} requests, "
-          f"p50 {lat.get('p50')} µs, p99 {lat.get('p99')} µs (timed from intended send)")
-    print("  (tailscope's percentiles below are the server side of each request, per connection; "
-          "requests that queue\n   together on one connection during a stall are read at once and "
-          "count as one, so its p99\n   is lower than the clients'. See docs/zero-instrumentation.md.)")
+    print(
+        f"\nclient view: {load_stats.get('completed')} requests, "
+        f"p50 {lat.get('p50')} µs, p99 {lat.get('p99')} µs (timed from intended send)"
+    )
+    print(
+        "  (tailscope's percentiles below are the server side of each request, per connection; "
+        "requests that queue\n   together on one connection during a stall are read at once and "
+        "count as one, so its p99\n   is lower than the clients'. See docs/zero-instrumentation.md.)"
+    )
 
     step("ranking the causes of tail latency")
     rep = subprocess.run([*TAILSCOPE, "report", str(REC)], check=False)
     if rep.returncode != 0:
         fail("tailscope report failed")
-    js = subprocess.run([*TAILSCOPE, "report", str(REC), "--json"],
-                        check=True, capture_output=True, text=True)
+    js = subprocess.run([*TAILSCOPE, "report", str(REC), "--json"], check=True, capture_output=True, text=True)
     ranked = json.loads(js.stdout)
     causes = ranked.get("causes", [])
     top = causes[0]["event"] if causes else None
-    print(f"\ninjected: CPU hog on redis's core (expected cause: runnable wait); "
-          f"ranked first: {top}")
+    print(f"\ninjected: CPU hog on redis's core (expected cause: runnable wait); ranked first: {top}")
     print(f"report: {REC / 'report.html'}")
     if top != "runnable_wait_ns":
         fail("the injected cause did not rank first")

@@ -51,8 +51,22 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
 @pytest.fixture
 def redis():
     port = free_port()
-    p = subprocess.Popen(["taskset", "-c", "0", shutil.which("redis-server"), "--port", str(port),
-                          "--save", "", "--appendonly", "no", "--logfile", "/dev/null"])
+    p = subprocess.Popen(
+        [
+            "taskset",
+            "-c",
+            "0",
+            shutil.which("redis-server"),
+            "--port",
+            str(port),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--logfile",
+            "/dev/null",
+        ]
+    )
     wait_port(port)
     yield p, port
     if p.poll() is None:
@@ -62,9 +76,29 @@ def redis():
 
 def load(port: int, rate: int, seconds: float, protocol: str = "redis") -> dict:
     out = Path(f"/tmp/ts-load-{port}.json")
-    subprocess.run([str(LOADGEN), "--protocol", protocol, "--target", f"127.0.0.1:{port}",
-                    "--rate", str(rate), "--duration", str(seconds), "--cpu", "1",
-                    "--connections", "4", "--warmup", "0", "--json", str(out), "--quiet"], check=True)
+    subprocess.run(
+        [
+            str(LOADGEN),
+            "--protocol",
+            protocol,
+            "--target",
+            f"127.0.0.1:{port}",
+            "--rate",
+            str(rate),
+            "--duration",
+            str(seconds),
+            "--cpu",
+            "1",
+            "--connections",
+            "4",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+            "--quiet",
+        ],
+        check=True,
+    )
     return json.loads(out.read_text())
 
 
@@ -95,12 +129,14 @@ def one_line_error(res: subprocess.CompletedProcess) -> str:
 
 # --- zero-instrumentation recording of a real redis ------------------------
 
+
 def test_zero_instrumentation_redis(tmp_path, redis):
     srv, port = redis
     rec = tmp_path / "rec"
-    agent = subprocess.Popen([*TAILSCOPE, "record", "-o", str(rec), "-p", str(srv.pid),
-                              "--sample", "100%", "--duration", "5", "--quiet"],
-                             stderr=subprocess.PIPE)
+    agent = subprocess.Popen(
+        [*TAILSCOPE, "record", "-o", str(rec), "-p", str(srv.pid), "--sample", "100%", "--duration", "5", "--quiet"],
+        stderr=subprocess.PIPE,
+    )
     wait_meta(rec, agent)
     stats = load(port, 2000, 2.5)
     assert agent.wait(timeout=60) == 0, agent.stderr.read().decode()
@@ -122,9 +158,10 @@ def test_zero_instrumentation_redis(tmp_path, redis):
 def test_sampling_rate_respected(tmp_path, redis):
     srv, port = redis
     rec = tmp_path / "rec"
-    agent = subprocess.Popen([*TAILSCOPE, "record", "-o", str(rec), "-p", str(srv.pid),
-                              "--sample", "10%", "--duration", "5", "--quiet"],
-                             stderr=subprocess.PIPE)
+    agent = subprocess.Popen(
+        [*TAILSCOPE, "record", "-o", str(rec), "-p", str(srv.pid), "--sample", "10%", "--duration", "5", "--quiet"],
+        stderr=subprocess.PIPE,
+    )
     wait_meta(rec, agent)
     stats = load(port, 4000, 2.5)
     assert agent.wait(timeout=60) == 0
@@ -135,12 +172,15 @@ def test_sampling_rate_respected(tmp_path, redis):
 
 # --- finalisation: SIGINT, SIGTERM, target exit -----------------------------
 
+
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_signal_finalises_recording(tmp_path, redis, sig):
     srv, port = redis
     rec = tmp_path / "rec"
-    agent = subprocess.Popen([str(AGENT), "record", "-o", str(rec), "-p", str(srv.pid),
-                              "--sample", "100%", "--quiet"], stderr=subprocess.PIPE)
+    agent = subprocess.Popen(
+        [str(AGENT), "record", "-o", str(rec), "-p", str(srv.pid), "--sample", "100%", "--quiet"],
+        stderr=subprocess.PIPE,
+    )
     wait_meta(rec, agent)
     load(port, 2000, 1.5)
     agent.send_signal(sig)
@@ -157,10 +197,30 @@ def test_target_exit_finalises_recording(tmp_path):
         pytest.skip("test server not built")
     port = free_port()
     rec = tmp_path / "rec"
-    agent = subprocess.Popen([str(AGENT), "record", "-o", str(rec), "--sample", "100%", "--quiet",
-                              "--", str(SERVER), "--port", str(port), "--cpu", "0",
-                              "--work-us", "20", "--inject", "none", "--seed", "1"],
-                             stderr=subprocess.PIPE)
+    agent = subprocess.Popen(
+        [
+            str(AGENT),
+            "record",
+            "-o",
+            str(rec),
+            "--sample",
+            "100%",
+            "--quiet",
+            "--",
+            str(SERVER),
+            "--port",
+            str(port),
+            "--cpu",
+            "0",
+            "--work-us",
+            "20",
+            "--inject",
+            "none",
+            "--seed",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+    )
     wait_port(port)
     load(port, 1000, 1.0, protocol="line")
     # Kill the target; the agent must notice, finalise, and exit cleanly.
@@ -178,6 +238,7 @@ def test_target_exit_finalises_recording(tmp_path):
 
 # --- several agents at once ---------------------------------------------------
 
+
 def test_two_agents_record_at_once(tmp_path, redis):
     """Each agent has its own kernel-counter array: one records redis by
     inference while another records a marked server, both with counters;
@@ -186,14 +247,38 @@ def test_two_agents_record_at_once(tmp_path, redis):
         pytest.skip("test server not built")
     srv, port = redis
     rec_a, rec_b = tmp_path / "a", tmp_path / "b"
-    a = subprocess.Popen([str(AGENT), "record", "-o", str(rec_a), "-p", str(srv.pid),
-                          "--sample", "100%", "--quiet"], stderr=subprocess.PIPE)
+    a = subprocess.Popen(
+        [str(AGENT), "record", "-o", str(rec_a), "-p", str(srv.pid), "--sample", "100%", "--quiet"],
+        stderr=subprocess.PIPE,
+    )
     wait_meta(rec_a, a)
     mport = free_port()
-    b = subprocess.Popen([str(AGENT), "record", "-o", str(rec_b), "--sample", "100%", "--quiet",
-                          "--mode", "marker", "--", str(SERVER), "--port", str(mport), "--cpu", "0",
-                          "--work-us", "20", "--inject", "none", "--seed", "1"],
-                         stderr=subprocess.PIPE)
+    b = subprocess.Popen(
+        [
+            str(AGENT),
+            "record",
+            "-o",
+            str(rec_b),
+            "--sample",
+            "100%",
+            "--quiet",
+            "--mode",
+            "marker",
+            "--",
+            str(SERVER),
+            "--port",
+            str(mport),
+            "--cpu",
+            "0",
+            "--work-us",
+            "20",
+            "--inject",
+            "none",
+            "--seed",
+            "1",
+        ],
+        stderr=subprocess.PIPE,
+    )
     wait_port(mport)
     wait_meta(rec_b, b)
     assert a.poll() is None, a.stderr.read().decode()
@@ -201,8 +286,11 @@ def test_two_agents_record_at_once(tmp_path, redis):
     load(mport, 1000, 1.0, protocol="line")
     out = subprocess.run(["pgrep", "-P", str(b.pid)], capture_output=True, text=True)
     marked = int(out.stdout.split()[0])
-    res = subprocess.run([str(AGENT), "record", "-o", str(tmp_path / "c"), "-p", str(marked),
-                          "--mode", "marker"], capture_output=True, text=True)
+    res = subprocess.run(
+        [str(AGENT), "record", "-o", str(tmp_path / "c"), "-p", str(marked), "--mode", "marker"],
+        capture_output=True,
+        text=True,
+    )
     err = one_line_error(res)
     assert f"pid {b.pid}" in err and "another tailscope agent" in err, err
     for p in (a, b):
@@ -219,9 +307,11 @@ def test_two_agents_record_at_once(tmp_path, redis):
 
 # --- bad input ---------------------------------------------------------------
 
+
 def test_no_such_pid(tmp_path):
-    res = subprocess.run([*TAILSCOPE, "record", "-o", str(tmp_path / "r"), "-p", "4999999"],
-                         capture_output=True, text=True)
+    res = subprocess.run(
+        [*TAILSCOPE, "record", "-o", str(tmp_path / "r"), "-p", "4999999"], capture_output=True, text=True
+    )
     assert "4999999" in one_line_error(res)
 
 
@@ -230,8 +320,7 @@ def test_output_dir_exists_needs_force(tmp_path, redis):
     out = tmp_path / "exists"
     out.mkdir()
     (out / "keep.txt").write_text("user data")
-    res = subprocess.run([*TAILSCOPE, "record", "-o", str(out), "-p", str(srv.pid)],
-                         capture_output=True, text=True)
+    res = subprocess.run([*TAILSCOPE, "record", "-o", str(out), "-p", str(srv.pid)], capture_output=True, text=True)
     assert "--force" in one_line_error(res)
     assert (out / "keep.txt").read_text() == "user data"
 
@@ -240,14 +329,29 @@ def test_not_root_says_what_is_missing(tmp_path, redis):
     srv, _ = redis
     if not shutil.which("setpriv"):
         pytest.skip("setpriv missing")
-    res = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
-                          "--inh-caps=-all", str(AGENT), "record", "-o", str(tmp_path / "r"),
-                          "-p", str(srv.pid)], capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            "setpriv",
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            str(AGENT),
+            "record",
+            "-o",
+            str(tmp_path / "r"),
+            "-p",
+            str(srv.pid),
+        ],
+        capture_output=True,
+        text=True,
+    )
     err = one_line_error(res)
     assert any(w in err.lower() for w in ("root", "cap_bpf", "capabilit", "permission")), err
 
 
 def test_bad_arguments(tmp_path):
-    res = subprocess.run([str(AGENT), "record", "-o", str(tmp_path / "r"), "--sample", "150%",
-                          "-p", "1"], capture_output=True, text=True)
+    res = subprocess.run(
+        [str(AGENT), "record", "-o", str(tmp_path / "r"), "--sample", "150%", "-p", "1"], capture_output=True, text=True
+    )
     one_line_error(res)

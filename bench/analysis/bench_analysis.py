@@ -54,23 +54,29 @@ def main() -> int:
             return 1
         top = json.loads(p.stdout)["causes"][0]["event"]
         times.append(dt)
-        print(f"run {i + 1}: {dt:.2f} s ({args.rows / dt / 1e6:.2f} M requests/s), top cause {top}",
-              file=sys.stderr)
+        print(f"run {i + 1}: {dt:.2f} s ({args.rows / dt / 1e6:.2f} M requests/s), top cause {top}", file=sys.stderr)
     med = statistics.median(times)
     command = f".venv/bin/python bench/analysis/bench_analysis.py --rows {args.rows} --runs {args.runs}" + (
-        " --html" if args.html else "")
+        " --html" if args.html else ""
+    )
     res = {
-        "rows": args.rows, "runs": times, "median_s": med, "rows_per_s": args.rows / med,
-        "top_cause": top, "includes": "process start, Parquet load, ranking, segments, JSON"
-        + (", HTML" if args.html else ""),
-        "cpus": os.cpu_count(), "machine": platform.machine(), "python": platform.python_version(),
+        "rows": args.rows,
+        "runs": times,
+        "median_s": med,
+        "rows_per_s": args.rows / med,
+        "top_cause": top,
+        "includes": "process start, Parquet load, ranking, segments, JSON" + (", HTML" if args.html else ""),
+        "cpus": os.cpu_count(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
         "command": command,
     }
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "analysis.json").write_text(json.dumps(res, indent=2) + "\n")
     (RESULTS / "analysis.md").write_text(
         f"Analysis speed: {args.rows:,} requests ranked end to end in {med:.2f} s (median of {args.runs}), "
-        f"{args.rows / med / 1e6:.2f} M requests/s on {os.cpu_count()} CPUs. Reproduce: `{command}`\n")
+        f"{args.rows / med / 1e6:.2f} M requests/s on {os.cpu_count()} CPUs. Reproduce: `{command}`\n"
+    )
     print(f"{args.rows / med:,.0f} requests/s (median {med:.2f} s of {args.runs} runs)")
     return 0
 

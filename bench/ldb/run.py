@@ -46,8 +46,11 @@ AGENT = Path(os.environ.get("LDB_BENCH_AGENT") or ROOT / "target" / "release" / 
 LOADGEN = ROOT / "target" / "release" / "tailscope-loadgen"
 BUILD = ROOT / "bench" / "ldb" / "build"
 RESULTS = ROOT / "bench" / "results"
-MC = {"marked": ROOT / "build" / "memcached-marked", "ldb": ROOT / "build" / "memcached-ldb",
-      "pg": ROOT / "build" / "memcached-pg"}
+MC = {
+    "marked": ROOT / "build" / "memcached-marked",
+    "ldb": ROOT / "build" / "memcached-ldb",
+    "pg": ROOT / "build" / "memcached-pg",
+}
 
 
 def log(msg: str) -> None:
@@ -82,6 +85,7 @@ def agent_cmd_retry(args: list[str], **kw) -> subprocess.Popen:
 
 # ---- 1. microbenchmark ----------------------------------------------------------------------
 
+
 def micro(runs: int) -> dict:
     subprocess.run(["make", "-s", "-C", str(ROOT / "bench" / "ldb")], check=True)
     n, reps, n_uftrace = 5_000_000, 9, 1_000_000
@@ -90,8 +94,10 @@ def micro(runs: int) -> dict:
         "plain": ([*pin, str(BUILD / "micro-plain"), str(n), str(reps)], {}),
         "empty hooks (-finstrument-functions)": ([*pin, str(BUILD / "micro-empty"), str(n), str(reps)], {}),
         "tailscope hooks": ([*pin, str(BUILD / "micro-tailscope"), str(n), str(reps)], {}),
-        "tailscope hooks + entry stamps": ([*pin, str(BUILD / "micro-tailscope"), str(n), str(reps)],
-                                           {"TAILSCOPE_FN_CLOCK": "1"}),
+        "tailscope hooks + entry stamps": (
+            [*pin, str(BUILD / "micro-tailscope"), str(n), str(reps)],
+            {"TAILSCOPE_FN_CLOCK": "1"},
+        ),
         "-pg (mcount, no tracer)": ([*pin, str(BUILD / "micro-pg"), str(n), str(reps)], {}),
     }
     times: dict[str, list[float]] = {k: [] for k in [*variants, "uftrace record (-pg)"]}
@@ -101,9 +107,11 @@ def micro(runs: int) -> dict:
                 out = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, check=True)
                 times[name].append(float(out.stdout.split()[0]))
             if shutil.which("uftrace"):
-                out = subprocess.run([*pin, "uftrace", "record", "-d", f"{tmp}/u", str(BUILD / "micro-pg"),
-                                      str(n_uftrace), "1"],
-                                     capture_output=True, text=True)
+                out = subprocess.run(
+                    [*pin, "uftrace", "record", "-d", f"{tmp}/u", str(BUILD / "micro-pg"), str(n_uftrace), "1"],
+                    capture_output=True,
+                    text=True,
+                )
                 m = re.search(r"([\d.]+) ns/call", out.stdout)
                 if m:
                     times["uftrace record (-pg)"].append(float(m.group(1)))
@@ -139,25 +147,48 @@ def lock_micro(runs: int) -> dict:
     times: dict[str, list[float]] = {k: [] for k in LOCK_VARIANTS}
     for _ in range(runs):
         for name, (binary, mode, env) in LOCK_VARIANTS.items():
-            out = subprocess.run([*pin, str(BUILD / binary), str(n), str(reps), mode], capture_output=True,
-                                 text=True, env={**os.environ, **env}, check=True)
+            out = subprocess.run(
+                [*pin, str(BUILD / binary), str(n), str(reps), mode],
+                capture_output=True,
+                text=True,
+                env={**os.environ, **env},
+                check=True,
+            )
             times[name].append(float(out.stdout.split()[0]))
     base = med(times["glibc (no shim)"])
-    return {"pairs": n, "batches": reps,
-            "rows": [{"variant": k, "ns_per_pair": med(v), "cost_ns": med(v) - base, "runs": v}
-                     for k, v in times.items()]}
+    return {
+        "pairs": n,
+        "batches": reps,
+        "rows": [{"variant": k, "ns_per_pair": med(v), "cost_ns": med(v) - base, "runs": v} for k, v in times.items()],
+    }
 
 
 # ---- 2. the toy under perf and LDB ------------------------------------------------------------
+
 
 def toy(seconds: float) -> dict:
     subprocess.run(["make", "-s", "-C", str(ROOT / "tests" / "ldb")], check=True)
     with tempfile.TemporaryDirectory(prefix="ldb-toy-") as tmp:
         perf_data = Path(tmp) / "perf.data"
         env = {**os.environ, "TAILSCOPE_SAMPLE": "100%"}
-        perf = subprocess.Popen(["perf", "record", "-F", "4000", "-g", "-q", "-o", str(perf_data), "--",
-                                 str(ROOT / "tests" / "ldb" / "build" / "toy"), str(seconds)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+        perf = subprocess.Popen(
+            [
+                "perf",
+                "record",
+                "-F",
+                "4000",
+                "-g",
+                "-q",
+                "-o",
+                str(perf_data),
+                "--",
+                str(ROOT / "tests" / "ldb" / "build" / "toy"),
+                str(seconds),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=env,
+        )
         pid = None
         for _ in range(100):
             kids = subprocess.run(["pgrep", "-P", str(perf.pid)], capture_output=True, text=True).stdout.split()
@@ -172,10 +203,16 @@ def toy(seconds: float) -> dict:
         agent = agent_cmd_retry(["record", "-o", str(rec), "--functions", "--quiet", "-p", str(pid)])
         perf.wait(timeout=seconds + 60)
         agent.wait(timeout=60)
-        rep = subprocess.run(["perf", "report", "-i", str(perf_data), "--stdio", "--no-children", "--sort", "symbol"],
-                             capture_output=True, text=True)
-        rep_ch = subprocess.run(["perf", "report", "-i", str(perf_data), "--stdio", "--children", "--sort", "symbol"],
-                                capture_output=True, text=True)
+        rep = subprocess.run(
+            ["perf", "report", "-i", str(perf_data), "--stdio", "--no-children", "--sort", "symbol"],
+            capture_output=True,
+            text=True,
+        )
+        rep_ch = subprocess.run(
+            ["perf", "report", "-i", str(perf_data), "--stdio", "--children", "--sort", "symbol"],
+            capture_output=True,
+            text=True,
+        )
 
         def share(text: str, sym: str) -> float | None:
             for line in text.splitlines():
@@ -188,21 +225,26 @@ def toy(seconds: float) -> dict:
 
         sys.path.insert(0, str(ROOT / "python"))
         from tailscope.analysis.ldb import analyse_ldb, load_ldb
+
         res = analyse_ldb(load_ldb(rec))
         snap = next((r for r in res["ranking"] if r["name"] == "snapshot"), None)
         rank = [r["name"] for r in res["ranking"]].index("snapshot") + 1 if snap else None
         holder = next((h for h in res["holders"] if h["holder_function"] == "snapshot"), None)
-        return {"seconds": seconds, "perf_self_pct_snapshot": share(rep.stdout, "snapshot"),
-                "perf_children_pct_snapshot": share(rep_ch.stdout, "snapshot"),
-                "perf_top": [ln.strip() for ln in rep.stdout.splitlines() if "%" in ln and not ln.startswith("#")][:5],
-                "ldb_rank_snapshot": rank,
-                "ldb_snapshot_added_ns": snap["contribution_ns"] if snap else None,
-                "ldb_snapshot_share_of_slow": snap["share_of_slow"] if snap else None,
-                "ldb_holder_found": holder is not None,
-                "slow_threshold_ns": res["contribution"]["threshold_ns"]}
+        return {
+            "seconds": seconds,
+            "perf_self_pct_snapshot": share(rep.stdout, "snapshot"),
+            "perf_children_pct_snapshot": share(rep_ch.stdout, "snapshot"),
+            "perf_top": [ln.strip() for ln in rep.stdout.splitlines() if "%" in ln and not ln.startswith("#")][:5],
+            "ldb_rank_snapshot": rank,
+            "ldb_snapshot_added_ns": snap["contribution_ns"] if snap else None,
+            "ldb_snapshot_share_of_slow": snap["share_of_slow"] if snap else None,
+            "ldb_holder_found": holder is not None,
+            "slow_threshold_ns": res["contribution"]["threshold_ns"],
+        }
 
 
 # ---- 3. memcached ---------------------------------------------------------------------------
+
 
 def wait_port(port: int, timeout: float = 10.0) -> None:
     deadline = time.time() + timeout
@@ -216,15 +258,44 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
 
 
 def loadgen(port: int, rate: str, seconds: float, out: Path) -> dict:
-    subprocess.run([str(LOADGEN), "--protocol", "memcached", "--target", f"127.0.0.1:{port}", "--rate", rate,
-                    "--duration", str(seconds), "--warmup", "0.5", "--cpu", "1", "--connections", "16",
-                    "--set-ratio", "1", "--value-size", "64", "--json", str(out), "--quiet"],
-                   check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            str(LOADGEN),
+            "--protocol",
+            "memcached",
+            "--target",
+            f"127.0.0.1:{port}",
+            "--rate",
+            rate,
+            "--duration",
+            str(seconds),
+            "--warmup",
+            "0.5",
+            "--cpu",
+            "1",
+            "--connections",
+            "16",
+            "--set-ratio",
+            "1",
+            "--value-size",
+            "64",
+            "--json",
+            str(out),
+            "--quiet",
+        ],
+        check=True,
+        stdout=subprocess.DEVNULL,
+    )
     return json.loads(out.read_text())
 
 
-SETUPS = ["uninstrumented", "instrumented, not recording", "recording (--functions)", "uftrace (-pg build)",
-          "perf record -g"]
+SETUPS = [
+    "uninstrumented",
+    "instrumented, not recording",
+    "recording (--functions)",
+    "uftrace (-pg build)",
+    "perf record -g",
+]
 
 
 _port = [22300]
@@ -255,8 +326,9 @@ def tweak_observer(agent_pid: int, tweak: str) -> None:
     moves every agent thread to SCHED_IDLE."""
     if tweak == "all-idle":
         for task in Path(f"/proc/{agent_pid}/task").glob("*"):
-            subprocess.run(["chrt", "--idle", "-p", "0", task.name], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+            subprocess.run(
+                ["chrt", "--idle", "-p", "0", task.name], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            )
         return
     tid = observer_tid(agent_pid)
     if tid is None:
@@ -283,8 +355,8 @@ def task_cpu(pid: int | None) -> dict:
             status = (task / "status").read_text()
         except OSError:
             continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        f = stat[stat.rindex(")") + 2:].split()
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        f = stat[stat.rindex(")") + 2 :].split()
         cpu = (int(f[11]) + int(f[12])) / tick
         vol = int(re.search(r"voluntary_ctxt_switches:\s+(\d+)", status).group(1))
         invol = int(re.search(r"nonvoluntary_ctxt_switches:\s+(\d+)", status).group(1))
@@ -298,17 +370,32 @@ def task_cpu(pid: int | None) -> dict:
 def cpu_delta(a: dict, b: dict, seconds: float) -> dict:
     """Per thread name over a run: CPU share (fraction of one CPU) and wake-ups (voluntary
     switches) and preemptions per second."""
-    return {k: {"cpu_share": (v[0] - a.get(k, [0, 0, 0])[0]) / seconds,
-                "wakeups_per_s": (v[1] - a.get(k, [0, 0, 0])[1]) / seconds,
-                "preempted_per_s": (v[2] - a.get(k, [0, 0, 0])[2]) / seconds} for k, v in b.items()}
+    return {
+        k: {
+            "cpu_share": (v[0] - a.get(k, [0, 0, 0])[0]) / seconds,
+            "wakeups_per_s": (v[1] - a.get(k, [0, 0, 0])[1]) / seconds,
+            "preempted_per_s": (v[2] - a.get(k, [0, 0, 0])[2]) / seconds,
+        }
+        for k, v in b.items()
+    }
 
 
-def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agent_extra: tuple = (),
-              tweaks: tuple = (), analyse: bool = True, functions: bool = True,
-              agent_env: dict | None = None) -> dict:
+def run_setup(
+    setup: str,
+    rate: float,
+    seconds: float,
+    tmp: Path,
+    tag: str,
+    agent_extra: tuple = (),
+    tweaks: tuple = (),
+    analyse: bool = True,
+    functions: bool = True,
+    agent_env: dict | None = None,
+) -> dict:
     port = next_port()
-    binary = ("ldb" if setup.startswith(("instrumented", "recording")) else
-              "pg" if setup.startswith("uftrace") else "marked")
+    binary = (
+        "ldb" if setup.startswith(("instrumented", "recording")) else "pg" if setup.startswith("uftrace") else "marked"
+    )
     srv_cmd = [str(MC[binary]), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"]
     trace = tmp / f"trace-{tag}"
     if setup.startswith("uftrace"):
@@ -322,14 +409,29 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agen
         if setup.startswith("uftrace"):
             pid = None
         if setup.startswith("recording"):
-            tracer = agent_cmd_retry(["record", "-o", str(trace), *(["--functions"] if functions else []),
-                                      "--sample", "100%", "--quiet", *agent_extra, "-p", str(pid)],
-                                     env={**os.environ, **(agent_env or {})})
+            tracer = agent_cmd_retry(
+                [
+                    "record",
+                    "-o",
+                    str(trace),
+                    *(["--functions"] if functions else []),
+                    "--sample",
+                    "100%",
+                    "--quiet",
+                    *agent_extra,
+                    "-p",
+                    str(pid),
+                ],
+                env={**os.environ, **(agent_env or {})},
+            )
             for tw in tweaks:
                 tweak_observer(tracer.pid, tw)
         elif setup.startswith("perf"):
-            tracer = subprocess.Popen(["perf", "record", "-F", "4000", "-g", "-q", "-p", str(pid), "-o",
-                                       str(trace)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            tracer = subprocess.Popen(
+                ["perf", "record", "-F", "4000", "-g", "-q", "-p", str(pid), "-o", str(trace)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             time.sleep(1.0)
         cpu0 = {"server": task_cpu(pid), "agent": task_cpu(tracer.pid if tracer else None)}
         t0 = time.time()
@@ -349,9 +451,14 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agen
         except subprocess.TimeoutExpired:
             srv.kill()
             srv.wait()
-    out = {"p50_us": lg["latency_us"]["p50"], "p99_us": lg["latency_us"]["p99"], "rps": lg["achieved_rps"],
-           "trace_bytes": dir_bytes(trace), "elapsed_s": elapsed,
-           "threads": {k: cpu_delta(cpu0[k], cpu1[k], elapsed) for k in cpu0}}
+    out = {
+        "p50_us": lg["latency_us"]["p50"],
+        "p99_us": lg["latency_us"]["p99"],
+        "rps": lg["achieved_rps"],
+        "trace_bytes": dir_bytes(trace),
+        "elapsed_s": elapsed,
+        "threads": {k: cpu_delta(cpu0[k], cpu1[k], elapsed) for k in cpu0},
+    }
     srv_cpu = sum(v["cpu_share"] for v in out["threads"]["server"].values())
     out["server_cpu_us_per_req"] = srv_cpu * 1e6 / lg["achieved_rps"] if lg["achieved_rps"] else None
     if setup.startswith("recording"):
@@ -363,8 +470,10 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agen
         out["trace_seconds"] = meta["duration_s"]
         out["rows"] = meta["ldb"]["rows"]
         ob = meta["ldb"].get("observer", {})
-        out["observer"] = {k: ob.get(k) for k in ("passes", "period_p50_ns", "period_p99_ns", "period_max_ns",
-                                                  "full_walks", "fast_path", "skipped")}
+        out["observer"] = {
+            k: ob.get(k)
+            for k in ("passes", "period_p50_ns", "period_p99_ns", "period_max_ns", "full_walks", "fast_path", "skipped")
+        }
         out["observer"]["passes_per_s"] = (ob.get("passes") or 0) / max(meta["duration_s"], 1e-9)
         fn = trace / "functions"
         if fn.exists():
@@ -374,8 +483,12 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agen
                 out["observer"]["error_bound_p99_ns"] = float(np.percentile(b, 99))
     if setup.startswith("recording") and analyse:
         t = time.time()
-        r = subprocess.run([sys.executable, "-m", "tailscope", "report", str(trace), "--no-html"],
-                           cwd=ROOT / "python", capture_output=True, text=True)
+        r = subprocess.run(
+            [sys.executable, "-m", "tailscope", "report", str(trace), "--no-html"],
+            cwd=ROOT / "python",
+            capture_output=True,
+            text=True,
+        )
         out["analysis_s"] = time.time() - t  # the whole `tailscope report`, VarMRI included
         out["analysis_ok"] = r.returncode == 0
         out["trace_dir"] = str(trace)
@@ -386,8 +499,11 @@ def run_setup(setup: str, rate: float, seconds: float, tmp: Path, tag: str, agen
 
 def capacity(seconds: float, tmp: Path) -> float:
     port = next_port()
-    srv = subprocess.Popen(["taskset", "-c", "0", str(MC["marked"]), "-p", str(port), "-U", "0", "-t", "1", "-u",
-                            "root"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = subprocess.Popen(
+        ["taskset", "-c", "0", str(MC["marked"]), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_port(port)
         return loadgen(port, "max", seconds, tmp / "max.json")["achieved_rps"]
@@ -407,12 +523,16 @@ def memcached(runs: int, seconds: float, minute_s: float, loads: tuple = (0.2, 0
         tmp = Path(td)
         cap = med([capacity(seconds, tmp) for _ in range(2)])
         log(f"memcached-marked SET capacity {cap:.0f} req/s")
-        rows = [{"capacity_rps": prev.get("capacity_rps"), "runs": prev.get("runs"), "seconds": prev.get("seconds"),
-                 **r} for r in prev.get("rows", []) if r.get("load") not in loads]
+        rows = [
+            {"capacity_rps": prev.get("capacity_rps"), "runs": prev.get("runs"), "seconds": prev.get("seconds"), **r}
+            for r in prev.get("rows", [])
+            if r.get("load") not in loads
+        ]
         settings = [(st, st, {}) for st in SETUPS if not (st.startswith("uftrace") and not shutil.which("uftrace"))]
         for load in loads:
-            for r in interleaved(settings, runs, seconds, cap * load, tmp, f"mc{int(load * 100)}",
-                                 analyse=("recording (--functions)",)):
+            for r in interleaved(
+                settings, runs, seconds, cap * load, tmp, f"mc{int(load * 100)}", analyse=("recording (--functions)",)
+            ):
                 r["setup"] = r.pop("setting")
                 rows.append({"load": load, "capacity_rps": cap, "runs": runs, "seconds": seconds, **r})
         rows.sort(key=lambda r: (r["load"], SETUPS.index(r["setup"])))
@@ -434,14 +554,16 @@ DECOMPOSE = [
     ("uninstrumented", "uninstrumented", {}),
     ("instrumented, not recording", "instrumented, not recording", {}),
     ("marker mode only (--sample 100%, no --functions)", "recording (--functions)", {"functions": False}),
-    ("--functions, lock shim off", "recording (--functions)",
-     {"agent_env": {"TAILSCOPE_DEBUG_SKIP": "ldb-locks"}}),
+    ("--functions, lock shim off", "recording (--functions)", {"agent_env": {"TAILSCOPE_DEBUG_SKIP": "ldb-locks"}}),
     ("--functions", "recording (--functions)", {}),
     ("--functions, every agent thread SCHED_IDLE", "recording (--functions)", {"tweaks": ("all-idle",)}),
     ("--functions, requests sampled at 1%", "recording (--functions)", {"agent_extra": ("--sample", "1%")}),
     ("--functions, observer every 2 ms", "recording (--functions)", {"agent_extra": ("--fn-period-us", "2000")}),
-    ("--functions, --mutex-threshold-us 10", "recording (--functions)",
-     {"agent_extra": ("--mutex-threshold-us", "10")}),
+    (
+        "--functions, --mutex-threshold-us 10",
+        "recording (--functions)",
+        {"agent_extra": ("--mutex-threshold-us", "10")},
+    ),
 ]
 
 
@@ -450,20 +572,22 @@ def spread(xs: list) -> dict:
     return {"median": med(xs), "min": min(xs) if xs else None, "max": max(xs) if xs else None, "all": xs}
 
 
-def interleaved(settings: list, rounds: int, seconds: float, rate: float, tmp: Path, tag: str,
-                analyse: tuple = ()) -> list[dict]:
+def interleaved(
+    settings: list, rounds: int, seconds: float, rate: float, tmp: Path, tag: str, analyse: tuple = ()
+) -> list[dict]:
     """Each round runs every setting once (the order rotated by one each round); per setting:
     medians and per-round ranges of p50/p99, and the ratios paired with the same round's
     first setting (the baseline), so the baseline's own round-to-round spread shows beside them.
     Settings named in `analyse` get `tailscope report` timed on their first round's trace."""
     res: dict = {label: [] for label, *_ in settings}
     for rnd in range(rounds):
-        order = settings[rnd % len(settings):] + settings[:rnd % len(settings)]
+        order = settings[rnd % len(settings) :] + settings[: rnd % len(settings)]
         for i, (label, setup, kw) in enumerate(order):
             log(f"  {tag} round {rnd + 1}: {label}")
             try:
-                r = run_setup(setup, rate, seconds, tmp, f"{tag}-{rnd}-{i}", analyse=rnd == 0 and label in analyse,
-                              **kw)
+                r = run_setup(
+                    setup, rate, seconds, tmp, f"{tag}-{rnd}-{i}", analyse=rnd == 0 and label in analyse, **kw
+                )
                 r.pop("trace_dir", None)
             except Exception as exc:
                 r = {"error": str(exc)[:200]}
@@ -481,16 +605,24 @@ def interleaved(settings: list, rounds: int, seconds: float, rate: float, tmp: P
         row["analysis_s_per_min"] = med([x["analysis_s"] * 60 / x["trace_seconds"] for x in ok if "analysis_s" in x])
         for k in ("p50_us", "p99_us", "rps", "server_cpu_us_per_req"):
             row[k.split("_")[0] + ("_cpu" if k.startswith("server") else "") + "_ratio"] = spread(
-                [x[k] / b[k] for x, b in zip(rs, base, strict=True) if x.get(k) and b.get(k)])
+                [x[k] / b[k] for x, b in zip(rs, base, strict=True) if x.get(k) and b.get(k)]
+            )
         for who in ("agent", "server"):  # per thread name: medians over rounds
             ts = [x["threads"][who] for x in rs if x.get("threads", {}).get(who)]
             if ts:
                 names = sorted({n for a in ts for n in a})
-                row[f"{who}_threads"] = {n: {m: med([a[n][m] for a in ts if n in a])
-                                             for m in ("cpu_share", "wakeups_per_s", "preempted_per_s")}
-                                         for n in names}
-        lev = [x["rows"]["locks"] / (x["rps"] * x["trace_seconds"]) for x in ok
-               if (x.get("rows") or {}).get("locks") is not None and x.get("rps") and x.get("trace_seconds")]
+                row[f"{who}_threads"] = {
+                    n: {
+                        m: med([a[n][m] for a in ts if n in a])
+                        for m in ("cpu_share", "wakeups_per_s", "preempted_per_s")
+                    }
+                    for n in names
+                }
+        lev = [
+            x["rows"]["locks"] / (x["rps"] * x["trace_seconds"])
+            for x in ok
+            if (x.get("rows") or {}).get("locks") is not None and x.get("rps") and x.get("trace_seconds")
+        ]
         if lev:  # logged lock events per request (the trace also spans the agent's start and the warm-up)
             row["lock_events_per_req"] = med(lev)
         obs = [x["observer"] for x in rs if "observer" in x]
@@ -506,16 +638,20 @@ def interleaved(settings: list, rounds: int, seconds: float, rate: float, tmp: P
 def shadow_pushes(pid: int) -> dict[int, int]:
     """Shadow-stack pushes so far per thread of an instrumented process: each push adds 2 to
     its stack's gen (runtime/src/shadow.c), read from /dev/shm/tailscope.<pid>."""
-    off = dict(line.split() for line in subprocess.run([str(BUILD / "abi-offsets")], capture_output=True,
-                                                         text=True, check=True).stdout.splitlines())
+    off = dict(
+        line.split()
+        for line in subprocess.run(
+            [str(BUILD / "abi-offsets")], capture_output=True, text=True, check=True
+        ).stdout.splitlines()
+    )
     off = {k: int(v) for k, v in off.items()}
     data = Path(f"/dev/shm/tailscope.{pid}").read_bytes()
-    used = int.from_bytes(data[off["slots_used"]:off["slots_used"] + 4], "little")
+    used = int.from_bytes(data[off["slots_used"] : off["slots_used"] + 4], "little")
     out = {}
     for i in range(used):
         base = off["header_size"] + i * off["slot_size"]
-        tid = int.from_bytes(data[base + off["tid"]:base + off["tid"] + 4], "little")
-        gen = int.from_bytes(data[base + off["shadow_gen"]:base + off["shadow_gen"] + 8], "little")
+        tid = int.from_bytes(data[base + off["tid"] : base + off["tid"] + 4], "little")
+        gen = int.from_bytes(data[base + off["shadow_gen"] : base + off["shadow_gen"] + 8], "little")
         out[tid] = gen // 2
     return out
 
@@ -526,8 +662,11 @@ def calls_per_request(rate: float, seconds: float, tmp: Path) -> dict:
     same span with no load (timers, the maintainer threads), over the SETs sent."""
     subprocess.run(["make", "-s", "-C", str(ROOT / "bench" / "ldb"), "build/abi-offsets"], check=True)
     port = next_port()
-    srv = subprocess.Popen(["taskset", "-c", "0", str(MC["ldb"]), "-p", str(port), "-U", "0", "-t", "1", "-u",
-                            "root"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    srv = subprocess.Popen(
+        ["taskset", "-c", "0", str(MC["ldb"]), "-p", str(port), "-U", "0", "-t", "1", "-u", "root"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         wait_port(port)
         time.sleep(0.3)
@@ -535,10 +674,34 @@ def calls_per_request(rate: float, seconds: float, tmp: Path) -> dict:
         time.sleep(seconds)
         b = shadow_pushes(srv.pid)
         out = tmp / "calls.json"
-        subprocess.run([str(LOADGEN), "--protocol", "memcached", "--target", f"127.0.0.1:{port}", "--rate",
-                        str(int(rate)), "--duration", str(seconds), "--warmup", "0", "--cpu", "1",
-                        "--connections", "16", "--set-ratio", "1", "--value-size", "64", "--json", str(out),
-                        "--quiet"], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [
+                str(LOADGEN),
+                "--protocol",
+                "memcached",
+                "--target",
+                f"127.0.0.1:{port}",
+                "--rate",
+                str(int(rate)),
+                "--duration",
+                str(seconds),
+                "--warmup",
+                "0",
+                "--cpu",
+                "1",
+                "--connections",
+                "16",
+                "--set-ratio",
+                "1",
+                "--value-size",
+                "64",
+                "--json",
+                str(out),
+                "--quiet",
+            ],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         c = shadow_pushes(srv.pid)
         sent = json.loads(out.read_text())["sent"]
     finally:
@@ -546,8 +709,12 @@ def calls_per_request(rate: float, seconds: float, tmp: Path) -> dict:
         srv.wait()
     idle = sum(b.get(t, 0) - a.get(t, 0) for t in b)
     loaded = sum(c.get(t, 0) - b.get(t, 0) for t in c)
-    return {"sets": sent, "pushes_loaded": loaded, "pushes_idle": idle,
-            "calls_per_set": (loaded - idle) / sent if sent else None}
+    return {
+        "sets": sent,
+        "pushes_loaded": loaded,
+        "pushes_idle": idle,
+        "calls_per_set": (loaded - idle) / sent if sent else None,
+    }
 
 
 def decompose(rounds: int, seconds: float, load: float, only: tuple = ()) -> dict:
@@ -560,8 +727,7 @@ def decompose(rounds: int, seconds: float, load: float, only: tuple = ()) -> dic
         log(f"  {calls['calls_per_set']} instrumented calls per SET")
         settings = [d for i, d in enumerate(DECOMPOSE) if i == 0 or not only or d[0] in only]
         rows = interleaved(settings, rounds, seconds, cap * load, tmp, "dec")
-    return {"load": load, "capacity_rps": cap, "rounds": rounds, "seconds": seconds, "rows": rows,
-            "calls": calls}
+    return {"load": load, "capacity_rps": cap, "rounds": rounds, "seconds": seconds, "rows": rows, "calls": calls}
 
 
 def render_spread(sp, spec: str = ".1f") -> str:
@@ -583,27 +749,37 @@ def render_drops(r: dict, records: bool) -> str:
 
 
 def render_decompose(d: dict) -> list[str]:
-    out = ["", f"## Where the cost at {int(d['load'] * 100)}% load comes from (memcached SET; {d['rounds']} "
-           f"interleaved rounds × {d['seconds']} s; median (min–max over rounds))", "",
-           "Ratios are paired: each round's figure over the same round's uninstrumented run. The "
-           "uninstrumented row's own range is the noise a ratio has to clear.", "",
-           "| setting | p50 µs | p99 µs | p50 × | p99 × | server CPU µs/SET | CPU × | agent CPU (% of one) "
-           "| observer wake-ups/s | lock events per SET | records dropped (ring full), per round |",
-           "|---|---|---|---|---|---|---|---|---|---|---|"]
+    out = [
+        "",
+        f"## Where the cost at {int(d['load'] * 100)}% load comes from (memcached SET; {d['rounds']} "
+        f"interleaved rounds × {d['seconds']} s; median (min–max over rounds))",
+        "",
+        "Ratios are paired: each round's figure over the same round's uninstrumented run. The "
+        "uninstrumented row's own range is the noise a ratio has to clear.",
+        "",
+        "| setting | p50 µs | p99 µs | p50 × | p99 × | server CPU µs/SET | CPU × | agent CPU (% of one) "
+        "| observer wake-ups/s | lock events per SET | records dropped (ring full), per round |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     c = d.get("calls") or {}
     if c.get("calls_per_set"):
-        out[5:5] = [f"Instrumented calls per SET: {c['calls_per_set']:.0f} (shadow-stack pushes of the instrumented "
-                    f"build over {c['sets']} SETs, less the same span with no load).", ""]
+        out[5:5] = [
+            f"Instrumented calls per SET: {c['calls_per_set']:.0f} (shadow-stack pushes of the instrumented "
+            f"build over {c['sets']} SETs, less the same span with no load).",
+            "",
+        ]
     for r in d["rows"]:
         at = r.get("agent_threads") or {}
         agent_cpu = sum(v["cpu_share"] or 0 for v in at.values()) * 100 if at else None
         ob = at.get("ts-observer", {}).get("wakeups_per_s")
-        out.append(f"| {r['setting']} | {render_spread(r['p50_us'])} | {render_spread(r['p99_us'])} | "
-                   f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
-                   f"{render_spread(r['server_cpu_us_per_req'], '.2f')} | {render_spread(r['server_cpu_ratio'], '.2f')}"
-                   f" | {fmt(agent_cpu, '.1f')} | {fmt(ob, '.0f')} | {fmt(r.get('lock_events_per_req'), '.2f')} | "
-                   f"{render_drops(r, r['setting'].startswith(('--functions', 'marker')))} |"
-                   + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
+        out.append(
+            f"| {r['setting']} | {render_spread(r['p50_us'])} | {render_spread(r['p99_us'])} | "
+            f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
+            f"{render_spread(r['server_cpu_us_per_req'], '.2f')} | {render_spread(r['server_cpu_ratio'], '.2f')}"
+            f" | {fmt(agent_cpu, '.1f')} | {fmt(ob, '.0f')} | {fmt(r.get('lock_events_per_req'), '.2f')} | "
+            f"{render_drops(r, r['setting'].startswith(('--functions', 'marker')))} |"
+            + (f" errors: {r['errors'][:1]}" if r["errors"] else "")
+        )
     return out
 
 
@@ -632,10 +808,15 @@ def observer_settings(runs: int, seconds: float, load: float = 0.2, only: tuple 
     setting, against the uninstrumented and the instrumented-but-not-recording builds; runs
     interleaved (setting order rotated each round), medians over rounds."""
     subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
-    base_setups = [("uninstrumented", "uninstrumented", (), ()),
-                   ("instrumented, not recording", "instrumented, not recording", (), ())]
-    rec = [(label, "recording (--functions)", extra, tw) for label, extra, tw in OBSERVER_SETTINGS
-           if not only or label in only]
+    base_setups = [
+        ("uninstrumented", "uninstrumented", (), ()),
+        ("instrumented, not recording", "instrumented, not recording", (), ()),
+    ]
+    rec = [
+        (label, "recording (--functions)", extra, tw)
+        for label, extra, tw in OBSERVER_SETTINGS
+        if not only or label in only
+    ]
     allset = base_setups + rec
     with tempfile.TemporaryDirectory(prefix="ldb-obs-") as td:
         tmp = Path(td)
@@ -643,7 +824,7 @@ def observer_settings(runs: int, seconds: float, load: float = 0.2, only: tuple 
         log(f"memcached-marked SET capacity {cap:.0f} req/s; observer settings at {int(load * 100)}%")
         res: dict = {label: [] for label, *_ in allset}
         for rnd in range(runs):
-            order = allset[rnd % len(allset):] + allset[:rnd % len(allset)]
+            order = allset[rnd % len(allset) :] + allset[: rnd % len(allset)]
             for i, (label, setup, extra, tw) in enumerate(order):
                 log(f"  round {rnd + 1}: {label}")
                 try:
@@ -659,10 +840,17 @@ def observer_settings(runs: int, seconds: float, load: float = 0.2, only: tuple 
         ok = [x for x in res[label] if "error" not in x]
         p50, p99 = med([x["p50_us"] for x in ok]), med([x["p99_us"] for x in ok])
         obs = [x["observer"] for x in ok if "observer" in x]
-        row = {"setting": label, "agent_options": list(extra), "tweaks": list(tw), "p50_us": p50, "p99_us": p99,
-               "p50_ratio": p50 / bp50 if p50 and bp50 else None, "p99_ratio": p99 / bp99 if p99 and bp99 else None,
-               "p50_ratios_per_round": [x["p50_us"] / bp50 for x in ok] if bp50 else [],
-               "errors": [x["error"] for x in res[label] if "error" in x]}
+        row = {
+            "setting": label,
+            "agent_options": list(extra),
+            "tweaks": list(tw),
+            "p50_us": p50,
+            "p99_us": p99,
+            "p50_ratio": p50 / bp50 if p50 and bp50 else None,
+            "p99_ratio": p99 / bp99 if p99 and bp99 else None,
+            "p50_ratios_per_round": [x["p50_us"] / bp50 for x in ok] if bp50 else [],
+            "errors": [x["error"] for x in res[label] if "error" in x],
+        }
         if obs:
             for k in ("passes_per_s", "period_p50_ns", "period_p99_ns", "error_bound_p50_ns", "error_bound_p99_ns"):
                 row[k] = med([o.get(k) for o in obs])
@@ -671,20 +859,36 @@ def observer_settings(runs: int, seconds: float, load: float = 0.2, only: tuple 
 
 
 def render_observer(o: dict) -> list[str]:
-    out = ["", f"## The observer's cost at {int(o['load'] * 100)}% load, by setting (memcached SET; "
-           f"{o['runs']} interleaved rounds × {o['seconds']} s, medians)", "",
-           "| setting | p50 µs | p99 µs | p50 × | p99 × | passes/s | achieved period p50 / p99 µs | "
-           "error bound p50 / p99 µs |", "|---|---|---|---|---|---|---|---|"]
+    out = [
+        "",
+        f"## The observer's cost at {int(o['load'] * 100)}% load, by setting (memcached SET; "
+        f"{o['runs']} interleaved rounds × {o['seconds']} s, medians)",
+        "",
+        "| setting | p50 µs | p99 µs | p50 × | p99 × | passes/s | achieved period p50 / p99 µs | "
+        "error bound p50 / p99 µs |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in o["rows"]:
-        per = (f"{fmt((r.get('period_p50_ns') or 0) / 1e3)} / {fmt((r.get('period_p99_ns') or 0) / 1e3)}"
-               if "period_p50_ns" in r else "—")
-        eb = (f"{fmt((r.get('error_bound_p50_ns') or 0) / 1e3)} / {fmt((r.get('error_bound_p99_ns') or 0) / 1e3)}"
-              if r.get("error_bound_p50_ns") is not None else "—")
-        out.append(f"| {r['setting']} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | {fmt(r['p50_ratio'], '.2f')} | "
-                   f"{fmt(r['p99_ratio'], '.2f')} | {fmt(r.get('passes_per_s'), '.0f')} | {per} | {eb} |"
-                   + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
-    out += ["", "Achieved period: histogram bucket upper edges (powers of two). Error bound: per call, the "
-            "scan intervals in which the frame appeared and vanished (functions.error_bound_ns)."]
+        per = (
+            f"{fmt((r.get('period_p50_ns') or 0) / 1e3)} / {fmt((r.get('period_p99_ns') or 0) / 1e3)}"
+            if "period_p50_ns" in r
+            else "—"
+        )
+        eb = (
+            f"{fmt((r.get('error_bound_p50_ns') or 0) / 1e3)} / {fmt((r.get('error_bound_p99_ns') or 0) / 1e3)}"
+            if r.get("error_bound_p50_ns") is not None
+            else "—"
+        )
+        out.append(
+            f"| {r['setting']} | {fmt(r['p50_us'])} | {fmt(r['p99_us'])} | {fmt(r['p50_ratio'], '.2f')} | "
+            f"{fmt(r['p99_ratio'], '.2f')} | {fmt(r.get('passes_per_s'), '.0f')} | {per} | {eb} |"
+            + (f" errors: {r['errors'][:1]}" if r["errors"] else "")
+        )
+    out += [
+        "",
+        "Achieved period: histogram bucket upper edges (powers of two). Error bound: per call, the "
+        "scan intervals in which the frame appeared and vanished (functions.error_bound_ns).",
+    ]
     return out
 
 
@@ -693,75 +897,125 @@ def fmt(x, spec=".1f"):
 
 
 def render(res: dict, command: str) -> str:
-    out = ["# ldb: cost of function-level latency recording (medians)", "",
-           f"Reproduce: `{command}` (part of `make bench`). 2-vCPU VM shared with other work: "
-           "numbers are noisy."
-           + "".join(f" Part `{p}` last run alone: `{c}`." for p, c in (res.get("part_commands") or {}).items()),
-           "", "## Per instrumented call (enter + exit)", "",
-           f"Each run: the best of {res['micro'].get('batches', 1)} batches of {res['micro']['calls']} calls "
-           "(uftrace: one batch of {0} calls), pinned to CPU 1; the table: medians over the interleaved runs."
-           .format(res["micro"].get("uftrace_calls")), "",
-           "| variant | ns/call | cost over plain (ns) | × empty hooks |", "|---|---|---|---|"]
+    out = [
+        "# ldb: cost of function-level latency recording (medians)",
+        "",
+        f"Reproduce: `{command}` (part of `make bench`). 2-vCPU VM shared with other work: "
+        "numbers are noisy."
+        + "".join(f" Part `{p}` last run alone: `{c}`." for p, c in (res.get("part_commands") or {}).items()),
+        "",
+        "## Per instrumented call (enter + exit)",
+        "",
+        f"Each run: the best of {res['micro'].get('batches', 1)} batches of {res['micro']['calls']} calls "
+        "(uftrace: one batch of {0} calls), pinned to CPU 1; the table: medians over the interleaved runs.".format(
+            res["micro"].get("uftrace_calls")
+        ),
+        "",
+        "| variant | ns/call | cost over plain (ns) | × empty hooks |",
+        "|---|---|---|---|",
+    ]
     for r in res["micro"]["rows"]:
-        out.append(f"| {r['variant']} | {fmt(r['ns_per_call'], '.2f')} | {fmt(r['cost_ns'], '.2f')} | "
-                   f"{fmt(r['cost_vs_empty_hooks'], '.2f')} |")
+        out.append(
+            f"| {r['variant']} | {fmt(r['ns_per_call'], '.2f')} | {fmt(r['cost_ns'], '.2f')} | "
+            f"{fmt(r['cost_vs_empty_hooks'], '.2f')} |"
+        )
     lk = res["micro"].get("locks")
     if lk:
-        out += ["", "## Per lock + unlock pair (uncontended, bench/ldb/lockbench.c)", "",
-                f"Each run: the best of {lk['batches']} batches of {lk['pairs']} pairs, pinned to CPU 1; "
-                "medians over the interleaved runs. Recording: the shim's path while an agent records "
-                "(trylock, a stamp after acquiring and after releasing; holds far below the threshold).", "",
-                "| variant | ns/pair | cost over glibc (ns) |", "|---|---|---|"]
+        out += [
+            "",
+            "## Per lock + unlock pair (uncontended, bench/ldb/lockbench.c)",
+            "",
+            f"Each run: the best of {lk['batches']} batches of {lk['pairs']} pairs, pinned to CPU 1; "
+            "medians over the interleaved runs. Recording: the shim's path while an agent records "
+            "(trylock, a stamp after acquiring and after releasing; holds far below the threshold).",
+            "",
+            "| variant | ns/pair | cost over glibc (ns) |",
+            "|---|---|---|",
+        ]
         for r in lk["rows"]:
             out.append(f"| {r['variant']} | {fmt(r['ns_per_pair'], '.2f')} | {fmt(r['cost_ns'], '.2f')} |")
     t = res.get("toy") or {}
     if t:
-        out += ["", "## LDB Fig. 3.1 toy: perf against LDB", "",
-                f"perf record -g gives snapshot() {fmt(t.get('perf_self_pct_snapshot'), '.2f')}% of samples "
-                f"(self; {fmt(t.get('perf_children_pct_snapshot'), '.2f')}% with children). LDB ranks it "
-                f"#{t.get('ldb_rank_snapshot')} by time added to slow requests "
-                f"(+{fmt((t.get('ldb_snapshot_added_ns') or 0) / 1e6, '.2f')} ms per slow request, "
-                f"{fmt(100 * (t.get('ldb_snapshot_share_of_slow') or 0), '.0f')}% of their latency, through "
-                f"the lock it holds; holder found: {t.get('ldb_holder_found')})."]
+        out += [
+            "",
+            "## LDB Fig. 3.1 toy: perf against LDB",
+            "",
+            f"perf record -g gives snapshot() {fmt(t.get('perf_self_pct_snapshot'), '.2f')}% of samples "
+            f"(self; {fmt(t.get('perf_children_pct_snapshot'), '.2f')}% with children). LDB ranks it "
+            f"#{t.get('ldb_rank_snapshot')} by time added to slow requests "
+            f"(+{fmt((t.get('ldb_snapshot_added_ns') or 0) / 1e6, '.2f')} ms per slow request, "
+            f"{fmt(100 * (t.get('ldb_snapshot_share_of_slow') or 0), '.0f')}% of their latency, through "
+            f"the lock it holds; holder found: {t.get('ldb_holder_found')}).",
+        ]
     m = res.get("memcached") or {}
     if m and m.get("rows"):
-        out += ["", "## memcached SET", "",
-                "Each load: the setups in interleaved rounds (order rotated each round), server on CPU 0, load "
-                "generator on CPU 1. Figures: median (min–max) over the rounds. Ratios are paired: a round's "
-                "figure over the same round's uninstrumented run, median (min–max). The uninstrumented row's "
-                "own range is the noise a ratio has to clear.", "",
-                "| load | setup | p50 µs | p99 µs | req/s | p50 × | p99 × | throughput × | trace MB/s | "
-                "report s per min (scaled from a short run) | records dropped (ring full), per round |",
-                "|---|---|---|---|---|---|---|---|---|---|---|"]
+        out += [
+            "",
+            "## memcached SET",
+            "",
+            "Each load: the setups in interleaved rounds (order rotated each round), server on CPU 0, load "
+            "generator on CPU 1. Figures: median (min–max) over the rounds. Ratios are paired: a round's "
+            "figure over the same round's uninstrumented run, median (min–max). The uninstrumented row's "
+            "own range is the noise a ratio has to clear.",
+            "",
+            "| load | setup | p50 µs | p99 µs | req/s | p50 × | p99 × | throughput × | trace MB/s | "
+            "report s per min (scaled from a short run) | records dropped (ring full), per round |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
         for r in m["rows"]:
-            out.append(f"| {int(r['load'] * 100)}%{'' if isinstance(r['p50_us'], dict) else ' (earlier run)'} | "
-                       f"{r['setup']} | {render_spread(r['p50_us'])} | "
-                       f"{render_spread(r['p99_us'])} | {render_spread(r['rps'], '.0f')} | "
-                       f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
-                       f"{render_spread(r['rps_ratio'], '.3f')} | {fmt(r['trace_mb_s'], '.3f')} | "
-                       f"{fmt(r['analysis_s_per_min'], '.1f')} | "
-                       f"{render_drops(r, r['setup'].startswith('recording'))} |"
-                       + (f" errors: {r['errors'][:1]}" if r["errors"] else ""))
-        caps = sorted({(r["load"], r.get("capacity_rps") or m["capacity_rps"], r.get("runs") or m["runs"],
-                        r.get("seconds") or m["seconds"]) for r in m["rows"]})
-        out += ["", "Rates: " + "; ".join(f"{int(ld * 100)}% of {c:.0f} req/s (the uninstrumented build's capacity "
-                                          f"measured in that run), {n} rounds × {sec} s" for ld, c, n, sec in caps)
-                + "."]
+            out.append(
+                f"| {int(r['load'] * 100)}%{'' if isinstance(r['p50_us'], dict) else ' (earlier run)'} | "
+                f"{r['setup']} | {render_spread(r['p50_us'])} | "
+                f"{render_spread(r['p99_us'])} | {render_spread(r['rps'], '.0f')} | "
+                f"{render_spread(r['p50_ratio'], '.2f')} | {render_spread(r['p99_ratio'], '.2f')} | "
+                f"{render_spread(r['rps_ratio'], '.3f')} | {fmt(r['trace_mb_s'], '.3f')} | "
+                f"{fmt(r['analysis_s_per_min'], '.1f')} | "
+                f"{render_drops(r, r['setup'].startswith('recording'))} |"
+                + (f" errors: {r['errors'][:1]}" if r["errors"] else "")
+            )
+        caps = sorted(
+            {
+                (
+                    r["load"],
+                    r.get("capacity_rps") or m["capacity_rps"],
+                    r.get("runs") or m["runs"],
+                    r.get("seconds") or m["seconds"],
+                )
+                for r in m["rows"]
+            }
+        )
+        out += [
+            "",
+            "Rates: "
+            + "; ".join(
+                f"{int(ld * 100)}% of {c:.0f} req/s (the uninstrumented build's capacity "
+                f"measured in that run), {n} rounds × {sec} s"
+                for ld, c, n, sec in caps
+            )
+            + ".",
+        ]
     mi = (m or {}).get("minute_80") or {}
     if mi and "error" not in mi:
-        out += ["", f"One recording of {mi['trace_seconds']:.0f} s at 80% load: "
-                f"{mi['trace_bytes'] / 1e6 / mi['trace_seconds']:.3f} MB/s of trace "
-                f"({mi['rows']['functions']} calls, {mi['rows']['locks']} lock events); `tailscope report` "
-                f"(VarMRI + LDB analysis, symbolisation, HTML) took {mi['analysis_s']:.1f} s; "
-                f"p50 {mi['p50_us']:.0f} µs, p99 {mi['p99_us']:.0f} µs at {mi['rps']:.0f} req/s."]
+        out += [
+            "",
+            f"One recording of {mi['trace_seconds']:.0f} s at 80% load: "
+            f"{mi['trace_bytes'] / 1e6 / mi['trace_seconds']:.3f} MB/s of trace "
+            f"({mi['rows']['functions']} calls, {mi['rows']['locks']} lock events); `tailscope report` "
+            f"(VarMRI + LDB analysis, symbolisation, HTML) took {mi['analysis_s']:.1f} s; "
+            f"p50 {mi['p50_us']:.0f} µs, p99 {mi['p99_us']:.0f} µs at {mi['rps']:.0f} req/s.",
+        ]
     elif mi:
         out += ["", f"One-minute recording failed: {mi['error']}"]
     if res.get("observer_settings"):
         out += render_observer(res["observer_settings"])
     if res.get("decompose"):
         out += render_decompose(res["decompose"])
-    out += ["", "Targets (issue 3): ≤ 5 ns per call; at 20% load median and p99 each ≤ +10%; "
-            "≤ 50 MB/s of trace at 80% load; ≤ 30 s to analyse one minute of trace.", ""]
+    out += [
+        "",
+        "Targets (issue 3): ≤ 5 ns per call; at 20% load median and p99 each ≤ +10%; "
+        "≤ 50 MB/s of trace at 80% load; ≤ 30 s to analyse one minute of trace.",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -772,27 +1026,45 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=5.0)
-    ap.add_argument("--parts", default=ALL_PARTS,
-                    help="comma-separated subset of %(default)s, or `minute` or `decompose` (not in the "
-                         "default: where the 20%%-load cost comes from); a subset keeps the other parts' "
-                         "earlier results")
-    ap.add_argument("--observer-settings", choices=["all", "key"], default="all",
-                    help="part `observer`: every setting, or only the old default, it at idle priority and the "
-                         "new default (more rounds in the same time)")
-    ap.add_argument("--decompose-only", default="",
-                    help="part `decompose`: ';'-separated setting labels to run (the uninstrumented baseline "
-                         "always runs)")
-    ap.add_argument("--loads", default="0.2,0.8",
-                    help="part `memcached`: the loads to run (fractions of capacity); rows of other loads are "
-                         "kept from the earlier results")
-    ap.add_argument("--minute", type=float, default=60.0,
-                    help="length of the 80%%-load recording whose volume and analysis time are reported")
+    ap.add_argument(
+        "--parts",
+        default=ALL_PARTS,
+        help="comma-separated subset of %(default)s, or `minute` or `decompose` (not in the "
+        "default: where the 20%%-load cost comes from); a subset keeps the other parts' "
+        "earlier results",
+    )
+    ap.add_argument(
+        "--observer-settings",
+        choices=["all", "key"],
+        default="all",
+        help="part `observer`: every setting, or only the old default, it at idle priority and the "
+        "new default (more rounds in the same time)",
+    )
+    ap.add_argument(
+        "--decompose-only",
+        default="",
+        help="part `decompose`: ';'-separated setting labels to run (the uninstrumented baseline always runs)",
+    )
+    ap.add_argument(
+        "--loads",
+        default="0.2,0.8",
+        help="part `memcached`: the loads to run (fractions of capacity); rows of other loads are "
+        "kept from the earlier results",
+    )
+    ap.add_argument(
+        "--minute",
+        type=float,
+        default=60.0,
+        help="length of the 80%%-load recording whose volume and analysis time are reported",
+    )
     args = ap.parse_args()
     parts = args.parts.split(",")
     unknown = set(parts) - set(ALL_PARTS.split(",")) - {"minute", "decompose"}
     if unknown:
-        print(f"bench ldb: unknown part(s) {', '.join(sorted(unknown))}; expected some of {ALL_PARTS},minute,decompose",
-              file=sys.stderr)
+        print(
+            f"bench ldb: unknown part(s) {', '.join(sorted(unknown))}; expected some of {ALL_PARTS},minute,decompose",
+            file=sys.stderr,
+        )
         return 2
     if os.geteuid() != 0:
         print("bench ldb: needs root (eBPF, perf); skipped", file=sys.stderr)
@@ -820,7 +1092,8 @@ def main() -> int:
         if not full or loads != (0.2, 0.8):
             res.setdefault("part_commands", {}).pop("memcached", None)
             res["part_commands"].update(
-                {f"memcached {int(ld * 100)}%": f"{command} --parts memcached --loads {ld}" for ld in loads})
+                {f"memcached {int(ld * 100)}%": f"{command} --parts memcached --loads {ld}" for ld in loads}
+            )
     elif "minute" in parts:  # only the one-minute recording
         res["memcached"] = res.get("memcached") or {"rows": [], "runs": 0, "seconds": 0}
         subprocess.run([str(ROOT / "bench" / "ldb" / "build-memcached.sh")], check=True, stdout=subprocess.DEVNULL)
@@ -835,15 +1108,15 @@ def main() -> int:
         only = tuple(x for x in args.decompose_only.split(";") if x)
         res["decompose"] = decompose(args.runs, args.seconds, 0.2, only)
         if only:
-            res.setdefault("part_commands", {})["decompose"] = (f"{command} --parts decompose "
-                                                                f"--decompose-only '{args.decompose_only}'")
+            res.setdefault("part_commands", {})["decompose"] = (
+                f"{command} --parts decompose --decompose-only '{args.decompose_only}'"
+            )
     if "observer" in parts:
         log("ldb: the observer's cost by setting")
         only = OBSERVER_KEY if args.observer_settings == "key" else ()
         res["observer_settings"] = observer_settings(args.runs, args.seconds, only=only)
         if only:
-            res.setdefault("part_commands", {})["observer"] = (f"{command} --parts observer "
-                                                               "--observer-settings key")
+            res.setdefault("part_commands", {})["observer"] = f"{command} --parts observer --observer-settings key"
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "ldb.json").write_text(json.dumps(res, indent=2))
     md = render(res, res["command"])

@@ -38,27 +38,51 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="ldb-shot-") as td:
         rec = args.keep or Path(td) / "rec"
         shutil.rmtree(rec, ignore_errors=True)
-        srv = subprocess.Popen(["taskset", "-c", "0", str(MC["ldb"]), "-p", str(port), "-U", "0", "-t", "2",
-                                "-u", "root"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        srv = subprocess.Popen(
+            ["taskset", "-c", "0", str(MC["ldb"]), "-p", str(port), "-U", "0", "-t", "2", "-u", "root"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         try:
             wait_port(port)
-            agent = agent_cmd_retry(["record", "-o", str(rec), "--functions", "--sample", "100%", "--quiet",
-                                     "-p", str(srv.pid)])
-            subprocess.run([str(LOADGEN), "--protocol", "memcached", "--target", f"127.0.0.1:{port}",
-                            "--rate", str(args.rate), "--duration", str(args.seconds), "--set-ratio", "1",
-                            "--value-size", "64", "--cpu", "1", "--quiet"], check=True)
+            agent = agent_cmd_retry(
+                ["record", "-o", str(rec), "--functions", "--sample", "100%", "--quiet", "-p", str(srv.pid)]
+            )
+            subprocess.run(
+                [
+                    str(LOADGEN),
+                    "--protocol",
+                    "memcached",
+                    "--target",
+                    f"127.0.0.1:{port}",
+                    "--rate",
+                    str(args.rate),
+                    "--duration",
+                    str(args.seconds),
+                    "--set-ratio",
+                    "1",
+                    "--value-size",
+                    "64",
+                    "--cpu",
+                    "1",
+                    "--quiet",
+                ],
+                check=True,
+            )
             agent.send_signal(signal.SIGINT)
             agent.wait(timeout=60)
         finally:
             srv.terminate()
             srv.wait()
-        rep = subprocess.run([sys.executable, "-m", "tailscope", "report", str(rec)], cwd=ROOT / "python",
-                             capture_output=True, text=True)
+        rep = subprocess.run(
+            [sys.executable, "-m", "tailscope", "report", str(rec)], cwd=ROOT / "python", capture_output=True, text=True
+        )
         print(rep.stdout)
         if rep.returncode != 0:
             print(rep.stderr, file=sys.stderr)
             return 1
         from test_browser import _driver
+
         with tempfile.TemporaryDirectory(prefix="ts-chrome-") as profile:
             drv = _driver(profile)
             try:

@@ -42,8 +42,12 @@ def main() -> int:
         for i, (label, setup, kw) in enumerate(run.DECOMPOSE):
             if only and label not in only:
                 continue
-            bt = subprocess.Popen(["bpftrace", str(HERE / "wakeups.bt"), "mc-worker", "tailscope-loadg"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            bt = subprocess.Popen(
+                ["bpftrace", str(HERE / "wakeups.bt"), "mc-worker", "tailscope-loadg"],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             time.sleep(4.0)  # bpftrace compiles and attaches
             try:
                 r = run.run_setup(setup, cap * args.load, args.seconds, tmp, f"wk-{i}", analyse=False, **kw)

@@ -18,8 +18,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 EXE = ROOT / "bench/runtime/build/microbench"
 OUT = ROOT / "bench/results"
-TARGETS = {"unsampled": 20.0, "sampled_100pct_selfdrain": 100.0, "sampled_100pct_fake_kc": 100.0,
-           "sampled_100pct_fake_kc_selfdrain": 100.0, "sampled_100pct_kcounters": 100.0}
+TARGETS = {
+    "unsampled": 20.0,
+    "sampled_100pct_selfdrain": 100.0,
+    "sampled_100pct_fake_kc": 100.0,
+    "sampled_100pct_fake_kc_selfdrain": 100.0,
+    "sampled_100pct_kcounters": 100.0,
+}
 
 
 def main() -> int:
@@ -34,8 +39,14 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     cmd = "make -C bench/runtime && python bench/runtime/run.py"
     (OUT / "runtime.json").write_text(json.dumps({"command": cmd, "cases": cases}, indent=2))
-    lines = ["# runtime: ns per begin/end pair (median of runs)", "", f"Reproduce: `{cmd}`", "",
-             "| case | ns/pair | target | met |", "|---|---|---|---|"]
+    lines = [
+        "# runtime: ns per begin/end pair (median of runs)",
+        "",
+        f"Reproduce: `{cmd}`",
+        "",
+        "| case | ns/pair | target | met |",
+        "|---|---|---|---|",
+    ]
     for c in cases:
         t = TARGETS.get(c["case"])
         if "skipped" in c:

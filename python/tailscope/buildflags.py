@@ -51,8 +51,12 @@ def _check_list(name: str, value: str) -> list[str]:
 def cflags(exclude_files: str = "", exclude_functions: str = "") -> list[str]:
     rt = runtime_dir()
     files = list(DEFAULT_EXCLUDED_FILES) + _check_list("exclude-file-list", exclude_files)
-    out = ["-finstrument-functions", f"-finstrument-functions-exclude-file-list={','.join(files)}",
-           "-fno-omit-frame-pointer", f"-I{rt / 'include'}"]
+    out = [
+        "-finstrument-functions",
+        f"-finstrument-functions-exclude-file-list={','.join(files)}",
+        "-fno-omit-frame-pointer",
+        f"-I{rt / 'include'}",
+    ]
     funcs = _check_list("exclude-function-list", exclude_functions)
     if funcs:
         out.insert(2, f"-finstrument-functions-exclude-function-list={','.join(funcs)}")
@@ -86,8 +90,7 @@ def cc_main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     cc = os.environ.get("TAILSCOPE_CC", "cc")
     try:
-        extra = cflags(os.environ.get("TAILSCOPE_EXCLUDE_FILES", ""),
-                       os.environ.get("TAILSCOPE_EXCLUDE_FUNCTIONS", ""))
+        extra = cflags(os.environ.get("TAILSCOPE_EXCLUDE_FILES", ""), os.environ.get("TAILSCOPE_EXCLUDE_FUNCTIONS", ""))
         tail = ldflags() if _links(args) and args else []
     except BuildFlagError as exc:
         print(f"tailscope-cc: error: {exc}", file=sys.stderr)

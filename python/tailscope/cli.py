@@ -36,8 +36,9 @@ def find_agent() -> str:
     found = shutil.which("tailscope-agent")
     if found:
         return found
-    raise CliError(f"tailscope-agent not found (looked at $TAILSCOPE_AGENT, {built}, and PATH); "
-                   "run `make` first to build it")
+    raise CliError(
+        f"tailscope-agent not found (looked at $TAILSCOPE_AGENT, {built}, and PATH); run `make` first to build it"
+    )
 
 
 def cmd_record(args: list[str]) -> int:
@@ -71,8 +72,16 @@ def cmd_report(ns: argparse.Namespace) -> int:
     except RecordingError as exc:
         raise CliError(str(exc)) from None
     try:
-        result = analyse(rec.columns, rec.meta, nulls=rec.nulls, kind_names=rec.kind_names,
-                         p_target=p_target, segment_s=ns.segment, kind=ns.kind, note=rec.note)
+        result = analyse(
+            rec.columns,
+            rec.meta,
+            nulls=rec.nulls,
+            kind_names=rec.kind_names,
+            p_target=p_target,
+            segment_s=ns.segment,
+            kind=ns.kind,
+            note=rec.note,
+        )
     except ValueError as exc:
         raise CliError(str(exc)) from None
     result["recording"] = str(rec.path)
@@ -92,6 +101,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
         print(terminal_summary(result, report_path, top=ns.top))
         if result["ldb"]:
             from tailscope.analysis.ldb import summary_lines
+
             print("\n".join(summary_lines(result["ldb"], top=ns.top)))
     return 0
 
@@ -99,6 +109,7 @@ def cmd_report(ns: argparse.Namespace) -> int:
 def _ldb_result(path: Path, p_target: float) -> dict | None:
     """The function-level analysis of a --functions recording (None for others)."""
     from tailscope.analysis.ldb import LdbError, analyse_ldb, has_ldb, load_ldb
+
     if not has_ldb(path):
         return None
     try:
@@ -113,6 +124,7 @@ def cmd_timeline(ns: argparse.Namespace) -> int:
 
     from tailscope.analysis.ldb import LdbError, chrome_trace, find_request, load_ldb, slowest, timeline
     from tailscope.symbols import Symbolizer, modules_of
+
     if (ns.request is None) == (ns.slowest is None):
         raise CliError("give either --request ID or --slowest N")
     if ns.slowest is not None and ns.slowest < 1:
@@ -140,13 +152,16 @@ def cmd_timeline(ns: argparse.Namespace) -> int:
         raise CliError(f"cannot write {ns.out}: {exc.strerror or exc}") from None
     for w in sym.warnings:
         print(f"tailscope: warning: {w}", file=sys.stderr)
-    print(f"{ns.out}: {len(doc['traceEvents'])} events from {len(tls)} request(s); open it in "
-          f"https://ui.perfetto.dev or chrome://tracing")
+    print(
+        f"{ns.out}: {len(doc['traceEvents'])} events from {len(tls)} request(s); open it in "
+        f"https://ui.perfetto.dev or chrome://tracing"
+    )
     return 0
 
 
 def cmd_flags(ns: argparse.Namespace) -> int:
     from tailscope.buildflags import BuildFlagError, flags
+
     try:
         print(flags(ns.what, exclude_files=ns.exclude_file_list, exclude_functions=ns.exclude_function_list))
     except BuildFlagError as exc:
@@ -158,8 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tailscope", description="Why was that request slow?")
     p.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     sub = p.add_subparsers(dest="command", metavar="{record,report,timeline,flags,clone,clone-report}")
-    sub.add_parser("record", help="record a service (runs tailscope-agent; arguments pass through)",
-                   add_help=False)
+    sub.add_parser("record", help="record a service (runs tailscope-agent; arguments pass through)", add_help=False)
     r = sub.add_parser("report", help="analyse a recording: terminal summary + DIR/report.html")
     r.add_argument("dir", metavar="DIR", help="recording directory (meta.json + requests/)")
     r.add_argument("--out", metavar="FILE.html", help="where to write the HTML report (default DIR/report.html)")
@@ -170,21 +184,32 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--kind", help="analyse only requests of this kind (e.g. GET)")
     r.add_argument("--no-html", action="store_true", help="do not write the HTML report")
     r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
-    t = sub.add_parser("timeline", help="export request timelines (functions, lock holders) as Perfetto/Chrome "
-                                        "trace JSON from a --functions recording")
+    t = sub.add_parser(
+        "timeline",
+        help="export request timelines (functions, lock holders) as Perfetto/Chrome "
+        "trace JSON from a --functions recording",
+    )
     t.add_argument("dir", metavar="DIR", help="recording directory made with --functions")
     t.add_argument("--request", type=int, metavar="ID", help="the request with this id")
     t.add_argument("--slowest", type=int, metavar="N", help="the N slowest requests")
     t.add_argument("-o", "--out", default="timeline.json", metavar="FILE.json", help="output (default timeline.json)")
     t.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     f = sub.add_parser("flags", help="compiler/linker flags that instrument a build for --functions")
-    f.add_argument("what", nargs="?", default="all", choices=["cflags", "ldflags", "all"],
-                   help="cflags, ldflags, or all (default)")
-    f.add_argument("--exclude-file-list", default="", metavar="PATHS",
-                   help="comma-separated path fragments whose functions are not instrumented "
-                        "(added to the default /usr/include)")
-    f.add_argument("--exclude-function-list", default="", metavar="NAMES",
-                   help="comma-separated function names not to instrument (hot, tiny functions)")
+    f.add_argument(
+        "what", nargs="?", default="all", choices=["cflags", "ldflags", "all"], help="cflags, ldflags, or all (default)"
+    )
+    f.add_argument(
+        "--exclude-file-list",
+        default="",
+        metavar="PATHS",
+        help="comma-separated path fragments whose functions are not instrumented (added to the default /usr/include)",
+    )
+    f.add_argument(
+        "--exclude-function-list",
+        default="",
+        metavar="NAMES",
+        help="comma-separated function names not to instrument (hot, tiny functions)",
+    )
     f.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     from tailscope.clone.cli import register as register_clone  # Ditto: clone, clone-report
 
@@ -197,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
     debug = "--debug" in argv
     try:
         # `record` passes everything after it to the agent untouched.
-        if "record" in argv and all(a.startswith("-") for a in argv[:argv.index("record")]):
-            return cmd_record(argv[argv.index("record") + 1:])
+        if "record" in argv and all(a.startswith("-") for a in argv[: argv.index("record")]):
+            return cmd_record(argv[argv.index("record") + 1 :])
         parser = build_parser()
         ns = parser.parse_args(argv)
         if ns.command == "report":
@@ -228,8 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         first = (str(exc).splitlines() or [""])[0]
-        print(f"tailscope: error: {type(exc).__name__}: {first} (rerun with --debug for details)",
-              file=sys.stderr)
+        print(f"tailscope: error: {type(exc).__name__}: {first} (rerun with --debug for details)", file=sys.stderr)
         return 1
 
 

@@ -114,8 +114,7 @@ def load_recording(path: str | Path, columns: list[str] | None = None) -> Record
         missing = [c for c in schema.request_columns if c not in names]
         if missing:
             raise RecordingError(
-                f"{rel}: missing columns {', '.join(missing)} required by recording schema "
-                f"{schema.schema_version}"
+                f"{rel}: missing columns {', '.join(missing)} required by recording schema {schema.schema_version}"
             )
         opened.append((rel, pf, rows))
 
@@ -136,23 +135,22 @@ def load_recording(path: str | Path, columns: list[str] | None = None) -> Record
         if t.num_rows != rows:
             raise RecordingError(f"{rel}: footer says {rows} rows, read {t.num_rows}; corrupt Parquet file")
         try:
-            cast_to = pa.schema([
-                (f.name, t.schema.field(f.name).type if f.name == "kind" else f.type) for f in target])
+            cast_to = pa.schema([(f.name, t.schema.field(f.name).type if f.name == "kind" else f.type) for f in target])
             if t.schema != cast_to:
                 t = t.cast(cast_to)
         except Exception as exc:
             raise RecordingError(f"{rel}: column types do not match the recording schema ({_short(exc)})") from exc
         for name in numeric:
             col = t.column(name)
-            dest = out[name][pos:pos + rows]
+            dest = out[name][pos : pos + rows]
             off = 0
             for chunk in col.chunks:
                 k = len(chunk)
                 if chunk.null_count:
                     mask = null_masks.setdefault(name, np.zeros(total, dtype=bool))
-                    mask[pos + off:pos + off + k] = chunk.is_null().to_numpy(zero_copy_only=False)
+                    mask[pos + off : pos + off + k] = chunk.is_null().to_numpy(zero_copy_only=False)
                     chunk = chunk.fill_null(False if pa.types.is_boolean(chunk.type) else 0)
-                dest[off:off + k] = chunk.to_numpy(zero_copy_only=False)
+                dest[off : off + k] = chunk.to_numpy(zero_copy_only=False)
                 off += k
         if "kind" in wanted:
             kind_parts.append(t.column("kind"))
@@ -162,8 +160,9 @@ def load_recording(path: str | Path, columns: list[str] | None = None) -> Record
     rec.nulls.update(null_masks)
     if "kind" in wanted:
         chunks = [c for part in kind_parts for c in part.chunks]
-        rec.columns["kind"], rec.kind_names = _encode_kind(pa.chunked_array(chunks, type=pa.string())
-                                                           if not chunks else _as_chunked(chunks))
+        rec.columns["kind"], rec.kind_names = _encode_kind(
+            pa.chunked_array(chunks, type=pa.string()) if not chunks else _as_chunked(chunks)
+        )
     _drop_rows_without_latency(rec)
     if rec.n_rows == 0 and not rec.note:
         rec.note = "the Parquet parts hold no rows"
@@ -171,14 +170,23 @@ def load_recording(path: str | Path, columns: list[str] | None = None) -> Record
 
 
 def _numpy_dtype(type_name: str) -> np.dtype:
-    return {"uint64": np.uint64, "uint32": np.uint32, "int64": np.int64, "int32": np.int32,
-            "bool": np.bool_, "float64": np.float64}[type_name]
+    return {
+        "uint64": np.uint64,
+        "uint32": np.uint32,
+        "int64": np.int64,
+        "int32": np.int32,
+        "bool": np.bool_,
+        "float64": np.float64,
+    }[type_name]
 
 
 def _as_chunked(chunks: list) -> pa.ChunkedArray:
     """Chunks of string or dictionary<string> arrays (parts may differ) as one ChunkedArray."""
-    return pa.chunked_array([c if pa.types.is_dictionary(c.type) else c.dictionary_encode() for c in chunks]
-                            if any(pa.types.is_dictionary(c.type) for c in chunks) else chunks)
+    return pa.chunked_array(
+        [c if pa.types.is_dictionary(c.type) else c.dictionary_encode() for c in chunks]
+        if any(pa.types.is_dictionary(c.type) for c in chunks)
+        else chunks
+    )
 
 
 def _encode_kind(col: pa.ChunkedArray) -> tuple[np.ndarray, list[str]]:

@@ -89,7 +89,5 @@ def _load(path: Path) -> RecordingSchema:
 def load_schema() -> RecordingSchema:
     path = schema_path()
     if not path.exists():
-        raise FileNotFoundError(
-            f"recording schema not found at {path}; reinstall tailscope or set TAILSCOPE_SCHEMA"
-        )
+        raise FileNotFoundError(f"recording schema not found at {path}; reinstall tailscope or set TAILSCOPE_SCHEMA")
     return _load(path)

@@ -212,8 +212,9 @@ class Symbolizer:
         if name is None:
             return fallback
         fl = mod.line(va) if self._lines else None
-        return Symbol(name=name, module=base, offset=file_off, file=fl[0] if fl else None,
-                      line=fl[1] if fl else None, known=True)
+        return Symbol(
+            name=name, module=base, offset=file_off, file=fl[0] if fl else None, line=fl[1] if fl else None, known=True
+        )
 
     def names(self, addrs) -> dict[int, Symbol]:
         """Resolve many addresses at once (and demangle C++ names in one c++filt call)."""
@@ -221,8 +222,14 @@ class Symbolizer:
         mangled = sorted({s.name for s in out.values() if s.known and s.name.startswith("_Z")})
         if mangled:
             plain = demangle(tuple(mangled))
-            out = {a: (Symbol(plain.get(s.name, s.name), s.module, s.offset, s.file, s.line, True)
-                       if s.name in plain else s) for a, s in out.items()}
+            out = {
+                a: (
+                    Symbol(plain.get(s.name, s.name), s.module, s.offset, s.file, s.line, True)
+                    if s.name in plain
+                    else s
+                )
+                for a, s in out.items()
+            }
         return out
 
 

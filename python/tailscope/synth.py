@@ -31,10 +31,18 @@ CAUSES = ("runnable", "irq", "softirq", "blocked", "faults")
 FAULT_COST_NS = 4_000
 
 
-def synth_columns(n: int, *, cause: str | None = "runnable", fraction: float = 0.02,
-                  extra_ns: float = 800_000, duration_s: float = 60.0, seed: int = 1,
-                  invalid_fraction: float = 0.0, window: tuple[float, float] | None = None,
-                  kinds: tuple[str, ...] = ("GET",)) -> dict[str, np.ndarray]:
+def synth_columns(
+    n: int,
+    *,
+    cause: str | None = "runnable",
+    fraction: float = 0.02,
+    extra_ns: float = 800_000,
+    duration_s: float = 60.0,
+    seed: int = 1,
+    invalid_fraction: float = 0.0,
+    window: tuple[float, float] | None = None,
+    kinds: tuple[str, ...] = ("GET",),
+) -> dict[str, np.ndarray]:
     """Columns of a synthetic requests table (see the module docstring). `window` = (a, b) in
     [0, 1] confines the planted cause to that part of the recording's time span."""
     if cause is not None and cause not in CAUSES:
@@ -159,13 +167,20 @@ def write_table(directory: Path, columns: dict[str, np.ndarray], parts: int = 1)
     return paths
 
 
-def write_recording(directory: str | Path, n: int = 50_000, *, cause: str | None = "runnable",
-                    parts: int = 2, duration_s: float = 60.0, meta: dict | None = None, **kwargs) -> Path:
+def write_recording(
+    directory: str | Path,
+    n: int = 50_000,
+    *,
+    cause: str | None = "runnable",
+    parts: int = 2,
+    duration_s: float = 60.0,
+    meta: dict | None = None,
+    **kwargs,
+) -> Path:
     """Write a complete synthetic recording; returns its directory."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     cols = synth_columns(n, cause=cause, duration_s=duration_s, **kwargs)
     write_table(directory, cols, parts=parts if n else 0)
-    (directory / load_schema().meta_file).write_text(
-        json.dumps(default_meta(n, duration_s, **(meta or {})), indent=2))
+    (directory / load_schema().meta_file).write_text(json.dumps(default_meta(n, duration_s, **(meta or {})), indent=2))
     return directory

@@ -18,8 +18,9 @@ def recordings(tmp_path_factory):
 
 
 def run_cli(*args, timeout=120):
-    return subprocess.run([sys.executable, "-m", "tailscope", *map(str, args)],
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "tailscope", *map(str, args)], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.fixture

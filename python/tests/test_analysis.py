@@ -11,8 +11,13 @@ from tailscope.analysis.pipeline import analyse, parse_target, target_label
 from tailscope.recording import load_recording
 from tailscope.synth import write_recording
 
-EXPECTED_FIRST = {"runnable": "runnable_wait_ns", "irq": "irq_ns", "blocked": "blocked_wait_ns",
-                  "faults": "fault_user_count", "softirq": "softirq_ns"}
+EXPECTED_FIRST = {
+    "runnable": "runnable_wait_ns",
+    "irq": "irq_ns",
+    "blocked": "blocked_wait_ns",
+    "faults": "fault_user_count",
+    "softirq": "softirq_ns",
+}
 
 
 def _analyse(path, **kw):
@@ -63,14 +68,18 @@ def test_null_counter_values_excluded():
 
 
 def test_own_cpu_is_clamped():
-    cols = {"on_cpu_ns": np.array([100, 10], np.uint64), "irq_ns": np.array([20, 30], np.uint64),
-            "softirq_ns": np.array([5, 0], np.uint64)}
+    cols = {
+        "on_cpu_ns": np.array([100, 10], np.uint64),
+        "irq_ns": np.array([20, 30], np.uint64),
+        "softirq_ns": np.array([5, 0], np.uint64),
+    }
     assert event_values(EVENTS_BY_NAME["own_cpu_ns"], cols).tolist() == [75, 0]
 
 
 def test_segments_find_the_bad_stretch(tmp_path):
-    d = write_recording(tmp_path / "burst", 80_000, cause="irq", fraction=0.05, window=(0.7, 0.8),
-                        duration_s=100.0, seed=11)
+    d = write_recording(
+        tmp_path / "burst", 80_000, cause="irq", fraction=0.05, window=(0.7, 0.8), duration_s=100.0, seed=11
+    )
     r = _analyse(d, segment_s=10)
     seg = r["segments"]
     assert seg["count"] in (10, 11)
@@ -109,6 +118,7 @@ def test_causality_table_is_acyclic_and_known():
 
 def test_rule2_folds_a_proportional_count(tmp_path):
     from tailscope.synth import default_meta, synth_columns, write_table
+
     cols = synth_columns(20_000, cause="irq", seed=4)
     cols["irq_count"] = (cols["irq_ns"] // 2_000).astype(np.uint32)  # every irq costs 2 µs
     write_table(tmp_path, cols)

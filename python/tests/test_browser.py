@@ -21,11 +21,21 @@ def _driver(profile: str):
         pytest.skip(f"chromium/chromedriver not installed ({CHROMIUM}, {CHROMEDRIVER})")
     webdriver = pytest.importorskip("selenium.webdriver")
     from selenium.webdriver.chrome.service import Service
+
     opts = webdriver.ChromeOptions()
     opts.binary_location = CHROMIUM
-    for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--no-first-run",
-              "--disable-background-networking", "--disable-component-update", "--disable-sync",
-              f"--user-data-dir={profile}", "--window-size=1200,4000"):
+    for a in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        f"--user-data-dir={profile}",
+        "--window-size=1200,4000",
+    ):
         opts.add_argument(a)
     opts.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=opts)
@@ -44,8 +54,10 @@ def test_report_renders_in_chromium(recordings):
             drv.set_page_load_timeout(60)
             drv.get(page.as_uri())
             from selenium.webdriver.support.ui import WebDriverWait
+
             WebDriverWait(drv, 30).until(
-                lambda d: len(d.find_elements("css selector", ".js-plotly-plot .main-svg")) >= want)
+                lambda d: len(d.find_elements("css selector", ".js-plotly-plot .main-svg")) >= want
+            )
             plots = drv.find_elements("css selector", ".js-plotly-plot")
             assert len(plots) == want
             assert len(drv.find_elements("css selector", ".js-plotly-plot .main-svg")) >= want

@@ -24,6 +24,7 @@ def small(tmp_path_factory):
 
 def _copy(src, dst):
     import shutil
+
     shutil.copytree(src, dst)
     (dst / "report.html").unlink(missing_ok=True)
     return dst
@@ -69,8 +70,10 @@ def test_unknown_schema_version(cli, small, tmp_path):
     meta = json.loads((d / "meta.json").read_text())
     meta["schema_version"] = 7
     (d / "meta.json").write_text(json.dumps(meta))
-    _one_line_error(cli("report", d), "recording schema version 7 is not supported by this tailscope "
-                    "(supports 1, 2); upgrade tailscope")
+    _one_line_error(
+        cli("report", d),
+        "recording schema version 7 is not supported by this tailscope (supports 1, 2); upgrade tailscope",
+    )
 
 
 def test_truncated_parquet(cli, small, tmp_path):
@@ -125,8 +128,17 @@ def test_report_and_json(cli, small, tmp_path):
     doc = json.loads(j.stdout)
     assert doc["p_target"] == pytest.approx(0.999) and doc["target_label"] == "p99.9"
     c = doc["causes"][0]
-    for key in ("event", "impact_ns", "impact_pct_of_target", "threshold_value", "threshold_percentile",
-                "high_count", "caused_by", "explained_by", "adjusted_impact_ns"):
+    for key in (
+        "event",
+        "impact_ns",
+        "impact_pct_of_target",
+        "threshold_value",
+        "threshold_percentile",
+        "high_count",
+        "caused_by",
+        "explained_by",
+        "adjusted_impact_ns",
+    ):
         assert key in c
     assert {"p50_ns", "p_target_ns", "segments", "health", "headline"} <= set(doc)
 
@@ -135,18 +147,27 @@ def test_record_without_agent(cli, tmp_path):
     env_bad = tmp_path / "missing-agent"
     import subprocess
     import sys
-    p = subprocess.run([sys.executable, "-m", "tailscope", "record", "-o", str(tmp_path / "r")],
-                       capture_output=True, text=True,
-                       env={**os.environ, "TAILSCOPE_AGENT": str(env_bad)})
+
+    p = subprocess.run(
+        [sys.executable, "-m", "tailscope", "record", "-o", str(tmp_path / "r")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TAILSCOPE_AGENT": str(env_bad)},
+    )
     _one_line_error(p, "TAILSCOPE_AGENT")
 
 
 def test_record_execs_agent(tmp_path):
     import subprocess
     import sys
+
     fake = tmp_path / "agent"
-    fake.write_text("#!/bin/sh\necho agent-args: \"$@\"\n")
+    fake.write_text('#!/bin/sh\necho agent-args: "$@"\n')
     fake.chmod(0o755)
-    p = subprocess.run([sys.executable, "-m", "tailscope", "record", "-o", "out", "--", "sleep", "1"],
-                       capture_output=True, text=True, env={**os.environ, "TAILSCOPE_AGENT": str(fake)})
+    p = subprocess.run(
+        [sys.executable, "-m", "tailscope", "record", "-o", "out", "--", "sleep", "1"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "TAILSCOPE_AGENT": str(fake)},
+    )
     assert p.returncode == 0 and p.stdout.strip() == "agent-args: record -o out -- sleep 1"

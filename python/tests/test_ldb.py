@@ -31,8 +31,11 @@ def test_function_stats_nearest_rank():
     fn = np.ones(100, np.uint64)
     par = np.full(100, 9, np.uint64)
     lat2 = np.array([5, 7], np.int64)
-    rows = ldb.function_stats(np.concatenate([fn, [2, 2]]).astype(np.uint64),
-                              np.concatenate([par, [9, 9]]).astype(np.uint64), np.concatenate([lat, lat2]))
+    rows = ldb.function_stats(
+        np.concatenate([fn, [2, 2]]).astype(np.uint64),
+        np.concatenate([par, [9, 9]]).astype(np.uint64),
+        np.concatenate([lat, lat2]),
+    )
     r = {x["fn"]: x for x in rows}
     assert r[1]["count"] == 100 and r[1]["p50_ns"] == 50_000 and r[1]["p99_ns"] == 99_000
     assert r[1]["p9999_ns"] == 100_000 and r[1]["caller"] == 9
@@ -43,8 +46,9 @@ def test_function_stats_nearest_rank():
 def test_lock_episodes_pair_and_find_holders():
     ts = np.array([100, 150, 300, 90, 110, 310], np.int64)
     tid = np.array([1, 1, 1, 2, 2, 2], np.uint32)
-    ev = np.array(["MUTEX_WAIT", "MUTEX_LOCK", "MUTEX_UNLOCK", "MUTEX_LOCK", "MUTEX_UNLOCK", "MUTEX_UNLOCK"],
-                  dtype=object)
+    ev = np.array(
+        ["MUTEX_WAIT", "MUTEX_LOCK", "MUTEX_UNLOCK", "MUTEX_LOCK", "MUTEX_UNLOCK", "MUTEX_UNLOCK"], dtype=object
+    )
     mu = np.full(6, 0xAA, np.uint64)
     ep = ldb.lock_episodes(ts, tid, ev, mu)
     assert ep.tid.size == 2  # the stray second UNLOCK of tid 2 is skipped
@@ -68,8 +72,13 @@ def _synthetic(n_req: int = 200, slow_every: int = 20) -> ldb.LdbData:
         req.append((i, 1, t, lat))
         f_tid.append(1), f_fn.append(0x100), f_par.append(0), f_dep.append(0), f_st.append(t + 1), f_lat.append(lat - 2)
         if slow:
-            lk += [(t + 5, 1, "MUTEX_WAIT"), (t + 5_000_005, 1, "MUTEX_LOCK"), (t + 5_000_100, 1, "MUTEX_UNLOCK"),
-                   (t - 1000, 2, "MUTEX_LOCK"), (t + 5_000_000, 2, "MUTEX_UNLOCK")]
+            lk += [
+                (t + 5, 1, "MUTEX_WAIT"),
+                (t + 5_000_005, 1, "MUTEX_LOCK"),
+                (t + 5_000_100, 1, "MUTEX_UNLOCK"),
+                (t - 1000, 2, "MUTEX_LOCK"),
+                (t + 5_000_000, 2, "MUTEX_UNLOCK"),
+            ]
             f_tid += [2, 2]
             f_fn += [0x300, 0x310]
             f_par += [0x200, 0x300]
@@ -98,6 +107,7 @@ class _Names:
 
     def names(self, addrs):
         from tailscope.symbols import Symbol
+
         table = {0x50: "loop", 0x100: "handle", 0x200: "background", 0x300: "snap", 0x310: "write"}
         return {a: Symbol(table.get(a, f"0x{a:x}"), "prog", a, known=a in table) for a in addrs}
 
@@ -158,13 +168,21 @@ def _short_holds_around_a_long_one() -> tuple[ldb.LdbData, int, int]:
             lk += [(t, tid, "MUTEX_LOCK"), (t + 2_000, tid, "MUTEX_UNLOCK")]
             f_rows.append((tid, fn, 0x200 if tid == 2 else 0, 1 if tid == 2 else 0, t - 500, 3_000, 1_000))
         t += 50_000
-    lk += [(L0 - 5_000, 3, "MUTEX_LOCK"), (L0 + 40_000, 3, "MUTEX_UNLOCK"),  # released at L0, stamped late
-           (L0, 2, "MUTEX_LOCK"), (L1, 2, "MUTEX_UNLOCK"),
-           (L0 + 20_000, 1, "MUTEX_WAIT"), (L1 + 3_000, 1, "MUTEX_LOCK"), (L1 + 5_000, 1, "MUTEX_UNLOCK")]
-    f_rows += [(3, 0x410, 0, 0, L0 - 5_500, 46_000, 1_000),
-               (2, 0x200, 0, 0, 0, 30_000_000, 1_000),
-               (2, 0x300, 0x200, 1, L0 + 3_000_000, L1 - L0 - 3_000_000 + 500_000, 4_000_000),
-               (2, 0x310, 0x300, 2, L0 + 3_500_000, 2_500_000, 1_000_000)]
+    lk += [
+        (L0 - 5_000, 3, "MUTEX_LOCK"),
+        (L0 + 40_000, 3, "MUTEX_UNLOCK"),  # released at L0, stamped late
+        (L0, 2, "MUTEX_LOCK"),
+        (L1, 2, "MUTEX_UNLOCK"),
+        (L0 + 20_000, 1, "MUTEX_WAIT"),
+        (L1 + 3_000, 1, "MUTEX_LOCK"),
+        (L1 + 5_000, 1, "MUTEX_UNLOCK"),
+    ]
+    f_rows += [
+        (3, 0x410, 0, 0, L0 - 5_500, 46_000, 1_000),
+        (2, 0x200, 0, 0, 0, 30_000_000, 1_000),
+        (2, 0x300, 0x200, 1, L0 + 3_000_000, L1 - L0 - 3_000_000 + 500_000, 4_000_000),
+        (2, 0x310, 0x300, 2, L0 + 3_500_000, 2_500_000, 1_000_000),
+    ]
     starts = [1_000_000 + i * 200_000 for i in range(140)]
     req = [(i, 1, s, 10_000) for i, s in enumerate(starts) if not L0 - 200_000 < s < L1]
     req.append((999, 1, L0 + 19_000, L1 - L0 + 6_000))
@@ -175,8 +193,7 @@ def _short_holds_around_a_long_one() -> tuple[ldb.LdbData, int, int]:
     d.lk_event = np.array([x[2] for x in lk], dtype=object)
     d.lk_mutex = np.full(len(lk), 0xAA, np.uint64)
     cols = list(zip(*f_rows, strict=True))
-    d.tid, d.fn, d.parent = (np.array(cols[0], np.uint32), np.array(cols[1], np.uint64),
-                             np.array(cols[2], np.uint64))
+    d.tid, d.fn, d.parent = (np.array(cols[0], np.uint32), np.array(cols[1], np.uint64), np.array(cols[2], np.uint64))
     d.depth, d.start = np.array(cols[3], np.uint32), np.array(cols[4], np.int64)
     d.latency, d.err = np.array(cols[5], np.int64), np.array(cols[6], np.int64)
     d.req_id = np.array([r[0] for r in req], np.uint64)
@@ -214,8 +231,10 @@ def prog(tmp_path_factory):
         pytest.skip("no C compiler")
     d = tmp_path_factory.mktemp("sym")
     src = d / "p.c"
-    src.write_text("__attribute__((noinline)) int work(int x) {\n  return x * 3 + 1;\n}\n"
-                   "int main(int c, char **v) { (void)v; return work(c); }\n")
+    src.write_text(
+        "__attribute__((noinline)) int work(int x) {\n  return x * 3 + 1;\n}\n"
+        "int main(int c, char **v) { (void)v; return work(c); }\n"
+    )
     exe = d / "p"
     subprocess.run([CC, "-O2", "-g", "-fPIE", "-pie", "-o", str(exe), str(src)], check=True)
     stripped = d / "p-stripped"
@@ -226,11 +245,19 @@ def prog(tmp_path_factory):
 def _sym_and_segment(path: Path, name: str):
     with open(path, "rb") as f:
         elf = ELFFile(f)
-        sym = next(s for sec in (".symtab", ".dynsym") if elf.get_section_by_name(sec)
-                   for s in elf.get_section_by_name(sec).iter_symbols() if s.name == name and s["st_value"])
+        sym = next(
+            s
+            for sec in (".symtab", ".dynsym")
+            if elf.get_section_by_name(sec)
+            for s in elf.get_section_by_name(sec).iter_symbols()
+            if s.name == name and s["st_value"]
+        )
         va = sym["st_value"]
-        seg = next(s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1
-                   and s["p_vaddr"] <= va < s["p_vaddr"] + s["p_memsz"])
+        seg = next(
+            s
+            for s in elf.iter_segments()
+            if s["p_type"] == "PT_LOAD" and s["p_flags"] & 1 and s["p_vaddr"] <= va < s["p_vaddr"] + s["p_memsz"]
+        )
         return va, seg["p_vaddr"], seg["p_offset"]
 
 
@@ -239,8 +266,10 @@ def test_symbolizer_pie_aslr_lines_and_stripped(prog):
     va, seg_va, seg_off = _sym_and_segment(exe, "work")
     base = 0x55D0C0A00000  # where ASLR put the executable mapping
     page = seg_off & ~0xFFF
-    mods = [{"start": base, "end": base + 0x10000, "offset": page, "path": str(exe)},
-            {"start": base + 0x100000, "end": base + 0x110000, "offset": page, "path": str(stripped)}]
+    mods = [
+        {"start": base, "end": base + 0x10000, "offset": page, "path": str(exe)},
+        {"start": base + 0x100000, "end": base + 0x110000, "offset": page, "path": str(stripped)},
+    ]
     addr = base + (va - seg_va + seg_off - page)
     s = Symbolizer(mods).lookup(addr + 2)
     assert s.name == "work" and s.known and s.module == "p"
@@ -276,37 +305,70 @@ def test_build_flags_and_wrapper(tmp_path):
         pytest.skip(f"{lib} not built")
     src = tmp_path / "x.c"
     src.write_text("int f(int x) { return x + 1; }\nint main(void) { return f(0) - 1; }\n")
-    r = subprocess.run([sys.executable, "-c", "import sys; from tailscope.buildflags import cc_main; "
-                        "sys.exit(cc_main())", "-O1", "-o", str(tmp_path / "x"), str(src)],
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tailscope.buildflags import cc_main; sys.exit(cc_main())",
+            "-O1",
+            "-o",
+            str(tmp_path / "x"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stderr
     nm = subprocess.run(["nm", str(tmp_path / "x")], capture_output=True, text=True).stdout
     assert "__cyg_profile_func_enter" in nm and "pthread_mutex_lock" in nm
-    out = subprocess.run([sys.executable, "-m", "tailscope", "flags", "--exclude-file-list", "a b"],
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "tailscope", "flags", "--exclude-file-list", "a b"], capture_output=True, text=True
+    )
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1
 
 
 def _write_synthetic_recording(path: Path, d: ldb.LdbData) -> Path:
     """A --functions recording on disk (meta.json + the four tables) from LdbData."""
     from tailscope.synth import write_recording
+
     write_recording(path, 200, cause=None, parts=1)
     meta = json.loads((path / "meta.json").read_text())
-    meta["ldb"] = {"observer": {"passes": 10, "fast_path": 5, "full_walks": 4, "invalid": 1, "seqlock_discards": 0,
-                                "dte_discards": 0, "period_hist_ns": [0] * 10 + [9] + [0] * 29,
-                                "period_p50_ns": 2048, "period_p99_ns": 2048, "period_max_ns": 2000},
-                   "config": {"period_ns": 20000, "busy_poll": False},
-                   "runtime_features": {"fn_hooks": True, "lock_shim": True, "fn_clock": False}, "modules": []}
+    meta["ldb"] = {
+        "observer": {
+            "passes": 10,
+            "fast_path": 5,
+            "full_walks": 4,
+            "invalid": 1,
+            "seqlock_discards": 0,
+            "dte_discards": 0,
+            "period_hist_ns": [0] * 10 + [9] + [0] * 29,
+            "period_p50_ns": 2048,
+            "period_p99_ns": 2048,
+            "period_max_ns": 2000,
+        },
+        "config": {"period_ns": 20000, "busy_poll": False},
+        "runtime_features": {"fn_hooks": True, "lock_shim": True, "fn_clock": False},
+        "modules": [],
+    }
     (path / "meta.json").write_text(json.dumps(meta))
     for table, cols in {
-        "functions": {"tid": pa.array(d.tid, pa.uint32()), "fn_addr": pa.array(d.fn, pa.uint64()),
-                      "call_site": pa.array(d.fn, pa.uint64()), "parent_fn": pa.array(d.parent, pa.uint64()),
-                      "depth": pa.array(d.depth, pa.uint32()), "start_ns": pa.array(d.start.astype(np.uint64)),
-                      "latency_ns": pa.array(d.latency.astype(np.uint64)),
-                      "start_exact": pa.array(np.zeros(d.fn.size, bool)),
-                      "error_bound_ns": pa.array(np.zeros(d.fn.size, np.uint64))},
-        "locks": {"ts_ns": pa.array(d.lk_ts.astype(np.uint64)), "tid": pa.array(d.lk_tid, pa.uint32()),
-                  "event": pa.array(list(d.lk_event), pa.string()), "mutex": pa.array(d.lk_mutex, pa.uint64())},
+        "functions": {
+            "tid": pa.array(d.tid, pa.uint32()),
+            "fn_addr": pa.array(d.fn, pa.uint64()),
+            "call_site": pa.array(d.fn, pa.uint64()),
+            "parent_fn": pa.array(d.parent, pa.uint64()),
+            "depth": pa.array(d.depth, pa.uint32()),
+            "start_ns": pa.array(d.start.astype(np.uint64)),
+            "latency_ns": pa.array(d.latency.astype(np.uint64)),
+            "start_exact": pa.array(np.zeros(d.fn.size, bool)),
+            "error_bound_ns": pa.array(np.zeros(d.fn.size, np.uint64)),
+        },
+        "locks": {
+            "ts_ns": pa.array(d.lk_ts.astype(np.uint64)),
+            "tid": pa.array(d.lk_tid, pa.uint32()),
+            "event": pa.array(list(d.lk_event), pa.string()),
+            "mutex": pa.array(d.lk_mutex, pa.uint64()),
+        },
     }.items():
         (path / table).mkdir(exist_ok=True)
         pq.write_table(pa.table(cols), path / table / "part-00000.parquet")
@@ -315,6 +377,7 @@ def _write_synthetic_recording(path: Path, d: ldb.LdbData) -> Path:
 
 def test_recording_tables_match_schema(tmp_path):
     from tailscope.schema import load_schema
+
     p = _write_synthetic_recording(tmp_path / "r", _synthetic())
     s = load_schema()
     assert list(pq.read_schema(p / "functions" / "part-00000.parquet").names) == list(s.tables["functions"])
@@ -326,26 +389,34 @@ def test_ldb_report_sections_render_in_chromium(tmp_path):
     from tailscope.analysis.pipeline import analyse
     from tailscope.recording import load_recording
     from tailscope.report.html import expected_chart_count, write_report
+
     p = _write_synthetic_recording(tmp_path / "r", _synthetic())
     rec = load_recording(p, list(ANALYSIS_COLUMNS))
     result = analyse(rec.columns, rec.meta, nulls=rec.nulls, kind_names=rec.kind_names, segment_s=5)
     d = ldb.load_ldb(p)
-    d.req_id, d.req_tid, d.req_start, d.req_latency = _synthetic().req_id, _synthetic().req_tid, \
-        _synthetic().req_start, _synthetic().req_latency
+    d.req_id, d.req_tid, d.req_start, d.req_latency = (
+        _synthetic().req_id,
+        _synthetic().req_tid,
+        _synthetic().req_start,
+        _synthetic().req_latency,
+    )
     result["ldb"] = ldb.analyse_ldb(d, symbolizer=_Names(), p_target=0.97)
     page = write_report(result, tmp_path / "report.html")
     text = page.read_text()
     for anchor in ("id=ldb-ranking", "id=ldb-functions", "id=ldb-holders", "id=ldb-observer"):
         assert anchor in text
     from test_browser import _driver
+
     want = expected_chart_count(result)
     with tempfile.TemporaryDirectory(prefix="ts-chrome-") as profile:
         drv = _driver(profile)
         try:
             drv.get(page.as_uri())
             from selenium.webdriver.support.ui import WebDriverWait
+
             WebDriverWait(drv, 30).until(
-                lambda dr: len(dr.find_elements("css selector", ".js-plotly-plot .main-svg")) >= want)
+                lambda dr: len(dr.find_elements("css selector", ".js-plotly-plot .main-svg")) >= want
+            )
             assert len(drv.find_elements("css selector", ".js-plotly-plot")) == want
             assert "snap" in drv.find_element("id", "ldb-holders").text
             severe = [e for e in drv.get_log("browser") if e.get("level") == "SEVERE"]

@@ -27,6 +27,7 @@ def test_reader_uses_the_repo_file_or_an_identical_copy():
 
 def test_analysis_columns_are_in_the_schema():
     from tailscope.analysis.events import ANALYSIS_COLUMNS
+
     assert set(ANALYSIS_COLUMNS) <= set(load_schema().request_columns)
 
 

@@ -204,15 +204,15 @@ def test_time_bounded_impact_caps_membership_by_time():
     impact is the drop in p99 when the event's time is taken out of the high set."""
     rng = np.random.default_rng(3)
     lat = rng.normal(100_000, 5_000, 10_000).clip(1)
-    lat[:200] += 1_000_000                      # 2% slow
+    lat[:200] += 1_000_000  # 2% slow
     ev = np.zeros_like(lat)
-    ev[:200] = 2_000                            # a tick in each slow request
+    ev[:200] = 2_000  # a tick in each slow request
     high = ev > 0
     membership = V.impact(lat, high, 0.99)
     bounded = V.time_bounded_impact(lat, ev, high, 0.99)
-    assert membership > 900_000                 # removing the slow set removes the tail
-    assert 0 <= bounded <= 2_001                # but the event only took 2 µs of it
-    ev[:200] = 1_000_000                        # now the event is the whole excess
+    assert membership > 900_000  # removing the slow set removes the tail
+    assert 0 <= bounded <= 2_001  # but the event only took 2 µs of it
+    ev[:200] = 1_000_000  # now the event is the whole excess
     assert V.time_bounded_impact(lat, ev, high, 0.99) > 900_000
 
 

@@ -70,8 +70,23 @@ def record(tmp: Path, mode: str, *extra: str) -> tuple[dict, Path]:
     # one-miss-per-long-gap allowance does not model (docs/ldb.md, "choosing the setting").
     # A pass every 100 µs (the default is 1 ms): the throttled loop, with its idle back-off,
     # at a period well below the shortest call here (1 ms); a test may override it.
-    r = run_agent(["record", "-o", str(out), "--functions", "--fn-normal-priority", "--quiet",
-                   "--fn-period-us", "100", *extra, "--", str(BUILD / "ldbtarget"), mode, str(truth)])
+    r = run_agent(
+        [
+            "record",
+            "-o",
+            str(out),
+            "--functions",
+            "--fn-normal-priority",
+            "--quiet",
+            "--fn-period-us",
+            "100",
+            *extra,
+            "--",
+            str(BUILD / "ldbtarget"),
+            mode,
+            str(truth),
+        ]
+    )
     assert r.returncode == 0, r.stderr
     meta = json.loads((out / "meta.json").read_text())
     return meta, out
@@ -79,6 +94,7 @@ def record(tmp: Path, mode: str, *extra: str) -> tuple[dict, Path]:
 
 def functions(out: Path, meta: dict) -> dict[str, np.ndarray]:
     from tailscope.symbols import Symbolizer, modules_of
+
     t = pq.read_table(out / "functions").to_pydict()
     sym = Symbolizer(modules_of(meta), lines=False)
     names = np.array([sym.lookup(a).name for a in t["fn_addr"]], dtype=object)
@@ -132,16 +148,20 @@ def check_against_truth(tmp, mode, meta, f, names, min_rows, skipped_calls=0, th
     shortest = min((b - a for _n, _t, a, b, _oa, _ob in truth_rows(tmp, mode) if _n in names), default=0)
     long_gaps = sum(n for i, n in enumerate(o["period_hist_ns"]) if (1 << (i + 1)) > shortest // 2)
     allowed = long_gaps * threads_per_gap + skipped_calls
-    assert len(missing) <= allowed, (f"calls the observer never reported: {len(missing)} > {long_gaps} long "
-                                     f"observer gaps + {skipped_calls} skipped: {missing[:5]}")
+    assert len(missing) <= allowed, (
+        f"calls the observer never reported: {len(missing)} > {long_gaps} long "
+        f"observer gaps + {skipped_calls} skipped: {missing[:5]}"
+    )
     assert len(errs) + len(missing) >= min_rows and errs
     beyond = [e for e in errs if e[0] > e[1] + 2000]
     assert not beyond, f"error > scan intervals + 2 µs: {beyond[:5]}"
     o = meta["ldb"]["observer"]
     bounds = np.array([e[1] for e in errs])
-    print(f"{mode}: {len(errs)} calls; error max {max(e[0] for e in errs)} ns; bound median "
-          f"{int(np.median(bounds))} ns; observer period p50 {o['period_p50_ns']} p99 {o['period_p99_ns']} "
-          f"max {o['period_max_ns']} ns")
+    print(
+        f"{mode}: {len(errs)} calls; error max {max(e[0] for e in errs)} ns; bound median "
+        f"{int(np.median(bounds))} ns; observer period p50 {o['period_p50_ns']} p99 {o['period_p99_ns']} "
+        f"max {o['period_max_ns']} ns"
+    )
     return errs
 
 
@@ -223,8 +243,9 @@ def test_signal_handlers(tmp_path):
     # Here a handler's instrumented calls are exactly on_alarm and handler_fn, so each
     # handler_fn the observer missed must come with two skipped pushes (or a long gap).
     assert o["skipped"] % 2 == 0, o
-    errs = check_against_truth(tmp_path, "signals", meta, f, {"handler_fn", "sleep_fn"}, 10,
-                               skipped_calls=o["skipped"] // 2)
+    errs = check_against_truth(
+        tmp_path, "signals", meta, f, {"handler_fn", "sleep_fn"}, 10, skipped_calls=o["skipped"] // 2
+    )
     handler = [e for e in errs if e[2] == "handler_fn"]
     assert handler, "no handler call reported"
     print(f"signals: {len(handler)} handler calls reported, {o['skipped'] // 2} skipped by the runtime")
@@ -257,13 +278,19 @@ def test_overdeep_stack_truncation(tmp_path):
 
 # ---- the LDB Fig. 3.1 toy ------------------------------------------------------------------
 
+
 def test_toy_names_snapshot_and_holder(tmp_path):
     out = tmp_path / "toy"
-    r = run_agent(["record", "-o", str(out), "--functions", "--quiet", "--sample", "100%", "--",
-                   str(BUILD / "toy"), "3"])
+    r = run_agent(
+        ["record", "-o", str(out), "--functions", "--quiet", "--sample", "100%", "--", str(BUILD / "toy"), "3"]
+    )
     assert r.returncode == 0, r.stderr
-    rep = subprocess.run([sys.executable, "-m", "tailscope", "report", str(out), "--json"],
-                         capture_output=True, text=True, cwd=ROOT / "python")
+    rep = subprocess.run(
+        [sys.executable, "-m", "tailscope", "report", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT / "python",
+    )
     assert rep.returncode == 0, rep.stderr
     res = json.loads(rep.stdout)["ldb"]
     top = [x["name"] for x in res["ranking"][:4]]
@@ -274,31 +301,45 @@ def test_toy_names_snapshot_and_holder(tmp_path):
     main_tid = res["timelines"][0]["tid"]
     assert all(h["holder_tid"] != main_tid for h in holders)
     assert any(h["holder_function"] == "snapshot" for h in holders), [
-        (h["holder_function"], h["holder_functions"]) for h in holders[:3]]
+        (h["holder_function"], h["holder_functions"]) for h in holders[:3]
+    ]
     assert any("write_out" in h["holder_functions"] for h in holders)
     # The per-function table has snapshot with its ~10 ms hold.
     snap = [x for x in res["functions"] if x["name"] == "snapshot"]
     assert snap and snap[0]["p50_ns"] >= 9e6, snap
     # Terminal summary says it in words.
-    txt = subprocess.run([sys.executable, "-m", "tailscope", "report", str(out), "--no-html"],
-                         capture_output=True, text=True, cwd=ROOT / "python").stdout
+    txt = subprocess.run(
+        [sys.executable, "-m", "tailscope", "report", str(out), "--no-html"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT / "python",
+    ).stdout
     assert "lock holder: thread" in txt and "in snapshot held mutex" in txt
     # Perfetto export of the slowest request carries the holder's snapshot().
     tj = tmp_path / "t.json"
-    t = subprocess.run([sys.executable, "-m", "tailscope", "timeline", str(out), "--slowest", "1", "-o", str(tj)],
-                       capture_output=True, text=True, cwd=ROOT / "python")
+    t = subprocess.run(
+        [sys.executable, "-m", "tailscope", "timeline", str(out), "--slowest", "1", "-o", str(tj)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT / "python",
+    )
     assert t.returncode == 0, t.stderr
     doc = json.loads(tj.read_text())
     evs = doc["traceEvents"]
     assert any(e["name"] == "snapshot" and e["cat"] == "holder-function" for e in evs)
     assert all(e["ph"] in ("X", "M") for e in evs)
     rid = res["timelines"][0]["request_id"]
-    t = subprocess.run([sys.executable, "-m", "tailscope", "timeline", str(out), "--request", str(rid), "-o",
-                        str(tj)], capture_output=True, text=True, cwd=ROOT / "python")
+    t = subprocess.run(
+        [sys.executable, "-m", "tailscope", "timeline", str(out), "--request", str(rid), "-o", str(tj)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT / "python",
+    )
     assert t.returncode == 0 and json.loads(tj.read_text())["traceEvents"][0]["args"]["request"] == rid
 
 
 # ---- bad input -------------------------------------------------------------------------------
+
 
 def test_functions_without_runtime_is_one_line(tmp_path):
     p = subprocess.Popen(["sleep", "30"])
@@ -318,11 +359,16 @@ def test_functions_without_runtime_is_one_line(tmp_path):
 
 def test_stripped_binary_is_module_plus_offset(tmp_path):
     out = tmp_path / "stripped"
-    r = run_agent(["record", "-o", str(out), "--functions", "--quiet", "--sample", "100%", "--",
-                   str(BUILD / "toy-stripped"), "1"])
+    r = run_agent(
+        ["record", "-o", str(out), "--functions", "--quiet", "--sample", "100%", "--", str(BUILD / "toy-stripped"), "1"]
+    )
     assert r.returncode == 0, r.stderr
-    rep = subprocess.run([sys.executable, "-m", "tailscope", "report", str(out), "--no-html"],
-                         capture_output=True, text=True, cwd=ROOT / "python")
+    rep = subprocess.run(
+        [sys.executable, "-m", "tailscope", "report", str(out), "--no-html"],
+        capture_output=True,
+        text=True,
+        cwd=ROOT / "python",
+    )
     assert rep.returncode == 0, rep.stderr
     assert "toy-stripped+0x" in rep.stdout
     assert "no symbols (stripped)" in rep.stdout
@@ -339,6 +385,7 @@ def test_timeline_bad_input(tmp_path):
 def test_abi_version_mismatch_names_both_versions(tmp_path):
     """A process whose runtime speaks another ABI version: one line naming both."""
     import struct
+
     p = subprocess.Popen(["sleep", "30"])
     region = Path(f"/dev/shm/tailscope.{p.pid}")
     try:

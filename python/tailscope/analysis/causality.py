@@ -19,48 +19,64 @@ from __future__ import annotations
 # (cause, effect, why). Read: "cause can make effect high in the same request".
 CAUSE_EDGES: tuple[tuple[str, str, str], ...] = (
     # -- a count is the symptom, its length the quantity (Rule 2 when not proportional) --
-    ("runnable_wait_ns", "runnable_wait_count",
-     "each runnable wait adds to the runnable-wait length; the length is what delays the request"),
-    ("runnable_wait_ns", "involuntary_switch_count",
-     "a preemption leaves the thread runnable; its cost is the runnable wait that follows"),
-    ("blocked_wait_ns", "blocked_wait_count",
-     "each sleep adds to the blocked-wait length"),
-    ("blocked_wait_ns", "voluntary_switch_count",
-     "a voluntary switch is the start of a blocked wait"),
+    (
+        "runnable_wait_ns",
+        "runnable_wait_count",
+        "each runnable wait adds to the runnable-wait length; the length is what delays the request",
+    ),
+    (
+        "runnable_wait_ns",
+        "involuntary_switch_count",
+        "a preemption leaves the thread runnable; its cost is the runnable wait that follows",
+    ),
+    ("blocked_wait_ns", "blocked_wait_count", "each sleep adds to the blocked-wait length"),
+    ("blocked_wait_ns", "voluntary_switch_count", "a voluntary switch is the start of a blocked wait"),
     ("irq_ns", "irq_count", "each hard irq adds to hard-irq time"),
     ("softirq_ns", "softirq_count", "each softirq adds to softirq time"),
     # -- interrupts --
-    ("irq_ns", "softirq_ns",
-     "hard-irq handlers raise softirqs (NET_RX after a NIC irq, TIMER after the tick) that run "
-     "on irq exit on the same CPU"),
-    ("irq_ns", "runnable_wait_ns",
-     "an irq can wake a competing thread that preempts this one, and the scheduler tick is "
-     "where a preemption is decided"),
-    ("softirq_ns", "runnable_wait_ns",
-     "heavy softirq load is deferred to ksoftirqd, which then competes for the CPU"),
+    (
+        "irq_ns",
+        "softirq_ns",
+        "hard-irq handlers raise softirqs (NET_RX after a NIC irq, TIMER after the tick) that run "
+        "on irq exit on the same CPU",
+    ),
+    (
+        "irq_ns",
+        "runnable_wait_ns",
+        "an irq can wake a competing thread that preempts this one, and the scheduler tick is "
+        "where a preemption is decided",
+    ),
+    ("softirq_ns", "runnable_wait_ns", "heavy softirq load is deferred to ksoftirqd, which then competes for the CPU"),
     # -- scheduling --
-    ("blocked_wait_ns", "runnable_wait_ns",
-     "every wakeup is followed by a wait for a CPU: more sleeps, more wakeup waits"),
+    (
+        "blocked_wait_ns",
+        "runnable_wait_ns",
+        "every wakeup is followed by a wait for a CPU: more sleeps, more wakeup waits",
+    ),
     # Not an edge: own_cpu_ns → runnable_wait_ns (long requests meet more slice ends). It
     # would close the cycle runnable wait → migration → own work → runnable wait, and it would
     # discount real preemption by a CPU hog in CPU-heavy services.
-    ("runnable_wait_ns", "migration_count",
-     "load balancing pulls a thread that waits in a busy run queue to another CPU"),
-    ("blocked_wait_ns", "migration_count",
-     "a woken thread may be placed on another CPU (wakeup placement)"),
+    (
+        "runnable_wait_ns",
+        "migration_count",
+        "load balancing pulls a thread that waits in a busy run queue to another CPU",
+    ),
+    ("blocked_wait_ns", "migration_count", "a woken thread may be placed on another CPU (wakeup placement)"),
     # -- memory --
-    ("fault_user_count", "blocked_wait_ns",
-     "a major fault sleeps on I/O (swap-in, file read) as a blocked wait"),
-    ("fault_kernel_count", "blocked_wait_ns",
-     "a kernel-mode fault on a user buffer can sleep on I/O like a user fault"),
-    ("fault_user_count", "own_cpu_ns",
-     "fault handling runs in the thread's context and counts as its on-CPU time"),
-    ("fault_kernel_count", "own_cpu_ns",
-     "fault handling runs in the thread's context and counts as its on-CPU time"),
-    ("fault_user_count", "migration_count",
-     "NUMA-balancing hinting faults move tasks towards their memory"),
-    ("migration_count", "own_cpu_ns",
-     "after a migration the thread runs with cold caches and TLB, so its own work takes longer"),
+    ("fault_user_count", "blocked_wait_ns", "a major fault sleeps on I/O (swap-in, file read) as a blocked wait"),
+    (
+        "fault_kernel_count",
+        "blocked_wait_ns",
+        "a kernel-mode fault on a user buffer can sleep on I/O like a user fault",
+    ),
+    ("fault_user_count", "own_cpu_ns", "fault handling runs in the thread's context and counts as its on-CPU time"),
+    ("fault_kernel_count", "own_cpu_ns", "fault handling runs in the thread's context and counts as its on-CPU time"),
+    ("fault_user_count", "migration_count", "NUMA-balancing hinting faults move tasks towards their memory"),
+    (
+        "migration_count",
+        "own_cpu_ns",
+        "after a migration the thread runs with cold caches and TLB, so its own work takes longer",
+    ),
 )
 
 # Rule 2 candidates: (child count, its parent: the length, or the other count).

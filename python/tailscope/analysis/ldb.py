@@ -87,6 +87,7 @@ def _read(path: Path, table: str, columns: list[str], optional: tuple[str, ...] 
         return None
     try:
         import pyarrow as pa
+
         names = set(pq.read_schema(files[0]).names)
         columns = columns + [c for c in optional if c in names]
         return pa.concat_tables([pq.read_table(f, columns=columns) for f in files])
@@ -113,8 +114,12 @@ def load_ldb(path: str | Path) -> LdbData:
     if not has_ldb(path):
         raise LdbError(f"{path}: no functions/ table; record with `tailscope record --functions`")
     d = LdbData(meta=meta, pid=int((meta.get("target") or {}).get("pid") or 0))
-    t = _read(path, "functions", ["tid", "fn_addr", "call_site", "parent_fn", "depth", "start_ns", "latency_ns"],
-              optional=("error_bound_ns",))
+    t = _read(
+        path,
+        "functions",
+        ["tid", "fn_addr", "call_site", "parent_fn", "depth", "start_ns", "latency_ns"],
+        optional=("error_bound_ns",),
+    )
     if t is not None and t.num_rows:
         d.tid = t.column("tid").to_numpy()
         d.fn = t.column("fn_addr").to_numpy()
@@ -148,6 +153,7 @@ def load_ldb(path: str | Path) -> LdbData:
 
 # ---- per (function, caller) statistics ---------------------------------------------------
 
+
 def nearest_rank(sorted_values: np.ndarray, q: float) -> float:
     """Nearest-rank percentile of a sorted array: value at index ceil(q·n) − 1."""
     n = sorted_values.size
@@ -168,23 +174,32 @@ def function_stats(fn: np.ndarray, parent: np.ndarray, latency: np.ndarray) -> l
     totals = np.bincount(inv, weights=latency.astype(np.float64), minlength=len(uniq))
     out = []
     for g in range(len(uniq)):
-        vals = lat_sorted[bounds[g]:bounds[g + 1]]
-        out.append({
-            "fn": int(uniq[g, 0]), "caller": int(uniq[g, 1]), "count": int(counts[g]),
-            "total_ns": float(totals[g]), "mean_ns": float(totals[g] / counts[g]),
-            "p50_ns": nearest_rank(vals, 0.5), "p99_ns": nearest_rank(vals, 0.99),
-            "p999_ns": nearest_rank(vals, 0.999), "p9999_ns": nearest_rank(vals, 0.9999),
-            "max_ns": float(vals[-1]),
-        })
+        vals = lat_sorted[bounds[g] : bounds[g + 1]]
+        out.append(
+            {
+                "fn": int(uniq[g, 0]),
+                "caller": int(uniq[g, 1]),
+                "count": int(counts[g]),
+                "total_ns": float(totals[g]),
+                "mean_ns": float(totals[g] / counts[g]),
+                "p50_ns": nearest_rank(vals, 0.5),
+                "p99_ns": nearest_rank(vals, 0.99),
+                "p999_ns": nearest_rank(vals, 0.999),
+                "p9999_ns": nearest_rank(vals, 0.9999),
+                "max_ns": float(vals[-1]),
+            }
+        )
     out.sort(key=lambda r: -r["total_ns"])
     return out
 
 
 # ---- lock episodes and holder chains -------------------------------------------------------
 
+
 @dataclass
 class Episodes:
     """One row per lock episode: (tid, mutex, wait_start or -1, acquired, released)."""
+
     tid: np.ndarray
     mutex: np.ndarray
     wait_start: np.ndarray
@@ -216,7 +231,7 @@ def lock_episodes(ts: np.ndarray, tid: np.ndarray, event: np.ndarray, mutex: np.
     if u.size == 0:
         return empty
     w = lk - 1
-    has_w = (w >= 0)
+    has_w = w >= 0
     wv = np.where(has_w, w, 0)
     has_w &= (c[wv] == 1) & (t[wv] == t[u]) & (m[wv] == m[u])
     wait_start = np.where(has_w, x[wv], -1)
@@ -278,7 +293,7 @@ class EpisodeIndex:
         if e is None:
             return np.zeros(0, np.int64)
         rows, ws, acq = e
-        return rows[np.searchsorted(acq, start, side="right"):np.searchsorted(ws, end, side="left")]
+        return rows[np.searchsorted(acq, start, side="right") : np.searchsorted(ws, end, side="left")]
 
     def holders(self, mutex: int, waiter_tid: int, t0: int, t1: int) -> list[int]:
         """Other threads' holds of `mutex` that overlap the wait [t0, t1), clipped as above.
@@ -306,8 +321,10 @@ def holders(ep: Episodes, mutex: int, waiter_tid: int, t0: int, t1: int) -> list
 
 # ---- request segments -------------------------------------------------------------------------
 
-def request_segments(d: LdbData, ep: Episodes | EpisodeIndex, tid: int, start: int, end: int,
-                     req_id: int | None, depth: int = 0) -> list[tuple[int, int, int, str, dict]]:
+
+def request_segments(
+    d: LdbData, ep: Episodes | EpisodeIndex, tid: int, start: int, end: int, req_id: int | None, depth: int = 0
+) -> list[tuple[int, int, int, str, dict]]:
     """Where a request's time went: (tid, t0, t1, role, info) with role 'own', 'handoff',
     'lock-wait' (on the waiter's thread) or 'holder' (the holder's thread during the wait)."""
     segs = [(tid, start, end, "own", {})]
@@ -359,9 +376,22 @@ def _lock_segments(ix: EpisodeIndex, tid: int, start: int, end: int, depth: int)
             rel = int(ix.released_clipped[h])
             h0, h1 = max(int(ep.acquired[h]), w0), min(rel, w1)
             htid = int(ep.tid[h])
-            out.append((htid, h0, h1, "holder", {"mutex": mutex, "depth": depth,
-                                                 "hold_start": int(ep.acquired[h]),
-                                                 "hold_end": rel, "waiter": tid, "ends_wait": k == 0}))
+            out.append(
+                (
+                    htid,
+                    h0,
+                    h1,
+                    "holder",
+                    {
+                        "mutex": mutex,
+                        "depth": depth,
+                        "hold_start": int(ep.acquired[h]),
+                        "hold_end": rel,
+                        "waiter": tid,
+                        "ends_wait": k == 0,
+                    },
+                )
+            )
             out.extend(_lock_segments(ix, htid, h0, h1, depth + 1))
     return out
 
@@ -451,8 +481,9 @@ def contributions(d: LdbData, p_target: float = 0.99) -> dict:
     def mean_times(sel: np.ndarray) -> dict[int, float]:
         tot: dict[int, float] = {}
         for i in sel:
-            segs = request_segments(d, ep, int(d.req_tid[i]), int(d.req_start[i]),
-                                    int(d.req_start[i] + d.req_latency[i]), int(d.req_id[i]))
+            segs = request_segments(
+                d, ep, int(d.req_tid[i]), int(d.req_start[i]), int(d.req_start[i] + d.req_latency[i]), int(d.req_id[i])
+            )
             for f, v in time_by_function(d, idx, segs).items():
                 tot[f] = tot.get(f, 0.0) + v
         n = max(len(sel), 1)
@@ -464,15 +495,32 @@ def contributions(d: LdbData, p_target: float = 0.99) -> dict:
     rows = []
     for f in set(ms) | set(mt):
         s, t = ms.get(f, 0.0), mt.get(f, 0.0)
-        rows.append({"fn": f, "slow_mean_ns": s, "typical_mean_ns": t, "contribution_ns": s - t,
-                     "share_of_slow": s / slow_lat if slow_lat == slow_lat and slow_lat > 0 else None})
+        rows.append(
+            {
+                "fn": f,
+                "slow_mean_ns": s,
+                "typical_mean_ns": t,
+                "contribution_ns": s - t,
+                "share_of_slow": s / slow_lat if slow_lat == slow_lat and slow_lat > 0 else None,
+            }
+        )
     rows.sort(key=lambda r: -r["contribution_ns"])
-    return {"ranking": rows, "slow_n": int(slow.size), "typical_n": int(typical.size),
-            "threshold_ns": thr, "slow_mean_latency_ns": slow_lat, "typical_mean_latency_ns": typ_lat,
-            "episodes": ep, "index": idx, "slow_times": ms, "typical_times": mt}
+    return {
+        "ranking": rows,
+        "slow_n": int(slow.size),
+        "typical_n": int(typical.size),
+        "threshold_ns": thr,
+        "slow_mean_latency_ns": slow_lat,
+        "typical_mean_latency_ns": typ_lat,
+        "episodes": ep,
+        "index": idx,
+        "slow_times": ms,
+        "typical_times": mt,
+    }
 
 
 # ---- timelines ---------------------------------------------------------------------------------
+
 
 def timeline(d: LdbData, i: int, ep: Episodes | EpisodeIndex | None = None, idx: CallIndex | None = None) -> dict:
     """Everything that made request `i` (index into the requests arrays) take its time:
@@ -483,34 +531,71 @@ def timeline(d: LdbData, i: int, ep: Episodes | EpisodeIndex | None = None, idx:
     tid, start = int(d.req_tid[i]), int(d.req_start[i])
     end = start + int(d.req_latency[i])
     segs = request_segments(d, ep, tid, start, end, int(d.req_id[i]))
-    events = [{"kind": "request", "tid": tid, "start_ns": start, "end_ns": end, "fn": None,
-               "name": f"request {int(d.req_id[i])}", "depth": -1}]
+    events = [
+        {
+            "kind": "request",
+            "tid": tid,
+            "start_ns": start,
+            "end_ns": end,
+            "fn": None,
+            "name": f"request {int(d.req_id[i])}",
+            "depth": -1,
+        }
+    ]
     seen: set[tuple[int, int]] = set()
     for stid, t0, t1, role, info in segs:
         if role == "lock-wait":
-            events.append({"kind": "lock-wait", "tid": stid, "start_ns": t0, "end_ns": t1, "fn": None,
-                           "mutex": info["mutex"], "depth": -1, "name": f"wait for mutex 0x{info['mutex']:x}"})
+            events.append(
+                {
+                    "kind": "lock-wait",
+                    "tid": stid,
+                    "start_ns": t0,
+                    "end_ns": t1,
+                    "fn": None,
+                    "mutex": info["mutex"],
+                    "depth": -1,
+                    "name": f"wait for mutex 0x{info['mutex']:x}",
+                }
+            )
             continue
         if role == "holder":
-            events.append({"kind": "lock-hold", "tid": stid, "start_ns": info["hold_start"],
-                           "end_ns": info["hold_end"], "fn": None, "mutex": info["mutex"], "depth": -1,
-                           "waiter": info["waiter"], "ends_wait": info["ends_wait"],
-                           "name": f"holds mutex 0x{info['mutex']:x}"})
+            events.append(
+                {
+                    "kind": "lock-hold",
+                    "tid": stid,
+                    "start_ns": info["hold_start"],
+                    "end_ns": info["hold_end"],
+                    "fn": None,
+                    "mutex": info["mutex"],
+                    "depth": -1,
+                    "waiter": info["waiter"],
+                    "ends_wait": info["ends_wait"],
+                    "name": f"holds mutex 0x{info['mutex']:x}",
+                }
+            )
         for r in idx.overlapping(stid, t0, t1, d):
             key = (stid, int(r))
             if key in seen:
                 continue
             seen.add(key)
-            events.append({"kind": "function" if role in ("own", "handoff") else "holder-function",
-                           "tid": stid, "start_ns": int(d.start[r]), "end_ns": int(d.start[r] + d.latency[r]),
-                           "fn": int(d.fn[r]), "caller": int(d.parent[r]), "depth": int(d.depth[r]),
-                           "err_ns": int(d.err[r]) if d.err.size == d.fn.size else None, "name": None})
-    return {"request_id": int(d.req_id[i]), "tid": tid, "start_ns": start, "latency_ns": end - start,
-            "events": events}
+            events.append(
+                {
+                    "kind": "function" if role in ("own", "handoff") else "holder-function",
+                    "tid": stid,
+                    "start_ns": int(d.start[r]),
+                    "end_ns": int(d.start[r] + d.latency[r]),
+                    "fn": int(d.fn[r]),
+                    "caller": int(d.parent[r]),
+                    "depth": int(d.depth[r]),
+                    "err_ns": int(d.err[r]) if d.err.size == d.fn.size else None,
+                    "name": None,
+                }
+            )
+    return {"request_id": int(d.req_id[i]), "tid": tid, "start_ns": start, "latency_ns": end - start, "events": events}
 
 
 def slowest(d: LdbData, n: int) -> np.ndarray:
-    return np.argsort(-d.req_latency, kind="stable")[:max(n, 0)]
+    return np.argsort(-d.req_latency, kind="stable")[: max(n, 0)]
 
 
 def find_request(d: LdbData, request_id: int) -> np.ndarray:
@@ -539,16 +624,29 @@ def chrome_trace(timelines: list[dict], pid: int, names: dict[int, str], origin_
                 args["mutex"] = f"0x{e['mutex']:x}"
             if e.get("caller"):
                 args["caller"] = names.get(e["caller"], f"0x{e['caller']:x}")
-            evs.append({"name": e["name"], "cat": e["kind"], "ph": "X", "pid": pid + k * 0, "tid": e["tid"],
-                        "ts": (e["start_ns"] - origin_ns) / 1e3,
-                        "dur": max(e["end_ns"] - e["start_ns"], 0) / 1e3, "args": args})
+            evs.append(
+                {
+                    "name": e["name"],
+                    "cat": e["kind"],
+                    "ph": "X",
+                    "pid": pid + k * 0,
+                    "tid": e["tid"],
+                    "ts": (e["start_ns"] - origin_ns) / 1e3,
+                    "dur": max(e["end_ns"] - e["start_ns"], 0) / 1e3,
+                    "args": args,
+                }
+            )
     for t in sorted(tids):
         evs.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": t, "args": {"name": f"tid {t}"}})
-    return {"traceEvents": evs, "displayTimeUnit": "ns",
-            "otherData": {"source": "tailscope --functions", "origin_monotonic_ns": origin_ns}}
+    return {
+        "traceEvents": evs,
+        "displayTimeUnit": "ns",
+        "otherData": {"source": "tailscope --functions", "origin_monotonic_ns": origin_ns},
+    }
 
 
 # ---- flame view ---------------------------------------------------------------------------------
+
 
 def call_tree(fn: np.ndarray, parent: np.ndarray, latency: np.ndarray) -> dict[int, int]:
     """Each function's dominant caller (by total time), for a context-insensitive tree."""
@@ -602,8 +700,9 @@ def flame(tree: dict[int, int], times: dict[int, float]) -> dict:
 def mean_times(d: LdbData, sel: np.ndarray, ep: Episodes | EpisodeIndex, idx: CallIndex) -> dict[int, float]:
     tot: dict[int, float] = {}
     for i in sel:
-        segs = request_segments(d, ep, int(d.req_tid[i]), int(d.req_start[i]),
-                                int(d.req_start[i] + d.req_latency[i]), int(d.req_id[i]))
+        segs = request_segments(
+            d, ep, int(d.req_tid[i]), int(d.req_start[i]), int(d.req_start[i] + d.req_latency[i]), int(d.req_id[i])
+        )
         for f, v in time_by_function(d, idx, segs).items():
             tot[f] = tot.get(f, 0.0) + v
     n = max(len(sel), 1)
@@ -612,10 +711,11 @@ def mean_times(d: LdbData, sel: np.ndarray, ep: Episodes | EpisodeIndex, idx: Ca
 
 # ---- the whole analysis -------------------------------------------------------------------------
 
-def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 20,
-                n_timelines: int = 5) -> dict:
+
+def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 20, n_timelines: int = 5) -> dict:
     """Everything the report shows about functions; plain data (names resolved)."""
     from tailscope.symbols import Symbolizer, modules_of
+
     sym = symbolizer if symbolizer is not None else Symbolizer(modules_of(d.meta))
     stats = function_stats(d.fn, d.parent, d.latency)
     contrib = contributions(d, p_target)
@@ -640,33 +740,62 @@ def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 
         name_events(tl, names)
     for fl in (fl_slow, fl_typ):
         fl["labels"] = [names.get(f, f"0x{f:x}") for f in fl["ids"]]
-    table = [{**r, "name": names.get(r["fn"], f"0x{r['fn']:x}"),
-              "caller_name": names.get(r["caller"], "") if r["caller"] else "(root)",
-              "where": where.get(r["fn"], "")} for r in stats[:top]]
-    ranking = [{**r, "name": names.get(r["fn"], f"0x{r['fn']:x}"), "where": where.get(r["fn"], "")}
-               for r in contrib["ranking"][:top]]
+    table = [
+        {
+            **r,
+            "name": names.get(r["fn"], f"0x{r['fn']:x}"),
+            "caller_name": names.get(r["caller"], "") if r["caller"] else "(root)",
+            "where": where.get(r["fn"], ""),
+        }
+        for r in stats[:top]
+    ]
+    ranking = [
+        {**r, "name": names.get(r["fn"], f"0x{r['fn']:x}"), "where": where.get(r["fn"], "")}
+        for r in contrib["ranking"][:top]
+    ]
     # Lock holders seen in the slowest requests: who held what, doing which function.
     holder_lines = []
     for tl in tls:
         for e in tl["events"]:
             if e["kind"] == "lock-hold":
-                inside = [x for x in tl["events"] if x["kind"] == "holder-function" and x["tid"] == e["tid"]
-                          and x["start_ns"] < e["end_ns"] and x["end_ns"] > e["start_ns"]]
+                inside = [
+                    x
+                    for x in tl["events"]
+                    if x["kind"] == "holder-function"
+                    and x["tid"] == e["tid"]
+                    and x["start_ns"] < e["end_ns"]
+                    and x["end_ns"] > e["start_ns"]
+                ]
                 top_fn = holder_function(inside, e["start_ns"], e["end_ns"])
-                holder_lines.append({"request_id": tl["request_id"], "waiter_tid": e.get("waiter"),
-                                     "holder_tid": e["tid"], "mutex": e["mutex"],
-                                     "hold_ns": e["end_ns"] - e["start_ns"], "ends_wait": bool(e.get("ends_wait")),
-                                     "holder_function": top_fn["name"] if top_fn else None,
-                                     "holder_functions": sorted({x["name"] for x in inside})})
+                holder_lines.append(
+                    {
+                        "request_id": tl["request_id"],
+                        "waiter_tid": e.get("waiter"),
+                        "holder_tid": e["tid"],
+                        "mutex": e["mutex"],
+                        "hold_ns": e["end_ns"] - e["start_ns"],
+                        "ends_wait": bool(e.get("ends_wait")),
+                        "holder_function": top_fn["name"] if top_fn else None,
+                        "holder_functions": sorted({x["name"] for x in inside}),
+                    }
+                )
     obs = ((d.meta.get("ldb") or {}).get("observer")) or {}
     return {
-        "calls": int(d.fn.size), "threads": int(np.unique(d.tid).size) if d.tid.size else 0,
-        "lock_episodes": int(ep.ep.tid.size), "requests": int(d.req_latency.size),
-        "functions": table, "ranking": ranking, "contribution": {k: v for k, v in contrib.items() if k != "ranking"},
-        "timelines": tls, "holders": holder_lines, "flame": {"slow": fl_slow, "typical": fl_typ},
-        "observer": obs, "config": (d.meta.get("ldb") or {}).get("config") or {},
+        "calls": int(d.fn.size),
+        "threads": int(np.unique(d.tid).size) if d.tid.size else 0,
+        "lock_episodes": int(ep.ep.tid.size),
+        "requests": int(d.req_latency.size),
+        "functions": table,
+        "ranking": ranking,
+        "contribution": {k: v for k, v in contrib.items() if k != "ranking"},
+        "timelines": tls,
+        "holders": holder_lines,
+        "flame": {"slow": fl_slow, "typical": fl_typ},
+        "observer": obs,
+        "config": (d.meta.get("ldb") or {}).get("config") or {},
         "runtime_features": (d.meta.get("ldb") or {}).get("runtime_features") or {},
-        "warnings": list(sym.warnings), "names": {str(k): v for k, v in names.items()},
+        "warnings": list(sym.warnings),
+        "names": {str(k): v for k, v in names.items()},
         "pid": d.pid,
     }
 
@@ -701,25 +830,34 @@ def holder_function(calls: list[dict], acquired: int, released: int) -> dict | N
 def summary_lines(res: dict, top: int = 5) -> list[str]:
     """Terminal lines: the top contributors and the lock holders of the slowest requests."""
     from tailscope.report.text import fmt_ns
-    lines = [f"Functions (LDB): {res['calls']} calls on {res['threads']} threads, "
-             f"{res['lock_episodes']} logged lock episodes."]
+
+    lines = [
+        f"Functions (LDB): {res['calls']} calls on {res['threads']} threads, "
+        f"{res['lock_episodes']} logged lock episodes."
+    ]
     c = res["contribution"]
     if res["ranking"] and c.get("slow_n"):
-        lines.append(f"Slowest requests (≥ {fmt_ns(c['threshold_ns'])}, {c['slow_n']}) vs typical "
-                     f"({c['typical_n']}): functions by added time per request:")
+        lines.append(
+            f"Slowest requests (≥ {fmt_ns(c['threshold_ns'])}, {c['slow_n']}) vs typical "
+            f"({c['typical_n']}): functions by added time per request:"
+        )
         for r in res["ranking"][:top]:
             if r["contribution_ns"] <= 0:
                 break
-            lines.append(f"  {r['name']:<32} +{fmt_ns(r['contribution_ns'])} "
-                         f"(slow {fmt_ns(r['slow_mean_ns'])}, typical {fmt_ns(r['typical_mean_ns'])})")
+            lines.append(
+                f"  {r['name']:<32} +{fmt_ns(r['contribution_ns'])} "
+                f"(slow {fmt_ns(r['slow_mean_ns'])}, typical {fmt_ns(r['typical_mean_ns'])})"
+            )
     seen = set()
     for h in res["holders"]:
         key = (h["holder_tid"], h["holder_function"], h["mutex"])
         if key in seen:
             continue
         seen.add(key)
-        lines.append(f"  lock holder: thread {h['holder_tid']} in {h['holder_function'] or '?'} held mutex "
-                     f"0x{h['mutex']:x} for {fmt_ns(h['hold_ns'])} while request {h['request_id']} waited")
+        lines.append(
+            f"  lock holder: thread {h['holder_tid']} in {h['holder_function'] or '?'} held mutex "
+            f"0x{h['mutex']:x} for {fmt_ns(h['hold_ns'])} while request {h['request_id']} waited"
+        )
         if len(seen) >= 3:
             break
     for w in res["warnings"]:

@@ -67,10 +67,19 @@ def _cdf_points(sorted_values: np.ndarray) -> dict:
 OWN_WORK_EVENTS = frozenset({"own_cpu_ns"})
 
 
-def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict[str, np.ndarray],
-                counters_valid: np.ndarray, p_target: float, v_target_all: float, *, seed: int = 0,
-                max_step_samples: int = MAX_STEP_SAMPLES, n_ranges: int = 1000,
-                with_plots: bool = True) -> dict:
+def rank_causes(
+    latency: np.ndarray,
+    columns: dict[str, np.ndarray],
+    nulls: dict[str, np.ndarray],
+    counters_valid: np.ndarray,
+    p_target: float,
+    v_target_all: float,
+    *,
+    seed: int = 0,
+    max_step_samples: int = MAX_STEP_SAMPLES,
+    n_ranges: int = 1000,
+    with_plots: bool = True,
+) -> dict:
     """Impact of every event, Rule 2 folding, Jaccard, Rule 1 adjustment, ranking.
 
     Returns {"causes": [...ranked...], "folded": [...], "correlations": [...], "plots": {...}}.
@@ -92,8 +101,7 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
         vals = values_full if all_rec else values_full[rec]
         # Step detection on a fixed-seed uniform subsample; threshold applied to all values.
         sample = np.sort(varmri.subsample(vals, max_step_samples, seed)).astype(np.float64)
-        thr, fit, _ = varmri.find_threshold(sample, p_target, discrete=not ev.is_length,
-                                            n_ranges=n_ranges, seed=seed)
+        thr, fit, _ = varmri.find_threshold(sample, p_target, discrete=not ev.is_length, n_ranges=n_ranges, seed=seed)
         if thr.method == "none":
             high = np.zeros(n, dtype=bool)
         else:
@@ -109,10 +117,15 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
         if ev.is_length and high.any():
             # An event cannot explain more of pTarget than the time it took:
             # cap by p_target(L) - p_target(L with E's time taken out of H).
-            imp = min(imp, varmri.time_bounded_impact(
-                latency if all_rec else latency[rec],
-                values_full if all_rec else values_full[rec],
-                high if all_rec else high[rec], p_target))
+            imp = min(
+                imp,
+                varmri.time_bounded_impact(
+                    latency if all_rec else latency[rec],
+                    values_full if all_rec else values_full[rec],
+                    high if all_rec else high[rec],
+                    p_target,
+                ),
+            )
         v_rec = float(lat_sorted[varmri.nearest_rank_index(lat_sorted.size, p_target)]) if n_rec else math.nan
         high_count = int(np.count_nonzero(high))
         ev_q = varmri.percentiles(sample, [0.5, p_target]) if sample.size else [math.nan, math.nan]
@@ -137,9 +150,12 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
         packed_rec[ev.name] = np.packbits(rec)
         recs[ev.name] = rec
         if with_plots:
-            plots[ev.name] = {**_cdf_points(sample), "threshold_value": thr.value,
-                              "threshold_percentile": thr.percentile,
-                              "joints": fit.joints.tolist()[:50]}
+            plots[ev.name] = {
+                **_cdf_points(sample),
+                "threshold_value": thr.value,
+                "threshold_percentile": thr.percentile,
+                "joints": fit.joints.tolist()[:50],
+            }
 
     # Rule 2: fold a count into its length when it is in direct proportion to it.
     folded = []
@@ -158,16 +174,22 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
         # the length (time) is what a slow request pays, so the count is
         # always reported under it (Rule 2 generalised; see docs/analysis.md).
         # r2 records how proportional they were.
-        folded.append({"event": count, "into": length, "k_per_ns": k,
-                       "r2": None if math.isnan(r2) else r2,
-                       "proportional": bool(not math.isnan(r2) and r2 > causality.RULE2_R2)})
+        folded.append(
+            {
+                "event": count,
+                "into": length,
+                "k_per_ns": k,
+                "r2": None if math.isnan(r2) else r2,
+                "proportional": bool(not math.isnan(r2) and r2 > causality.RULE2_R2),
+            }
+        )
     folded_names = {f["event"] for f in folded}
 
     # Jaccard over requests that recorded both: (H1 ∩ R2) vs (H2 ∩ R1), bit-packed.
     names = list(per_event)
     sim: dict[tuple[str, str], float] = {}
     for i, a in enumerate(names):
-        for b in names[i + 1:]:
+        for b in names[i + 1 :]:
             ha = packed_high[a] & packed_rec[b]
             hb = packed_high[b] & packed_rec[a]
             sim[(a, b)] = sim[(b, a)] = varmri.jaccard_packed(ha, hb)
@@ -181,16 +203,25 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
         d["adjusted_impact_ns"] = adj
         d["adjusted_impact_pct_of_target"] = 100.0 * adj / v_target_all if v_target_all > 0 else math.nan
         d["caused_by"] = [
-            {"event": c, "jaccard": sim.get((c, e), 0.0),
-             "deduction_ns": sim.get((c, e), 0.0) * max(impacts.get(c, 0.0), 0.0),
-             "why": causality.edge_reason(c, e)}
-            for c in causes_of.get(e, []) if c in impacts
+            {
+                "event": c,
+                "jaccard": sim.get((c, e), 0.0),
+                "deduction_ns": sim.get((c, e), 0.0) * max(impacts.get(c, 0.0), 0.0),
+                "why": causality.edge_reason(c, e),
+            }
+            for c in causes_of.get(e, [])
+            if c in impacts
         ]
         d["explained_by"] = None
         if by is not None and sim.get((by, e), 0.0) * impacts[by] >= EXPLAINED_MIN_SHARE * d["impact_ns"]:
             j = sim.get((by, e), 0.0)
-            d["explained_by"] = {"event": by, "label": EVENTS_BY_NAME[by].label, "jaccard": j,
-                                 "deduction_ns": j * impacts[by], "why": causality.edge_reason(by, e)}
+            d["explained_by"] = {
+                "event": by,
+                "label": EVENTS_BY_NAME[by].label,
+                "jaccard": j,
+                "deduction_ns": j * impacts[by],
+                "why": causality.edge_reason(by, e),
+            }
         causes.append(d)
 
     def key(d: dict) -> tuple:
@@ -206,14 +237,19 @@ def rank_causes(latency: np.ndarray, columns: dict[str, np.ndarray], nulls: dict
     for r, d in enumerate(causes, 1):
         d["rank"] = r
     correlations = sorted(
-        ({"a": a, "b": b, "jaccard": j} for (a, b), j in sim.items() if a < b and j >= 0.3),
-        key=lambda x: -x["jaccard"])
-    return {"causes": causes, "own_work": own_work, "folded": folded,
-            "correlations": correlations[:20], "plots": plots}
+        ({"a": a, "b": b, "jaccard": j} for (a, b), j in sim.items() if a < b and j >= 0.3), key=lambda x: -x["jaccard"]
+    )
+    return {"causes": causes, "own_work": own_work, "folded": folded, "correlations": correlations[:20], "plots": plots}
 
 
-def time_breakdown(latency: np.ndarray, columns: dict[str, np.ndarray], counters_valid: np.ndarray,
-                   v_target: float, p45: float, p55: float) -> dict:
+def time_breakdown(
+    latency: np.ndarray,
+    columns: dict[str, np.ndarray],
+    counters_valid: np.ndarray,
+    v_target: float,
+    p45: float,
+    p55: float,
+) -> dict:
     """Mean time per request in each component (own on-CPU, irq, softirq, runnable wait,
     blocked wait, and the rest of the latency that no counter covers) for slow requests
     (latency ≥ V_pTarget) and typical ones (p45 ≤ latency ≤ p55), counters-valid rows only."""
@@ -223,8 +259,11 @@ def time_breakdown(latency: np.ndarray, columns: dict[str, np.ndarray], counters
     for g, m in groups.items():
         idx = np.flatnonzero(m)
         cnt = int(idx.size)
-        sub = {c: columns[c][idx] for c in ("on_cpu_ns", "irq_ns", "softirq_ns", "runnable_wait_ns",
-                                            "blocked_wait_ns") if c in columns}
+        sub = {
+            c: columns[c][idx]
+            for c in ("on_cpu_ns", "irq_ns", "softirq_ns", "runnable_wait_ns", "blocked_wait_ns")
+            if c in columns
+        }
         row = {"requests": cnt}
         total = np.zeros(cnt)
         for comp in TIME_COMPONENTS:
@@ -262,8 +301,9 @@ def _find_cost(meta: dict):
     return None
 
 
-def health(meta: dict, n_rows: int, n_counters: int, kind_counts: dict[str, int], p_target: float,
-           n_above_target: int) -> dict:
+def health(
+    meta: dict, n_rows: int, n_counters: int, kind_counts: dict[str, int], p_target: float, n_above_target: int
+) -> dict:
     """Recording health: what was sampled, dropped and recorded, and what to trust."""
     drops_total, drops_by_kind = _drops(meta)
     h = {
@@ -287,13 +327,16 @@ def health(meta: dict, n_rows: int, n_counters: int, kind_counts: dict[str, int]
     }
     warnings = []
     if drops_total:
-        warnings.append(f"{drops_total} records dropped ({', '.join(f'{k}: {v}' for k, v in drops_by_kind.items())});"
-                        " trust the ranking only when drops are small")
+        warnings.append(
+            f"{drops_total} records dropped ({', '.join(f'{k}: {v}' for k, v in drops_by_kind.items())});"
+            " trust the ranking only when drops are small"
+        )
     if n_rows and h["counters_pct"] < 50:
         warnings.append(f"only {h['counters_pct']:.0f}% of requests carry kernel counters")
     if n_rows and n_above_target < 20:
-        warnings.append(f"only {n_above_target} requests at or above {target_label(p_target)}: "
-                        "the tail is noisy; record longer")
+        warnings.append(
+            f"only {n_above_target} requests at or above {target_label(p_target)}: the tail is noisy; record longer"
+        )
     rr = meta.get("requests_recorded")
     if isinstance(rr, int) and rr != n_rows and rr >= 0:
         warnings.append(f"meta.json says {rr} requests recorded, the Parquet parts hold {n_rows}")
@@ -320,10 +363,19 @@ def _empty_why(meta: dict, note: str) -> str:
     return "; ".join(parts)
 
 
-def analyse(columns: dict[str, np.ndarray], meta: dict, *, nulls: dict[str, np.ndarray] | None = None,
-            kind_names: list[str] | None = None, p_target: float = 0.99, segment_s: float | None = None,
-            kind: str | None = None, seed: int = 0, max_step_samples: int = MAX_STEP_SAMPLES,
-            note: str = "") -> dict:
+def analyse(
+    columns: dict[str, np.ndarray],
+    meta: dict,
+    *,
+    nulls: dict[str, np.ndarray] | None = None,
+    kind_names: list[str] | None = None,
+    p_target: float = 0.99,
+    segment_s: float | None = None,
+    kind: str | None = None,
+    seed: int = 0,
+    max_step_samples: int = MAX_STEP_SAMPLES,
+    note: str = "",
+) -> dict:
     """Full VarMRI analysis of one recording. See the module docstring."""
     nulls = dict(nulls or {})
     kind_names = list(kind_names or [])
@@ -331,8 +383,9 @@ def analyse(columns: dict[str, np.ndarray], meta: dict, *, nulls: dict[str, np.n
     kind_counts: dict[str, int] = {}
     if "kind" in columns and n_all:
         counts = np.bincount(columns["kind"], minlength=len(kind_names))
-        kind_counts = {(kind_names[i] if i < len(kind_names) else str(i)) or "(unnamed)": int(c)
-                       for i, c in enumerate(counts) if c}
+        kind_counts = {
+            (kind_names[i] if i < len(kind_names) else str(i)) or "(unnamed)": int(c) for i, c in enumerate(counts) if c
+        }
     if kind is not None:
         if kind not in kind_names:
             present = ", ".join(sorted(kind_counts)) or "none"
@@ -344,40 +397,59 @@ def analyse(columns: dict[str, np.ndarray], meta: dict, *, nulls: dict[str, np.n
     latency = latency.view(np.int64) if latency.dtype == np.uint64 else latency.astype(np.int64)
     n = int(latency.size)
     cv = columns.get("counters_valid", np.zeros(n, dtype=bool)).astype(bool, copy=False)
-    result: dict = {"p_target": p_target, "target_label": target_label(p_target), "kind": kind,
-                    "requests": n, "empty": n == 0}
+    result: dict = {
+        "p_target": p_target,
+        "target_label": target_label(p_target),
+        "kind": kind,
+        "requests": n,
+        "empty": n == 0,
+    }
     if n == 0:
-        result.update({
-            "message": "no requests recorded" if kind is None else f"no requests of kind {kind}",
-            "why": _empty_why(meta, note), "headline": "", "causes": [], "own_work": None, "folded": [],
-            "correlations": [], "segments": None, "time_breakdown": None,
-            "p50_ns": None, "p_target_ns": None,
-            "health": health(meta, 0, 0, kind_counts, p_target, 0), "plots": {},
-        })
+        result.update(
+            {
+                "message": "no requests recorded" if kind is None else f"no requests of kind {kind}",
+                "why": _empty_why(meta, note),
+                "headline": "",
+                "causes": [],
+                "own_work": None,
+                "folded": [],
+                "correlations": [],
+                "segments": None,
+                "time_breakdown": None,
+                "p50_ns": None,
+                "p_target_ns": None,
+                "health": health(meta, 0, 0, kind_counts, p_target, 0),
+                "plots": {},
+            }
+        )
         return result
 
     p45, p50, p55, v_target = varmri.percentiles(latency, [0.45, 0.5, 0.55, p_target])
     n_counters = int(np.count_nonzero(cv))
-    ranked = rank_causes(latency, columns, nulls, cv, p_target, v_target, seed=seed,
-                         max_step_samples=max_step_samples)
+    ranked = rank_causes(latency, columns, nulls, cv, p_target, v_target, seed=seed, max_step_samples=max_step_samples)
     lat_sample = varmri.subsample(latency, MAX_STEP_SAMPLES, seed)
     plots = {"latency_cdf": _cdf_points(np.sort(lat_sample)), "events": ranked.pop("plots")}
-    result.update({
-        "p50_ns": p50, "p_target_ns": v_target, "requests_with_counters": n_counters,
-        **ranked,
-        "time_breakdown": time_breakdown(latency, columns, cv, v_target, p45, p55),
-        "health": health(meta, n, n_counters, kind_counts, p_target,
-                         int(np.count_nonzero(latency >= v_target))),
-    })
-    result["segments"] = segments_analysis(latency, columns, nulls, cv, meta, p_target, segment_s,
-                                           seed=seed, max_step_samples=max_step_samples)
+    result.update(
+        {
+            "p50_ns": p50,
+            "p_target_ns": v_target,
+            "requests_with_counters": n_counters,
+            **ranked,
+            "time_breakdown": time_breakdown(latency, columns, cv, v_target, p45, p55),
+            "health": health(meta, n, n_counters, kind_counts, p_target, int(np.count_nonzero(latency >= v_target))),
+        }
+    )
+    result["segments"] = segments_analysis(
+        latency, columns, nulls, cv, meta, p_target, segment_s, seed=seed, max_step_samples=max_step_samples
+    )
     plots["segments"] = result["segments"].pop("series_plot", None)
     result["plots"] = plots
     return result
 
 
-def segments_analysis(latency, columns, nulls, cv, meta, p_target, segment_s, *, seed=0,
-                      max_step_samples=MAX_STEP_SAMPLES) -> dict:
+def segments_analysis(
+    latency, columns, nulls, cv, meta, p_target, segment_s, *, seed=0, max_step_samples=MAX_STEP_SAMPLES
+) -> dict:
     """VarMRI §6 methodology: cut the recording into time segments, p50/pTarget per segment,
     then rank causes in the median segment (tail vs median) and in the max segment (why the
     worst stretch is worse), and contrast the two."""
@@ -394,16 +466,33 @@ def segments_analysis(latency, columns, nulls, cv, meta, p_target, segment_s, *,
     ids, counts, pq = varmri.segment_percentiles(latency, seg, [0.5, p_target])
     min_req = int(max(100, math.ceil(5.0 / max(1.0 - p_target, 1e-9))))
     eligible = counts >= min_req
-    series = [{"start_s": float(i * seg_s), "requests": int(c), "p50_ns": float(q[0]),
-               "p_target_ns": float(q[1]), "eligible": bool(e)}
-              for i, c, q, e in zip(ids.tolist(), counts.tolist(), pq, eligible.tolist(), strict=True)]
-    out = {"segment_s": seg_s, "count": int(ids.size), "eligible": int(eligible.sum()),
-           "min_requests": min_req, "series": series, "median": None, "max": None, "contrast": [],
-           "series_plot": {"start_s": [s["start_s"] for s in series], "p50_ns": [s["p50_ns"] for s in series],
-                           "p_target_ns": [s["p_target_ns"] for s in series]}}
+    series = [
+        {
+            "start_s": float(i * seg_s),
+            "requests": int(c),
+            "p50_ns": float(q[0]),
+            "p_target_ns": float(q[1]),
+            "eligible": bool(e),
+        }
+        for i, c, q, e in zip(ids.tolist(), counts.tolist(), pq, eligible.tolist(), strict=True)
+    ]
+    out = {
+        "segment_s": seg_s,
+        "count": int(ids.size),
+        "eligible": int(eligible.sum()),
+        "min_requests": min_req,
+        "series": series,
+        "median": None,
+        "max": None,
+        "contrast": [],
+        "series_plot": {
+            "start_s": [s["start_s"] for s in series],
+            "p50_ns": [s["p50_ns"] for s in series],
+            "p_target_ns": [s["p_target_ns"] for s in series],
+        },
+    }
     if int(eligible.sum()) < 2:
-        out["note"] = (f"{int(eligible.sum())} segment(s) with ≥ {min_req} requests: "
-                       "no median/max segment contrast")
+        out["note"] = f"{int(eligible.sum())} segment(s) with ≥ {min_req} requests: no median/max segment contrast"
         return out
     med, mx = varmri.median_and_max_segment(pq[:, 1], eligible)
     seg_results = {}
@@ -412,28 +501,61 @@ def segments_analysis(latency, columns, nulls, cv, meta, p_target, segment_s, *,
         sub_cols = {k: v[m] for k, v in columns.items()}
         sub_nulls = {k: v[m] for k, v in nulls.items()}
         lat = latency[m]
-        r = rank_causes(lat, sub_cols, sub_nulls, cv[m], p_target, float(pq[s, 1]), seed=seed,
-                        max_step_samples=max_step_samples, with_plots=False)
+        r = rank_causes(
+            lat,
+            sub_cols,
+            sub_nulls,
+            cv[m],
+            p_target,
+            float(pq[s, 1]),
+            seed=seed,
+            max_step_samples=max_step_samples,
+            with_plots=False,
+        )
         seg_results[name] = r
-        out[name] = {"index": int(s), "start_s": float(ids[s] * seg_s), "requests": int(counts[s]),
-                     "p50_ns": float(pq[s, 0]), "p_target_ns": float(pq[s, 1]),
-                     "causes": [_brief(c) for c in r["causes"][:5]]}
+        out[name] = {
+            "index": int(s),
+            "start_s": float(ids[s] * seg_s),
+            "requests": int(counts[s]),
+            "p50_ns": float(pq[s, 0]),
+            "p_target_ns": float(pq[s, 1]),
+            "causes": [_brief(c) for c in r["causes"][:5]],
+        }
     med_by = {c["event"]: c for c in seg_results["median"]["causes"]}
     contrast = []
     for c in seg_results["max"]["causes"]:
         m = med_by.get(c["event"])
         if m is None:
             continue
-        contrast.append({"event": c["event"], "label": c["label"], "unit": c["unit"],
-                         "impact_max_ns": c["adjusted_impact_ns"], "impact_median_ns": m["adjusted_impact_ns"],
-                         "event_p_target_max": c["event_p_target"], "event_p_target_median": m["event_p_target"],
-                         "event_p50_max": c["event_p50"], "event_p50_median": m["event_p50"]})
+        contrast.append(
+            {
+                "event": c["event"],
+                "label": c["label"],
+                "unit": c["unit"],
+                "impact_max_ns": c["adjusted_impact_ns"],
+                "impact_median_ns": m["adjusted_impact_ns"],
+                "event_p_target_max": c["event_p_target"],
+                "event_p_target_median": m["event_p_target"],
+                "event_p50_max": c["event_p50"],
+                "event_p50_median": m["event_p50"],
+            }
+        )
     contrast.sort(key=lambda d: -((d["impact_max_ns"] or 0) - (d["impact_median_ns"] or 0)))
     out["contrast"] = contrast[:8]
     return out
 
 
 def _brief(c: dict) -> dict:
-    keys = ("event", "label", "unit", "impact_ns", "impact_pct_of_target", "adjusted_impact_ns",
-            "adjusted_impact_pct_of_target", "threshold_value", "threshold_percentile", "high_count")
+    keys = (
+        "event",
+        "label",
+        "unit",
+        "impact_ns",
+        "impact_pct_of_target",
+        "adjusted_impact_ns",
+        "adjusted_impact_pct_of_target",
+        "threshold_value",
+        "threshold_percentile",
+        "high_count",
+    )
     return {k: c[k] for k in keys}

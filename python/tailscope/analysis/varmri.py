@@ -101,8 +101,14 @@ def _range_stats(x: np.ndarray, y: np.ndarray, starts: np.ndarray) -> np.ndarray
     dx = x - np.repeat(mx, n.astype(np.int64))
     dy = y - np.repeat(my, n.astype(np.int64))
     return np.column_stack(
-        [n, mx, my, np.add.reduceat(dx * dx, starts), np.add.reduceat(dx * dy, starts),
-         np.add.reduceat(dy * dy, starts)]
+        [
+            n,
+            mx,
+            my,
+            np.add.reduceat(dx * dx, starts),
+            np.add.reduceat(dx * dy, starts),
+            np.add.reduceat(dy * dy, starts),
+        ]
     )
 
 
@@ -114,8 +120,14 @@ def merge_stats(a: tuple, b: tuple) -> tuple:
     n = na + nb
     dx, dy = mxb - mxa, myb - mya
     f = na * nb / n
-    return (n, mxa + dx * nb / n, mya + dy * nb / n, cxxa + cxxb + f * dx * dx,
-            cxya + cxyb + f * dx * dy, cyya + cyyb + f * dy * dy)
+    return (
+        n,
+        mxa + dx * nb / n,
+        mya + dy * nb / n,
+        cxxa + cxxb + f * dx * dx,
+        cxya + cxyb + f * dx * dy,
+        cyya + cyyb + f * dy * dy,
+    )
 
 
 MIN_STEP_PERCENTILE = 0.5  # a high set is at most the upper half of the requests
@@ -160,8 +172,16 @@ def _merged_scores(st: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     n = na + nb
     dx, dy = b[:, 1] - a[:, 1], b[:, 2] - a[:, 2]
     f = na * nb / n
-    m = np.column_stack([n, a[:, 1] + dx * nb / n, a[:, 2] + dy * nb / n, a[:, 3] + b[:, 3] + f * dx * dx,
-                         a[:, 4] + b[:, 4] + f * dx * dy, a[:, 5] + b[:, 5] + f * dy * dy])
+    m = np.column_stack(
+        [
+            n,
+            a[:, 1] + dx * nb / n,
+            a[:, 2] + dy * nb / n,
+            a[:, 3] + b[:, 3] + f * dx * dx,
+            a[:, 4] + b[:, 4] + f * dx * dy,
+            a[:, 5] + b[:, 5] + f * dy * dy,
+        ]
+    )
     with np.errstate(divide="ignore", invalid="ignore"):
         slope = np.where(m[:, 3] > 0, m[:, 4] / np.where(m[:, 3] > 0, m[:, 3], 1.0), 0.0)
         scores = np.minimum(_part_r2_vec(a, slope, m[:, 1], m[:, 2]), _part_r2_vec(b, slope, m[:, 1], m[:, 2]))
@@ -192,8 +212,9 @@ def _select_merges(scores: np.ndarray, r2_min: float) -> np.ndarray:
     return sel & ((idx - run_start) % 2 == 0)
 
 
-def fit_cdf_lines(sorted_values: np.ndarray, n_ranges: int = 1000, r2_min: float = 0.95,
-                  min_points: int = 5) -> StepFit:
+def fit_cdf_lines(
+    sorted_values: np.ndarray, n_ranges: int = 1000, r2_min: float = 0.95, min_points: int = 5
+) -> StepFit:
     """Piecewise-linear fit of an event's CDF, VarMRI §5.1.
 
     The CDF is taken as the quantile function: x = (rank + ½)/n (percentile), y = value,
@@ -296,8 +317,7 @@ def choose_threshold(fit: StepFit, sorted_values: np.ndarray, p_target: float) -
     if n == 0 or v[0] == v[-1]:
         return Threshold(math.nan if n == 0 else 1.0, math.nan if n == 0 else float(v[-1]), "none")
     top = float(v[-1])
-    ok = ((fit.joints <= p_target + 1e-9) & (fit.joints >= MIN_STEP_PERCENTILE)
-          & (fit.joint_values < top))
+    ok = (fit.joints <= p_target + 1e-9) & (fit.joints >= MIN_STEP_PERCENTILE) & (fit.joint_values < top)
     strong = ok & fit.strong
     for mask, method in ((strong, "step"), (ok, "joint")):
         if mask.any():
@@ -321,8 +341,9 @@ def dequantize(sorted_counts: np.ndarray, seed: int = 0) -> np.ndarray:
     return np.sort(np.asarray(sorted_counts, dtype=np.float64) + rng.random(sorted_counts.size))
 
 
-def find_threshold(sorted_values: np.ndarray, p_target: float, *, discrete: bool = False,
-                   n_ranges: int = 1000, seed: int = 0) -> tuple[Threshold, StepFit, np.ndarray]:
+def find_threshold(
+    sorted_values: np.ndarray, p_target: float, *, discrete: bool = False, n_ranges: int = 1000, seed: int = 0
+) -> tuple[Threshold, StepFit, np.ndarray]:
     """pThreshold of one event from its sorted values (§5.1): `fit_cdf_lines` then
     `choose_threshold`. Count events (`discrete`) are dequantized first and the threshold
     value floored back to an integer. Returns (threshold, fit, the values the fit saw)."""
@@ -399,7 +420,7 @@ def impact_sorted(sorted_latency: np.ndarray, high_latency: np.ndarray, p_target
         return v_all
     k = nearest_rank_index(n - h, p_target) + 1  # 1-based rank within L \ H
     hs = np.sort(high_latency)
-    cand = sorted_latency[k - 1:min(k + h, n)]
+    cand = sorted_latency[k - 1 : min(k + h, n)]
     le_all = np.searchsorted(sorted_latency, cand, side="right")
     le_high = np.searchsorted(hs, cand, side="right")
     ok = np.flatnonzero(le_all - le_high >= k)
@@ -409,8 +430,7 @@ def impact_sorted(sorted_latency: np.ndarray, high_latency: np.ndarray, p_target
 # -- correlation and causality (§5.2) ------------------------------------------------------
 
 
-def time_bounded_impact(latency: np.ndarray, event_ns: np.ndarray, high: np.ndarray,
-                        p_target: float) -> float:
+def time_bounded_impact(latency: np.ndarray, event_ns: np.ndarray, high: np.ndarray, p_target: float) -> float:
     """Upper bound on a length event's impact: how far pTarget drops if the high
     requests had not spent the event's time.
 
@@ -451,8 +471,9 @@ def jaccard_packed(a: np.ndarray, b: np.ndarray) -> float:
     return int(np.bitwise_count(a & b).sum()) / union
 
 
-def adjusted_impacts(impacts: dict[str, float], causes: dict[str, list[str]],
-                     similarity: dict[tuple[str, str], float]) -> dict[str, tuple[float, str | None]]:
+def adjusted_impacts(
+    impacts: dict[str, float], causes: dict[str, list[str]], similarity: dict[tuple[str, str], float]
+) -> dict[str, tuple[float, str | None]]:
     """Rule-1 adjustment, VarMRI §5.2:
         Impact'(E2) = Impact(E2) − max_{E1 may cause E2} Jaccard(H1, H2) · Impact(E1).
 
@@ -507,8 +528,9 @@ def segment_ids(start_ns: np.ndarray, segment_ns: int, t0: int | None = None) ->
     return ((start_ns.astype(np.int64) - base) // int(segment_ns)).astype(np.int64)
 
 
-def segment_percentiles(latency: np.ndarray, seg: np.ndarray, qs: list[float]
-                        ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def segment_percentiles(
+    latency: np.ndarray, seg: np.ndarray, qs: list[float]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-segment request counts and nearest-rank percentiles of latency.
 
     Returns (segment ids present, counts, matrix[segment, q]). One stable counting sort by
@@ -524,7 +546,7 @@ def segment_percentiles(latency: np.ndarray, seg: np.ndarray, qs: list[float]
     bounds = np.concatenate([[0], np.cumsum(counts)])
     out = np.empty((ids.size, len(qs)))
     for s in range(ids.size):
-        out[s] = percentiles(lat_sorted[bounds[s]:bounds[s + 1]], qs)
+        out[s] = percentiles(lat_sorted[bounds[s] : bounds[s + 1]], qs)
     return ids, counts, out
 
 
@@ -542,8 +564,7 @@ def median_and_max_segment(p_target_per_segment: np.ndarray, eligible: np.ndarra
     return med, mx
 
 
-def default_segment_seconds(n_requests: int, duration_s: float, p_target: float,
-                            max_segments: int = 200) -> float:
+def default_segment_seconds(n_requests: int, duration_s: float, p_target: float, max_segments: int = 200) -> float:
     """Segment length: long enough that a segment holds at least
     max(2000, 20/(1 − pTarget)) requests (≥ 20 requests above pTarget, for a stable tail),
     and at most `max_segments` segments; rounded up to 1, 2 or 5 × 10^k seconds."""

@@ -26,9 +26,14 @@ from tailscope.report.text import (
 )
 
 MAX_EVENT_CDFS = 5
-COMPONENTS = (("own_cpu_ns", "on-CPU (own work)"), ("irq_ns", "hard-irq"), ("softirq_ns", "softirq"),
-              ("runnable_wait_ns", "runnable wait"), ("blocked_wait_ns", "blocked wait"),
-              ("other_ns", "not covered by counters"))
+COMPONENTS = (
+    ("own_cpu_ns", "on-CPU (own work)"),
+    ("irq_ns", "hard-irq"),
+    ("softirq_ns", "softirq"),
+    ("runnable_wait_ns", "runnable wait"),
+    ("blocked_wait_ns", "blocked wait"),
+    ("other_ns", "not covered by counters"),
+)
 
 CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,sans-serif;max-width:1100px;margin:2em auto;
@@ -52,8 +57,9 @@ class _Figures:
 
     def __call__(self, fig: go.Figure, height: int = 360) -> str:
         fig.update_layout(height=height, margin={"l": 60, "r": 20, "t": 40, "b": 50}, template="plotly_white")
-        out = pio.to_html(fig, full_html=False, include_plotlyjs=self.first,
-                          config={"displaylogo": False, "responsive": True})
+        out = pio.to_html(
+            fig, full_html=False, include_plotlyjs=self.first, config={"displaylogo": False, "responsive": True}
+        )
         self.first = False
         self.count += 1
         return out
@@ -70,8 +76,11 @@ def _target_name(t) -> str:
 
 def _latency_cdf(r: dict) -> go.Figure:
     d = r["plots"]["latency_cdf"]
-    fig = go.Figure(go.Scatter(x=[v / 1e3 for v in d["value"]], y=d["percentile"], mode="lines",
-                               name="latency", line={"color": "#3465a4"}))
+    fig = go.Figure(
+        go.Scatter(
+            x=[v / 1e3 for v in d["value"]], y=d["percentile"], mode="lines", name="latency", line={"color": "#3465a4"}
+        )
+    )
     for label, v in (("p50", r["p50_ns"]), (r["target_label"], r["p_target_ns"])):
         fig.add_vline(x=v / 1e3, line_dash="dot", annotation_text=f"{label} {fmt_ns(v)}")
     fig.update_layout(title="Latency CDF", xaxis_title="latency (µs, log)", yaxis_title="fraction of requests")
@@ -89,14 +98,16 @@ def _segments(r: dict) -> go.Figure:
     seg = r["segments"]
     fig = go.Figure()
     fig.add_scatter(x=d["start_s"], y=[v / 1e3 for v in d["p50_ns"]], name="p50", mode="lines+markers")
-    fig.add_scatter(x=d["start_s"], y=[v / 1e3 for v in d["p_target_ns"]], name=r["target_label"],
-                    mode="lines+markers")
+    fig.add_scatter(x=d["start_s"], y=[v / 1e3 for v in d["p_target_ns"]], name=r["target_label"], mode="lines+markers")
     for key, color in (("median", "#4e9a06"), ("max", "#cc0000")):
         s = seg.get(key)
         if s:
             fig.add_vline(x=s["start_s"], line_color=color, line_dash="dash", annotation_text=f"{key} segment")
-    fig.update_layout(title=f"p50 and {r['target_label']} per {seg['segment_s']:g} s segment",
-                      xaxis_title="time since start (s)", yaxis_title="latency (µs)")
+    fig.update_layout(
+        title=f"p50 and {r['target_label']} per {seg['segment_s']:g} s segment",
+        xaxis_title="time since start (s)",
+        yaxis_title="latency (µs)",
+    )
     return fig
 
 
@@ -104,12 +115,21 @@ def _causes_bar(r: dict, top: int) -> go.Figure:
     cs = list(reversed(r["causes"][:top]))
     labels = [c["label"] for c in cs]
     fig = go.Figure()
-    fig.add_bar(y=labels, x=[(c["impact_ns"] or 0) / 1e3 for c in cs], orientation="h", name="impact",
-                marker_color="#b0c4de")
-    fig.add_bar(y=labels, x=[(c["adjusted_impact_ns"] or 0) / 1e3 for c in cs], orientation="h",
-                name="adjusted impact (causes deducted)", marker_color="#3465a4")
-    fig.update_layout(title=f"Causes ranked by impact on {r['target_label']}", barmode="overlay",
-                      xaxis_title=f"µs of {r['target_label']}")
+    fig.add_bar(
+        y=labels, x=[(c["impact_ns"] or 0) / 1e3 for c in cs], orientation="h", name="impact", marker_color="#b0c4de"
+    )
+    fig.add_bar(
+        y=labels,
+        x=[(c["adjusted_impact_ns"] or 0) / 1e3 for c in cs],
+        orientation="h",
+        name="adjusted impact (causes deducted)",
+        marker_color="#3465a4",
+    )
+    fig.update_layout(
+        title=f"Causes ranked by impact on {r['target_label']}",
+        barmode="overlay",
+        xaxis_title=f"µs of {r['target_label']}",
+    )
     return fig
 
 
@@ -117,14 +137,21 @@ def _event_cdf(r: dict, c: dict) -> go.Figure:
     d = r["plots"]["events"][c["event"]]
     scale = 1e3 if c["unit"] == "ns" else 1.0
     unit = "µs" if c["unit"] == "ns" else "count"
-    fig = go.Figure(go.Scatter(x=[v / scale for v in d["value"]], y=d["percentile"], mode="lines",
-                               name=c["label"]))
+    fig = go.Figure(go.Scatter(x=[v / scale for v in d["value"]], y=d["percentile"], mode="lines", name=c["label"]))
     if c["threshold_method"] != "none":
-        fig.add_vline(x=c["threshold_value"] / scale, line_color="#cc0000", line_dash="dash",
-                      annotation_text=f"threshold {fmt_value(c['threshold_value'], c['unit'])} "
-                                      f"({fmt_percentile(c['threshold_percentile'])})")
-    fig.update_layout(title=f"{c['label']}: CDF and high threshold", xaxis_title=f"{c['label']} ({unit})",
-                      yaxis_title="fraction of requests", showlegend=False)
+        fig.add_vline(
+            x=c["threshold_value"] / scale,
+            line_color="#cc0000",
+            line_dash="dash",
+            annotation_text=f"threshold {fmt_value(c['threshold_value'], c['unit'])} "
+            f"({fmt_percentile(c['threshold_percentile'])})",
+        )
+    fig.update_layout(
+        title=f"{c['label']}: CDF and high threshold",
+        xaxis_title=f"{c['label']} ({unit})",
+        yaxis_title="fraction of requests",
+        showlegend=False,
+    )
     return fig
 
 
@@ -143,40 +170,53 @@ def _own_work(r: dict) -> str:
     if not w:
         return ""
     by = w.get("explained_by")
-    return (f"<p><b>Own work</b> (not ranked: it is the requests' own computation, not a kernel "
-            f"event): requests whose on-CPU own work exceeded {E(fmt_ns(w['threshold_value']))} "
-            f"explain {E(fmt_ns(w['adjusted_impact_ns']))} "
-            f"({fmt_pct(w['adjusted_impact_pct_of_target'])} of {E(r['target_label'])})"
-            + (f", in part because of {E(by['label'])}" if by else "")
-            + ". Without a hardware PMU tailscope cannot split it further (instructions, cache misses).</p>")
+    return (
+        f"<p><b>Own work</b> (not ranked: it is the requests' own computation, not a kernel "
+        f"event): requests whose on-CPU own work exceeded {E(fmt_ns(w['threshold_value']))} "
+        f"explain {E(fmt_ns(w['adjusted_impact_ns']))} "
+        f"({fmt_pct(w['adjusted_impact_pct_of_target'])} of {E(r['target_label'])})"
+        + (f", in part because of {E(by['label'])}" if by else "")
+        + ". Without a hardware PMU tailscope cannot split it further (instructions, cache misses).</p>"
+    )
 
 
 def _causes_table(r: dict, top: int) -> str:
     t = r["target_label"]
-    head = ("<tr><th>#</th><th>event</th><th>impact</th><th>% of " + E(t) + "</th><th>adjusted</th>"
-            "<th>adj. %</th><th>high when above</th><th>high / recorded</th><th>explained by</th></tr>")
+    head = (
+        "<tr><th>#</th><th>event</th><th>impact</th><th>% of " + E(t) + "</th><th>adjusted</th>"
+        "<th>adj. %</th><th>high when above</th><th>high / recorded</th><th>explained by</th></tr>"
+    )
     rows = []
     for c in r["causes"][:top]:
         by = c.get("explained_by")
         note = ""
         if by and by["deduction_ns"] > 0:
-            note = (f"{E(by['label'])}: Jaccard {by['jaccard']:.2f}, −{E(fmt_ns(by['deduction_ns']))}"
-                    f"<br><span class=muted>{E(by['why'])}</span>")
-        thr = ("no high set" if c["threshold_method"] == "none" else
-               f"{E(fmt_value(c['threshold_value'], c['unit']))} ({fmt_percentile(c['threshold_percentile'])}"
-               f"{', fallback' if c['threshold_method'] == 'fallback' else ''})")
+            note = (
+                f"{E(by['label'])}: Jaccard {by['jaccard']:.2f}, −{E(fmt_ns(by['deduction_ns']))}"
+                f"<br><span class=muted>{E(by['why'])}</span>"
+            )
+        thr = (
+            "no high set"
+            if c["threshold_method"] == "none"
+            else f"{E(fmt_value(c['threshold_value'], c['unit']))} ({fmt_percentile(c['threshold_percentile'])}"
+            f"{', fallback' if c['threshold_method'] == 'fallback' else ''})"
+        )
         rows.append(
             f"<tr><td>{c['rank']}</td><td>{E(c['label'])} <span class=muted>{E(c['event'])}</span></td>"
             f"<td class=num>{E(fmt_ns(c['impact_ns']))}</td><td class=num>{fmt_pct(c['impact_pct_of_target'])}</td>"
             f"<td class=num>{E(fmt_ns(c['adjusted_impact_ns']))}</td>"
             f"<td class=num>{fmt_pct(c['adjusted_impact_pct_of_target'])}</td><td>{thr}</td>"
-            f"<td class=num>{c['high_count']} / {c['recorded_count']}</td><td>{note}</td></tr>")
+            f"<td class=num>{c['high_count']} / {c['recorded_count']}</td><td>{note}</td></tr>"
+        )
     folded = "".join(
         f"<li>{E(f['event'])} is reported under {E(f['into'])}: the count of the same kernel event"
-        + _proportionality(f) + "</li>"
-        for f in r.get("folded", []))
-    return (f"<table>{head}{''.join(rows)}</table>"
-            + (f"<p class=muted>Not ranked separately:</p><ul>{folded}</ul>" if folded else ""))
+        + _proportionality(f)
+        + "</li>"
+        for f in r.get("folded", [])
+    )
+    return f"<table>{head}{''.join(rows)}</table>" + (
+        f"<p class=muted>Not ranked separately:</p><ul>{folded}</ul>" if folded else ""
+    )
 
 
 def _proportionality(f: dict) -> str:
@@ -198,22 +238,31 @@ def _segments_html(r: dict) -> str:
     parts = []
     for key, title in (("median", "Median segment (tail vs median)"), ("max", "Max segment (the worst stretch)")):
         s = seg[key]
-        items = "".join(f"<li>{E(c['label'])}: {E(fmt_ns(c['adjusted_impact_ns']))} "
-                        f"({fmt_pct(c['adjusted_impact_pct_of_target'])} of its {E(t)})</li>"
-                        for c in s["causes"][:3])
-        parts.append(f"<div><b>{title}</b> at {s['start_s']:g} s: {s['requests']} requests, p50 "
-                     f"{E(fmt_ns(s['p50_ns']))}, {E(t)} {E(fmt_ns(s['p_target_ns']))}<ol>{items}</ol></div>")
+        items = "".join(
+            f"<li>{E(c['label'])}: {E(fmt_ns(c['adjusted_impact_ns']))} "
+            f"({fmt_pct(c['adjusted_impact_pct_of_target'])} of its {E(t)})</li>"
+            for c in s["causes"][:3]
+        )
+        parts.append(
+            f"<div><b>{title}</b> at {s['start_s']:g} s: {s['requests']} requests, p50 "
+            f"{E(fmt_ns(s['p50_ns']))}, {E(t)} {E(fmt_ns(s['p_target_ns']))}<ol>{items}</ol></div>"
+        )
     rows = "".join(
         f"<tr><td>{E(c['label'])}</td><td class=num>{E(fmt_ns(c['impact_median_ns']))}</td>"
         f"<td class=num>{E(fmt_ns(c['impact_max_ns']))}</td>"
         f"<td class=num>{E(fmt_value(c['event_p_target_median'], c['unit']))}</td>"
         f"<td class=num>{E(fmt_value(c['event_p_target_max'], c['unit']))}</td></tr>"
-        for c in seg["contrast"][:5])
-    contrast = (f"<table><tr><th>event</th><th>impact, median seg.</th><th>impact, max seg.</th>"
-                f"<th>event {E(t)}, median seg.</th><th>event {E(t)}, max seg.</th></tr>{rows}</table>")
-    return (f"<p>{seg['count']} segments of {seg['segment_s']:g} s ({seg['eligible']} with ≥ "
-            f"{seg['min_requests']} requests).</p><div class=grid>{''.join(parts)}</div>"
-            f"<p>What differs between the max and the median segment:</p>{contrast}")
+        for c in seg["contrast"][:5]
+    )
+    contrast = (
+        f"<table><tr><th>event</th><th>impact, median seg.</th><th>impact, max seg.</th>"
+        f"<th>event {E(t)}, median seg.</th><th>event {E(t)}, max seg.</th></tr>{rows}</table>"
+    )
+    return (
+        f"<p>{seg['count']} segments of {seg['segment_s']:g} s ({seg['eligible']} with ≥ "
+        f"{seg['min_requests']} requests).</p><div class=grid>{''.join(parts)}</div>"
+        f"<p>What differs between the max and the median segment:</p>{contrast}"
+    )
 
 
 def _health_html(h: dict, r: dict) -> str:
@@ -223,10 +272,16 @@ def _health_html(h: dict, r: dict) -> str:
         ("requests", f"{h['requests_read']} read; meta.json says {h.get('requests_recorded_meta')}"),
         ("with kernel counters", f"{h['counters_pct']:.1f}%"),
         ("duration", f"{h.get('duration_s')} s"),
-        ("estimated cost", compact(h["estimated_cost"]) if h.get("estimated_cost") is not None
-         else "not in meta.json (unknown)"),
-        ("mode", f"{h.get('mode')} ({'runtime markers' if h.get('mode') == 'marker' else 'inferred from syscalls'})"
-         if h.get("mode") else "unknown"),
+        (
+            "estimated cost",
+            compact(h["estimated_cost"]) if h.get("estimated_cost") is not None else "not in meta.json (unknown)",
+        ),
+        (
+            "mode",
+            f"{h.get('mode')} ({'runtime markers' if h.get('mode') == 'marker' else 'inferred from syscalls'})"
+            if h.get("mode")
+            else "unknown",
+        ),
         ("target", compact(h.get("target"))),
         ("kinds", compact(h.get("kinds") or {})),
         ("host / kernel", f"{h.get('host')} / {h.get('kernel')}"),
@@ -263,8 +318,10 @@ def render_html(result: dict, top: int = 10) -> str:
     h = r["health"]
     title = f"tailscope report: {_target_name(h.get('target'))}"
     if r.get("empty"):
-        body = (f"<div class=headline>{E(r['message'])}</div><p>{E(r['why'])}.</p>"
-                f"<h2>Recording health</h2>{_health_html(h, r)}")
+        body = (
+            f"<div class=headline>{E(r['message'])}</div><p>{E(r['why'])}.</p>"
+            f"<h2>Recording health</h2>{_health_html(h, r)}"
+        )
         return _page(title, body)
     fig = _Figures()
     events = [c for c in r["causes"][:MAX_EVENT_CDFS] if c["event"] in r["plots"]["events"]]
@@ -273,22 +330,33 @@ def render_html(result: dict, top: int = 10) -> str:
         f"<p class=muted>{r['requests']} requests"
         f"{' of kind ' + E(r['kind']) if r.get('kind') else ''}; target {E(r['target_label'])}; "
         f"{E(health_line(h))}</p>",
-        "<h2>Causes of the tail, ranked</h2>", _causes_table(r, top), _own_work(r), fig(_causes_bar(r, top)),
-        "<h2>Latency</h2>", fig(_latency_cdf(r)),
-        "<h2>Over time</h2>", fig(_segments(r)), _segments_html(r),
-        "<h2>Where slow requests' time went</h2>", fig(_breakdown(r)),
+        "<h2>Causes of the tail, ranked</h2>",
+        _causes_table(r, top),
+        _own_work(r),
+        fig(_causes_bar(r, top)),
+        "<h2>Latency</h2>",
+        fig(_latency_cdf(r)),
+        "<h2>Over time</h2>",
+        fig(_segments(r)),
+        _segments_html(r),
+        "<h2>Where slow requests' time went</h2>",
+        fig(_breakdown(r)),
         "<h2>Top events: CDF and threshold</h2>",
         *[fig(_event_cdf(r, c), height=300) for c in events],
         *ldb_sections(r.get("ldb"), fig),
-        "<h2>Recording health</h2>", _health_html(h, r),
-        "<h2>How to read this</h2>", HOW_TO_READ,
+        "<h2>Recording health</h2>",
+        _health_html(h, r),
+        "<h2>How to read this</h2>",
+        HOW_TO_READ,
     ]
     return _page(title, "\n".join(body))
 
 
 def _page(title: str, body: str) -> str:
-    return (f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{E(title)}</title>"
-            f"<style>{CSS}</style></head><body><h1>{E(title)}</h1>{body}</body></html>")
+    return (
+        f"<!DOCTYPE html><html lang=en><head><meta charset=utf-8><title>{E(title)}</title>"
+        f"<style>{CSS}</style></head><body><h1>{E(title)}</h1>{body}</body></html>"
+    )
 
 
 def write_report(result: dict, path: str | Path, top: int = 10) -> Path:

@@ -55,17 +55,26 @@ def headline(result: dict) -> str:
     causes = [c for c in result["causes"] if (c.get("adjusted_impact_pct_of_target") or 0) >= MIN_HEADLINE_PCT]
     if not causes:
         top = result["causes"][0] if result["causes"] else None
-        tail = (f" (the largest, {top['label']}, accounts for {fmt_pct(top['adjusted_impact_pct_of_target'])})"
-                if top else "")
-        return (f"{lead} No kernel event that tailscope records explains much of it{tail}: look at the "
-                "request's own code path, or at what happens outside the recorded requests.")
+        tail = (
+            f" (the largest, {top['label']}, accounts for {fmt_pct(top['adjusted_impact_pct_of_target'])})"
+            if top
+            else ""
+        )
+        return (
+            f"{lead} No kernel event that tailscope records explains much of it{tail}: look at the "
+            "request's own code path, or at what happens outside the recorded requests."
+        )
     first = causes[0]
-    s = (f"{lead} {high_phrase(first)} explain {fmt_ns(first['adjusted_impact_ns'])} of it "
-         f"({fmt_pct(first['adjusted_impact_pct_of_target'])} of {t}).")
+    s = (
+        f"{lead} {high_phrase(first)} explain {fmt_ns(first['adjusted_impact_ns'])} of it "
+        f"({fmt_pct(first['adjusted_impact_pct_of_target'])} of {t})."
+    )
     rest = causes[1:3]
     if rest:
-        parts = [f"{c['label']} ({fmt_ns(c['adjusted_impact_ns'])}, {fmt_pct(c['adjusted_impact_pct_of_target'])})"
-                 for c in rest]
+        parts = [
+            f"{c['label']} ({fmt_ns(c['adjusted_impact_ns'])}, {fmt_pct(c['adjusted_impact_pct_of_target'])})"
+            for c in rest
+        ]
         s += " Next comes " + (", then ".join(parts)) + "."
     return s + own_work_sentence(result)
 
@@ -75,11 +84,13 @@ def own_work_sentence(result: dict) -> str:
     w = result.get("own_work")
     if not w or (w.get("adjusted_impact_pct_of_target") or 0) < MIN_HEADLINE_PCT:
         return ""
-    return (f" Separately, requests whose own on-CPU work exceeded {fmt_ns(w['threshold_value'])} "
-            f"explain {fmt_ns(w['adjusted_impact_ns'])} ({fmt_pct(w['adjusted_impact_pct_of_target'])}): "
-            "that is the requests' own computation, not a kernel event"
-            + (f" (explained in part by {w['explained_by']['label']})" if w.get("explained_by") else "")
-            + ".")
+    return (
+        f" Separately, requests whose own on-CPU work exceeded {fmt_ns(w['threshold_value'])} "
+        f"explain {fmt_ns(w['adjusted_impact_ns'])} ({fmt_pct(w['adjusted_impact_pct_of_target'])}): "
+        "that is the requests' own computation, not a kernel event"
+        + (f" (explained in part by {w['explained_by']['label']})" if w.get("explained_by") else "")
+        + "."
+    )
 
 
 def health_line(h: dict) -> str:
@@ -107,8 +118,10 @@ def sampling_text(s) -> str:
     b = s.get("burst")
     if isinstance(b, dict):
         try:
-            out += (f", in bursts: {int(b['windows'])} windows of {b['window_ms']:g} ms sampled at "
-                    f"{b['in_window_rate_ppm'] / 1e4:g}%")
+            out += (
+                f", in bursts: {int(b['windows'])} windows of {b['window_ms']:g} ms sampled at "
+                f"{b['in_window_rate_ppm'] / 1e4:g}%"
+            )
             if isinstance(b.get("effective_rate_ppm"), (int, float)):
                 out += f" (effective rate {b['effective_rate_ppm'] / 1e4:.2g}%)"
             if b.get("cut_at_window_end"):
@@ -136,13 +149,19 @@ def causes_table(result: dict, top: int) -> str:
     rows = [("#", "event", "impact", f"% of {t}", "adjusted", "high when above", "explained by")]
     for c in result["causes"][:top]:
         by = c.get("explained_by")
-        rows.append((
-            str(c["rank"]), c["label"], fmt_ns(c["impact_ns"]), fmt_pct(c["impact_pct_of_target"]),
-            fmt_ns(c["adjusted_impact_ns"]),
-            f"{fmt_value(c['threshold_value'], c['unit'])} ({fmt_percentile(c['threshold_percentile'])})"
-            if c["threshold_method"] != "none" else "no high set",
-            f"{by['label']} (J={by['jaccard']:.2f})" if by and by["deduction_ns"] > 0 else "",
-        ))
+        rows.append(
+            (
+                str(c["rank"]),
+                c["label"],
+                fmt_ns(c["impact_ns"]),
+                fmt_pct(c["impact_pct_of_target"]),
+                fmt_ns(c["adjusted_impact_ns"]),
+                f"{fmt_value(c['threshold_value'], c['unit'])} ({fmt_percentile(c['threshold_percentile'])})"
+                if c["threshold_method"] != "none"
+                else "no high set",
+                f"{by['label']} (J={by['jaccard']:.2f})" if by and by["deduction_ns"] > 0 else "",
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
