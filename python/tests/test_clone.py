@@ -565,18 +565,19 @@ def test_tuning_step_per_metric():
     assert abs(k["data_ll_scale"] - 0.05) < 1e-9
     # damped, in the right direction
     assert k["data_far_scale"] < knobs["data_far_scale"] and k["branch_r_scale"] > knobs["branch_r_scale"]
-    assert (
-        tune.score(
-            {
-                "instructions_per_request": 0.02,
-                "I1_miss_rate": 0.05,
-                "D1_miss_rate": 0.0,
-                "LL_miss_rate": 100.0,
-                "branch_mispredict_rate": 0.0,
-            }
-        )
-        == 12.0
-    )
+    errs = {
+        "instructions_per_request": 0.02,
+        "I1_miss_rate": 0.05,
+        "D1_miss_rate": 0.0,
+        "LL_miss_rate": 100.0,
+        "branch_mispredict_rate": 0.0,
+        "IL_misses_per_request": 0.0,
+        "DL_misses_per_request": 0.0,
+    }
+    assert tune.score(errs) == 12.0
+    # a metric the iteration did not measure counts as the cap (10), not as a match
+    del errs["DL_misses_per_request"]
+    assert tune.score(errs) == 22.0
 
 
 @needs_gcc
