@@ -358,6 +358,33 @@ pub struct DemandBody {
     pub(crate) rx: mpsc::UnboundedReceiver<Bytes>,
 }
 
+/// The next DATA frame of a channel-fed body: everything queued now,
+/// coalesced into one frame (one frame per poll, not per message).
+fn poll_coalesced(
+    rx: &mut mpsc::UnboundedReceiver<Bytes>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<http_body::Frame<Bytes>, std::convert::Infallible>>> {
+    match rx.poll_recv(cx) {
+        Poll::Ready(Some(first)) => {
+            let mut more = Vec::new();
+            while let Ok(b) = rx.try_recv() {
+                if more.is_empty() {
+                    more.extend_from_slice(&first);
+                }
+                more.extend_from_slice(&b);
+            }
+            let data = if more.is_empty() {
+                first
+            } else {
+                Bytes::from(more)
+            };
+            Poll::Ready(Some(Ok(http_body::Frame::data(data))))
+        }
+        Poll::Ready(None) => Poll::Ready(None),
+        Poll::Pending => Poll::Pending,
+    }
+}
+
 impl http_body::Body for DemandBody {
     type Data = Bytes;
     type Error = std::convert::Infallible;
@@ -366,25 +393,7 @@ impl http_body::Body for DemandBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(first)) => {
-                let mut more = Vec::new();
-                while let Ok(b) = self.rx.try_recv() {
-                    if more.is_empty() {
-                        more.extend_from_slice(&first);
-                    }
-                    more.extend_from_slice(&b);
-                }
-                let data = if more.is_empty() {
-                    first
-                } else {
-                    Bytes::from(more)
-                };
-                Poll::Ready(Some(Ok(http_body::Frame::data(data))))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
+        poll_coalesced(&mut self.rx, cx)
     }
 }
 
@@ -396,25 +405,7 @@ impl http_body::Body for CreditFeed {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
-        match self.rx.poll_recv(cx) {
-            Poll::Ready(Some(first)) => {
-                let mut more = Vec::new();
-                while let Ok(b) = self.rx.try_recv() {
-                    if more.is_empty() {
-                        more.extend_from_slice(&first);
-                    }
-                    more.extend_from_slice(&b);
-                }
-                let data = if more.is_empty() {
-                    first
-                } else {
-                    Bytes::from(more)
-                };
-                Poll::Ready(Some(Ok(http_body::Frame::data(data))))
-            }
-            Poll::Ready(None) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
+        poll_coalesced(&mut self.rx, cx)
     }
 }
 
