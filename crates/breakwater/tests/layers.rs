@@ -15,6 +15,27 @@ use tower::{Layer, Service, ServiceExt};
 
 type Body = Full<Bytes>;
 
+/// Sends `per_client` requests from every pushed client at once and checks
+/// that each one is served (none expires at its client).
+async fn all_served(
+    clients: &[breakwater::client::Client<breakwater::http::H2Transport>],
+    per_client: usize,
+) {
+    let mut tasks = Vec::new();
+    for c in clients {
+        for _ in 0..per_client {
+            let c = c.clone();
+            tasks.push(tokio::spawn(async move {
+                c.oneshot(Request::new(Body::default())).await
+            }));
+        }
+    }
+    for t in tasks {
+        let r = t.await.unwrap().expect("served, not expired");
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+}
+
 fn handler(
     delay: Duration,
 ) -> impl Service<Request<Body>, Response = Response<Body>, Error = BoxError, Future = impl Send>
@@ -513,19 +534,7 @@ fn pushed_credits_replace_credit_waits_over_real_http2() {
         let clients: Vec<_> = (0..20)
             .map(|_| layer.layer_pushed(transport.clone(), &link))
             .collect();
-        let mut tasks = Vec::new();
-        for c in &clients {
-            for _ in 0..5 {
-                let c = c.clone();
-                tasks.push(tokio::spawn(async move {
-                    c.oneshot(Request::new(Body::default())).await
-                }));
-            }
-        }
-        for t in tasks {
-            let r = t.await.unwrap().expect("served, not expired");
-            assert_eq!(r.status(), StatusCode::OK);
-        }
+        all_served(&clients, 5).await;
         let cs = layer.stats();
         assert_eq!(
             cs.credit_waits_sent
@@ -594,19 +603,7 @@ fn demand_lines_flow_on_the_credit_streams_request_body_over_real_http2() {
             // Rounds: every client's requests wait behind its first, so
             // drained clients with waiting requests are certain.
             for _ in 0..3 {
-                let mut tasks = Vec::new();
-                for c in &clients {
-                    for _ in 0..3 {
-                        let c = c.clone();
-                        tasks.push(tokio::spawn(async move {
-                            c.oneshot(Request::new(Body::default())).await
-                        }));
-                    }
-                }
-                for t in tasks {
-                    let r = t.await.unwrap().expect("served, not expired");
-                    assert_eq!(r.status(), StatusCode::OK);
-                }
+                all_served(&clients, 3).await;
             }
             let cs = layer.stats();
             assert_eq!(cs.credit_waits_sent.load(Relaxed), 0);
