@@ -38,6 +38,7 @@ DEFAULT_KNOBS = {
     "data_llc_scale": 1.0,
     "branch_r_scale": 1.0,
     "cond_scale": 1.0,
+    "mem_scale": 1.0,  # a factor on the bodies' data references (tune.py: data references per request)
     "branch_x": 2.0,  # the random-branch unit's branches per event (asmgen.brx_function)
     "i1_bytes": 32768,
     "d1_bytes": 32768,
