@@ -600,6 +600,13 @@ def test_data_references_tuning_step():
     # too many: a step down, clamped at 0.5
     k = tune.update_knobs(knobs, {"data_refs_per_request": 6000}, target, split, {})
     assert abs(k["mem_scale"] - 0.5) < 1e-9
+    # within the dead band (each step of this knob is a new code layout): no step, and none of
+    # the conditional-branch knob either
+    target["cond_branches_per_request"] = 1000
+    split["threads"]["worker"]["body_Bc"] = 400
+    m = {"data_refs_per_request": 3350, "cond_branches_per_request": 990}
+    k = tune.update_knobs(knobs, m, target, split, {})
+    assert k["mem_scale"] == 1.0 and k["cond_scale"] == 1.0
     assert "data_refs_per_request" in tune.TOLERANCE and tune.KNOB_OF["data_refs_per_request"] == "mem_scale"
 
 

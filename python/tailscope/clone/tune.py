@@ -45,6 +45,9 @@ TOLERANCE = {
     # session 11: every miss rate is per reference, so the references per request are a target
     "data_refs_per_request": 0.03,
 }
+# the knobs that change the blocks' instructions (cond_scale, mem_scale) take no step when their
+# metric is within this (session 11)
+LAYOUT_DEADBAND = 0.03
 KNOB_OF = {
     "instructions_per_request": "instr_scale",
     "I1_miss_rate": "code_scale",
@@ -214,9 +217,12 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
     # conditional branches per request: a Newton step on the bodies' share (their density is
     # diluted by loop control; the misprediction RATE is per conditional branch, so their count
     # matters as much as the mispredictions)
+    # (no step within LAYOUT_DEADBAND: this knob and mem_scale change the blocks' instructions,
+    # so each of their steps is a new code layout, and the branch rate moved with it by +-30%
+    # while the loop's last iterations tuned the random-branch unit: memcached, session 11)
     t_bc, c_bc = target.get("cond_branches_per_request", 0.0), m.get("cond_branches_per_request", 0.0)
     body_bc = sum(th.get("body_Bc", 0.0) for th in split["threads"].values())
-    if t_bc > 0 and body_bc > 0:
+    if t_bc > 0 and body_bc > 0 and rel_err(c_bc, t_bc) > LAYOUT_DEADBAND:
         step = _clamp((t_bc - (c_bc - body_bc)) / body_bc, 0.5, 2.0)
         k["cond_scale"] = _clamp(k.get("cond_scale", 1.0) * step, 0.2, 3.0)
     # data references per request (session 11): a Newton step on the blocks' share (their
@@ -224,7 +230,7 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
     # clones made 30-36% fewer references than the originals, and every miss rate is per reference
     t_dr, c_dr = target.get("data_refs_per_request", 0.0), m.get("data_refs_per_request", 0.0)
     body_dr = sum(th.get("body_Dref", 0.0) for th in split["threads"].values())
-    if t_dr > 0 and body_dr > 0:
+    if t_dr > 0 and body_dr > 0 and rel_err(c_dr, t_dr) > LAYOUT_DEADBAND:
         step = _clamp((t_dr - (c_dr - body_dr)) / body_dr, 0.5, 2.0)
         k["mem_scale"] = _clamp(k.get("mem_scale", 1.0) * step, 0.2, 3.0)
     ir = m.get("instructions_per_request", 0.0)
