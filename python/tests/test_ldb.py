@@ -423,3 +423,12 @@ def test_ldb_report_sections_render_in_chromium(tmp_path):
             assert not severe, severe
         finally:
             drv.quit()
+
+
+def test_report_says_when_ring_pressure_raised_the_agent():
+    from tailscope.report.ldb_html import _priority
+
+    assert _priority({}) == "", "an agent never at idle priority: nothing to say"
+    assert "throughout" in _priority({"idle": True, "raised_for_ring_pressure": 0, "raised_s": 0.0})
+    raised = _priority({"idle": True, "raised_for_ring_pressure": 3, "raised_s": 7.25})
+    assert "class=warn" in raised and "3 time(s)" in raised and "7.2 s" in raised

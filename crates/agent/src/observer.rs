@@ -692,6 +692,7 @@ pub struct ObserverReport {
     pub request_events: WriterSummary,
     pub modules: Vec<Module>,
     pub config: ObserverConfig,
+    pub priority: PriorityStats,
 }
 
 /// The observer on its own thread, writing its three tables.
@@ -700,6 +701,82 @@ pub struct ObserverThread {
     handle: std::thread::JoinHandle<Result<ObserverReport>>,
     /// Every agent thread was moved to SCHED_IDLE (see [`set_agent_threads_idle`]).
     agent_idle: bool,
+    /// Ring pressure (see [`ObserverThread::pressure`]).
+    idle_at_start: bool,
+    pressure: Pressure,
+}
+
+/// When ring pressure takes the agent off idle priority.
+///
+/// SCHED_IDLE keeps the agent out of the target's way at light load, but a
+/// busy target leaves it almost no CPU (a SCHED_IDLE thread weighs 3
+/// against a normal thread's 1024) and the rings overflow: memcached SET
+/// at 80% load lost 74% of its records in a minute (bench/ldb, session
+/// 11). So while the rings are hot every agent thread goes back to
+/// SCHED_OTHER, and returns to SCHED_IDLE once they have stayed calm for
+/// [`PRESSURE_CALM`]. Lost records are worse than a little of the target's
+/// CPU; both are shown (meta.json `ldb.priority` and the drop counters).
+/// The target controls its rings, so it can hold the agent at normal
+/// priority: what the agent ran at before idle priority was the default.
+#[derive(Debug, Default)]
+pub struct Pressure {
+    raised: Option<Instant>,
+    last_hot: Option<Instant>,
+    raises: u64,
+    raised_for: Duration,
+}
+
+impl Pressure {
+    /// One drain's verdict. Returns the priority to switch to (`Some(true)`:
+    /// back to idle), or None to stay.
+    pub fn step(&mut self, hot: bool, now: Instant) -> Option<bool> {
+        if hot {
+            self.last_hot = Some(now);
+            if self.raised.is_none() {
+                self.raised = Some(now);
+                self.raises += 1;
+                return Some(false);
+            }
+            return None;
+        }
+        let (since, hot_at) = (self.raised?, self.last_hot?);
+        if now.saturating_duration_since(hot_at) < PRESSURE_CALM {
+            return None;
+        }
+        self.raised_for += now.saturating_duration_since(since);
+        self.raised = None;
+        Some(true)
+    }
+
+    /// The recording ends: a raise still open counts up to `now`.
+    pub fn end(&mut self, now: Instant) {
+        if let Some(since) = self.raised.take() {
+            self.raised_for += now.saturating_duration_since(since);
+        }
+    }
+
+    pub fn raises(&self) -> u64 {
+        self.raises
+    }
+
+    pub fn raised_for(&self) -> Duration {
+        self.raised_for
+    }
+}
+
+/// How long the target's rings must stay calm before the agent, raised to
+/// SCHED_OTHER by ring pressure, goes back to SCHED_IDLE.
+pub const PRESSURE_CALM: Duration = Duration::from_secs(2);
+
+/// What ring pressure did to the agent's priority over a recording.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct PriorityStats {
+    /// The agent ran at SCHED_IDLE (the default while `--functions` records).
+    pub idle: bool,
+    /// Times ring pressure raised it back to SCHED_OTHER.
+    pub raised_for_ring_pressure: u64,
+    /// Seconds it spent raised, in all.
+    pub raised_s: f64,
 }
 
 impl ObserverThread {
@@ -799,6 +876,7 @@ impl ObserverThread {
                     request_events: reqs.finish()?,
                     modules,
                     config: cfg,
+                    priority: PriorityStats::default(),
                 })
             })
             .map_err(|e| {
@@ -810,7 +888,22 @@ impl ObserverThread {
             stop,
             handle,
             agent_idle,
+            idle_at_start: agent_idle,
+            pressure: Pressure::default(),
         })
+    }
+
+    /// Ring pressure, after each drain: `hot` when the target's rings came
+    /// close to full or dropped records since the last drain. Raises every
+    /// agent thread to SCHED_OTHER, or lets them back to SCHED_IDLE, as
+    /// [`Pressure`] decides.
+    pub fn pressure(&mut self, hot: bool, now: Instant) {
+        if !self.agent_idle {
+            return;
+        }
+        if let Some(idle) = self.pressure.step(hot, now) {
+            set_agent_threads_idle(idle);
+        }
     }
 
     /// Moves the agent's threads back to SCHED_OTHER if they were moved to
@@ -819,6 +912,7 @@ impl ObserverThread {
     /// kill grace period would otherwise cut it short).
     pub fn unidle(&mut self) {
         if self.agent_idle {
+            self.pressure.end(Instant::now());
             set_agent_threads_idle(false);
             self.agent_idle = false;
         }
@@ -828,8 +922,13 @@ impl ObserverThread {
     pub fn finish(mut self) -> Result<ObserverReport> {
         self.unidle(); // the last drains and file closes: not starved
         self.stop.store(true, Ordering::Relaxed);
+        let priority = PriorityStats {
+            idle: self.idle_at_start,
+            raised_for_ring_pressure: self.pressure.raises(),
+            raised_s: self.pressure.raised_for().as_secs_f64(),
+        };
         match self.handle.join() {
-            Ok(r) => r,
+            Ok(r) => r.map(|r| ObserverReport { priority, ..r }),
             Err(_) => Err(crate::error::AgentError::internal(
                 "the observer thread panicked",
             )),
@@ -1216,6 +1315,48 @@ mod tests {
         assert_eq!(idle, (libc::SCHED_IDLE, libc::SCHED_IDLE));
         assert!(moved_back >= 2, "moved {moved_back} threads back");
         assert_eq!(back, (libc::SCHED_OTHER, libc::SCHED_OTHER));
+    }
+
+    /// Ring pressure raises the agent at the first hot drain, keeps it
+    /// raised while drains stay hot, and lets it back to idle only after
+    /// PRESSURE_CALM without one; the raises and their time are counted.
+    #[test]
+    fn ring_pressure_raises_then_calms() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let calm_ms = PRESSURE_CALM.as_millis() as u64;
+        let mut p = Pressure::default();
+        assert_eq!(
+            p.step(false, at(0)),
+            None,
+            "calm from the start: stays idle"
+        );
+        assert_eq!(p.step(true, at(10)), Some(false), "first hot drain: raised");
+        assert_eq!(p.step(true, at(20)), None, "already raised");
+        assert_eq!(p.step(false, at(30)), None);
+        assert_eq!(
+            p.step(false, at(20 + calm_ms - 1)),
+            None,
+            "not calm long enough"
+        );
+        assert_eq!(
+            p.step(true, at(500)),
+            None,
+            "hot again: the calm clock restarts"
+        );
+        assert_eq!(p.step(false, at(500 + calm_ms - 1)), None);
+        assert_eq!(
+            p.step(false, at(500 + calm_ms)),
+            Some(true),
+            "calm: back to idle"
+        );
+        assert_eq!(p.step(false, at(600 + calm_ms)), None);
+        assert_eq!(p.raises(), 1);
+        assert_eq!(p.raised_for(), Duration::from_millis(490 + calm_ms));
+        assert_eq!(p.step(true, at(10_000)), Some(false), "a second raise");
+        p.end(at(10_250));
+        assert_eq!(p.raises(), 2);
+        assert_eq!(p.raised_for(), Duration::from_millis(490 + calm_ms + 250));
     }
 
     #[test]

@@ -209,6 +209,11 @@ struct State {
     signal_fd: Option<std::os::fd::RawFd>,
     /// The pidfd was readable: check the target's exit now.
     exit_hint: bool,
+    /// Ring-full drops seen at the last drain with the observer running
+    /// (ring pressure, see [`ObserverThread::pressure`]); None before the
+    /// first such drain, which also takes what the rings held before the
+    /// agent attached and is not judged.
+    pressure_drops: Option<u64>,
 }
 
 /// Burst windows of inference: the gate and open-request count are in BPF.
@@ -341,6 +346,17 @@ fn next_wait(cur: Duration, min: Duration, max: Duration, busiest: usize) -> Dur
     }
 }
 
+/// A drain that took this many records from one ring found it close to
+/// full: the agent is falling behind (see [`ObserverThread::pressure`]).
+const PRESSURE_FILL: usize = TS_RING_CAPACITY as usize * 3 / 4;
+
+/// Whether the target's rings are under pressure after a drain: the
+/// busiest ring came within a quarter of full, or rings dropped records
+/// since the last drain.
+fn ring_hot(busiest: usize, ring_full: u64, ring_full_before: u64) -> bool {
+    busiest >= PRESSURE_FILL || ring_full > ring_full_before
+}
+
 impl State {
     fn drops(&self, tracer: &Tracer) -> Drops {
         let b = tracer.stats();
@@ -435,6 +451,16 @@ impl State {
             let (writer, pid) = (&mut self.writer, self.target_pid);
             m.drain(|r: &ts_request_record, kind: &str| writer.push(pid, kind, r))?;
             busiest = busiest.max(m.last_busiest());
+            if let Some(o) = self.observer.as_mut() {
+                let ring_full = m.stats().ring_full;
+                if let Some(before) = self.pressure_drops {
+                    o.pressure(
+                        ring_hot(m.last_busiest(), ring_full, before),
+                        Instant::now(),
+                    );
+                }
+                self.pressure_drops = Some(ring_full);
+            }
         }
         self.wait = next_wait(wait, min_wait, max, busiest);
         Ok(())
@@ -778,6 +804,7 @@ pub fn run(args: RecordArgs) -> Result<()> {
         exit_fd: watch.raw_fd(),
         signal_fd: signals.wake.as_ref().map(std::os::fd::AsRawFd::as_raw_fd),
         exit_hint: false,
+        pressure_drops: None,
     };
     st.start_observer()?;
     let mut meta = Meta {
@@ -979,6 +1006,12 @@ pub fn run(args: RecordArgs) -> Result<()> {
             r.stats.dte_discards,
             r.stats.seqlock_discards
         );
+        if r.priority.raised_for_ring_pressure > 0 {
+            eprintln!(
+                "note: the target's rings filled, so the agent left idle priority {} time(s) ({:.1} s in all) rather than drop records",
+                r.priority.raised_for_ring_pressure, r.priority.raised_s
+            );
+        }
     }
 
     result?;
@@ -1154,6 +1187,7 @@ fn ldb_meta(r: &ObserverReport, features: u32) -> serde_json::Value {
             "request_events": r.request_events.rows,
         },
         "modules": r.modules,
+        "priority": r.priority,
     })
 }
 
@@ -1165,6 +1199,14 @@ pub fn region_path(pid: u32) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn rings_are_hot_when_nearly_full_or_dropping() {
+        assert!(!ring_hot(0, 0, 0));
+        assert!(!ring_hot(PRESSURE_FILL - 1, 7, 7), "old drops only");
+        assert!(ring_hot(PRESSURE_FILL, 0, 0), "three quarters full");
+        assert!(ring_hot(1, 8, 7), "a new drop");
+    }
 
     #[test]
     fn output_checks() {

@@ -794,6 +794,7 @@ def analyse_ldb(d: LdbData, symbolizer=None, p_target: float = 0.99, top: int = 
         "observer": obs,
         "config": (d.meta.get("ldb") or {}).get("config") or {},
         "runtime_features": (d.meta.get("ldb") or {}).get("runtime_features") or {},
+        "priority": (d.meta.get("ldb") or {}).get("priority") or {},
         "warnings": list(sym.warnings),
         "names": {str(k): v for k, v in names.items()},
         "pid": d.pid,

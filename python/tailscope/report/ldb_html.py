@@ -175,8 +175,23 @@ def _observer(r: dict) -> tuple[go.Figure, str]:
         f"handler interrupted a hook: {o.get('skipped', 0)}; calls open at thread exit or at the end: "
         f"{o.get('unterminated', 0)}; lock/request events lost to full rings: {o.get('event_ring_full', 0)}; "
         f"corrupt events: {o.get('corrupt_events', 0)}.</p>"
+        f"{_priority(r.get('priority') or {})}"
     )
     return fig, table
+
+
+def _priority(p: dict) -> str:
+    """What ring pressure did to the agent's idle priority (agent meta.json `ldb.priority`)."""
+    if not p.get("idle"):
+        return ""
+    n, secs = int(p.get("raised_for_ring_pressure") or 0), float(p.get("raised_s") or 0.0)
+    if not n:
+        return "<p class=muted>The agent ran at idle priority (SCHED_IDLE) throughout.</p>"
+    return (
+        f"<p class=warn>The target's rings filled, so the agent left idle priority {n} time(s), "
+        f"{secs:.1f} s in all, rather than drop records: the target's latency in those spans "
+        "includes the agent's CPU.</p>"
+    )
 
 
 def ldb_sections(r: dict, fig) -> list[str]:
