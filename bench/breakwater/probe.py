@@ -97,7 +97,32 @@ def per_run(r: dict, cap: float, dur: float) -> dict:
         "server_us_per_admitted": s.get("cpu_s", 0.0) * 1e6 / adm,
         "server_busy": s.get("cpu_s", 0.0) / dur,
         "c_total_end": s.get("control", 0.0),
+        **split_fields(r.get("split"), s, adm),
     }
+
+
+def split_fields(sp: dict | None, s: dict, adm: int) -> dict:
+    """Where admitted requests' latency went: the load generator's lag, the
+    wait at the client layer, send to reply (loadgen), and the server's own
+    view (FIFO wait, sojourn); `late_*`: means over the replies after the SLO."""
+    out: dict = {}
+    if sp:
+        for part in ("lag", "client_wait", "server"):
+            out[f"{part}_p50_us"] = sp[part]["p50"]
+            out[f"{part}_p99_us"] = sp[part]["p99"]
+        out["late_per_admitted"] = sp["late"] / adm
+        for part in ("lag", "client_wait", "server"):
+            out[f"late_mean_{part}_us"] = sp.get(f"late_mean_{part}") or 0.0
+    for name in ("queue_wait", "sojourn"):
+        b = s.get(name)
+        if b:
+            out[f"srv_{name}_p99_us"] = b["p99_us"]
+            out[f"srv_{name}_over_1ms_per_admitted"] = b["over_1ms"] / adm
+    b = s.get("aqm_budget")
+    if b:
+        out["aqm_budget_p50_us"] = b["p50_us"]
+        out["aqm_budget_p90_us"] = b["p90_us"]
+    return out
 
 
 def main() -> int:

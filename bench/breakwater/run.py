@@ -314,6 +314,8 @@ def summarize(lg: dict, stats: dict, rate: float) -> dict:
         "server_drop_rate": (stats.get("rejected", 0) / srv_req) if srv_req else 0.0,
         "server": stats,
         "max_send_lag_us": lg["max_send_lag_us"],
+        # Where admitted requests' latency went (loadgen: lag, client wait, send to reply).
+        "split": lg.get("admitted_split_us"),
         "timeseries": lg["timeseries"],
         "duration_s": lg["duration_s"],
     }

@@ -67,6 +67,23 @@ struct Args {
     /// signal), not the forecast wait.
     #[arg(long)]
     aqm_age: bool,
+    /// Breakwater: the AQM forecast counts the service time alone, not the
+    /// gap between jobs too (the I/O work an inline worker waits for;
+    /// counted by default since session 11).
+    #[arg(long)]
+    no_forecast_gap: bool,
+    /// Breakwater: keep the service reserve fixed at --reserve-us (sessions
+    /// 1-10) instead of adapting it (session 11's default).
+    #[arg(long)]
+    fixed_reserve: bool,
+    /// Breakwater: the adaptive reserve's target share of admitted requests
+    /// that finish late as the server sees it (default 0.003); it starts at
+    /// --reserve-us (default 30% of the SLO).
+    #[arg(long)]
+    late_target: Option<f64>,
+    /// The adaptive reserve's ceiling in µs (default: 70% of the SLO).
+    #[arg(long)]
+    max_reserve_us: Option<u64>,
     /// Breakwater's service reserve in µs (AQM budget = SLO − reserve);
     /// default 30% of the SLO.
     #[arg(long)]
@@ -196,6 +213,10 @@ fn run(args: Args) -> Result<(), String> {
     spec.overcommit = !args.no_overcommit;
     spec.aqm = !args.no_aqm;
     spec.aqm_forecast = !args.aqm_age;
+    spec.forecast_gap = !args.no_forecast_gap;
+    spec.fixed_reserve = args.fixed_reserve;
+    spec.late_target = args.late_target;
+    spec.max_reserve_ns = args.max_reserve_us.map(|us| us * 1000);
     spec.max_held = args.max_held;
     if let Some(t) = args.target_us {
         if t == 0 || t >= args.slo_us {

@@ -76,6 +76,15 @@ impl std::error::Error for ClientError {}
 #[derive(Debug, Clone, Copy)]
 pub struct Priority(pub u8);
 
+/// Put in a request's extensions to give it its own deadline (on the
+/// [`clock`]), e.g. when the request was issued before it reached this
+/// layer: it waits locally at most until then (never longer than the
+/// layer's SLO from now), and the budget it sends is the time left to it.
+/// A request whose deadline has passed fails at once with
+/// [`ClientError::Expired`], unsent. Without it the deadline is now + SLO.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline(pub Nanos);
+
 /// In every response's extensions: when the request left this client
 /// (after any local queueing), on the [`clock`].
 #[derive(Debug, Clone, Copy)]
@@ -586,7 +595,15 @@ where
         let shared = self.shared.clone();
         let inner = self.inner.clone();
         let now = clock::now();
-        let expiry = now + shared.slo_ns;
+        let own = now + shared.slo_ns;
+        let expiry = req
+            .extensions()
+            .get::<Deadline>()
+            .map_or(own, |d| d.0.min(own));
+        if expiry <= now {
+            shared.stats.expired.fetch_add(1, Ordering::Relaxed);
+            return Box::pin(std::future::ready(Err(ClientError::Expired.into())));
+        }
         let (priority, decision) = {
             let mut st = shared.lock();
             let priority = match req.extensions().get::<Priority>() {

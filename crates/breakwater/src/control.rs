@@ -71,6 +71,15 @@ pub struct ControlSpec {
     pub aqm: bool,
     /// AQM against the forecast wait (default) or the oldest's age only.
     pub aqm_forecast: bool,
+    /// The forecast counts the gap between jobs (`BreakwaterConfig::forecast_gap`).
+    pub forecast_gap: bool,
+    /// The service reserve stays where it is configured (no adaptation,
+    /// `BreakwaterConfig::adaptive_reserve` off; sessions 1–10).
+    pub fixed_reserve: bool,
+    /// The adaptive reserve's target late share; `None`: the default.
+    pub late_target: Option<f64>,
+    /// The adaptive reserve's ceiling; `None`: the default (70% of the SLO).
+    pub max_reserve_ns: Option<Nanos>,
     /// A drained client's credit wait carries its oldest request
     /// ([`crate::Kind::Await`]) rather than going alone (the thesis's
     /// protocol, the default; see docs/breakwater.md for the measurements).
@@ -111,6 +120,10 @@ impl ControlSpec {
             overcommit: true,
             aqm: true,
             aqm_forecast: true,
+            forecast_gap: true,
+            fixed_reserve: false,
+            late_target: None,
+            max_reserve_ns: None,
             carry: false,
             hold_expired: false,
             demand_only: false,
@@ -130,6 +143,14 @@ impl ControlSpec {
         c.overcommit = self.overcommit;
         c.aqm = self.aqm;
         c.aqm_forecast = self.aqm_forecast;
+        c.forecast_gap = self.forecast_gap;
+        c.adaptive_reserve = !self.fixed_reserve;
+        if let Some(q) = self.late_target {
+            c.late_target = q;
+        }
+        if let Some(m) = self.max_reserve_ns {
+            c.max_reserve_ns = m.min(self.slo_ns);
+        }
         if let Some(r) = self.service_reserve_ns {
             c.service_reserve_ns = r.min(self.slo_ns);
             c.queue_budget_ns = self.slo_ns.saturating_sub(r).max(1);

@@ -209,6 +209,79 @@ struct Counters {
     pushed_credits: AtomicU64,
     push_chunks: AtomicU64,
     demand_lines: AtomicU64,
+    /// Admitted requests' time in the FIFO, and arrival to completion.
+    queue_wait: Buckets,
+    sojourn: Buckets,
+    /// AQM refusals' budgets (the client's remaining time minus the
+    /// service reserve, or the server's own queue budget if smaller).
+    aqm_budget: Buckets,
+}
+
+/// A lock-free latency histogram: [`Buckets::WIDTH_NS`]-wide buckets up to
+/// [`Buckets::N`] × that; longer values land in the last bucket.
+struct Buckets([AtomicU64; Buckets::N]);
+
+impl Default for Buckets {
+    fn default() -> Self {
+        Buckets(std::array::from_fn(|_| AtomicU64::new(0)))
+    }
+}
+
+impl std::fmt::Debug for Buckets {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Buckets")
+    }
+}
+
+impl Buckets {
+    const WIDTH_NS: u64 = 20_000;
+    const N: usize = 500;
+
+    fn record(&self, ns: Nanos) {
+        let i = ((ns / Self::WIDTH_NS) as usize).min(Self::N - 1);
+        self.0[i].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Quantiles (upper bucket edges, µs) and the share above `over_ns`.
+    fn summary(&self, over_ns: Nanos) -> LatencyBuckets {
+        let counts: Vec<u64> = self.0.iter().map(|c| c.load(Ordering::Relaxed)).collect();
+        let n: u64 = counts.iter().sum();
+        let q = |f: f64| -> f64 {
+            if n == 0 {
+                return 0.0;
+            }
+            let rank = ((f * n as f64).ceil() as u64).max(1);
+            let mut seen = 0;
+            for (i, c) in counts.iter().enumerate() {
+                seen += c;
+                if seen >= rank {
+                    return ((i as u64 + 1) * Self::WIDTH_NS) as f64 / 1e3;
+                }
+            }
+            (Self::N as u64 * Self::WIDTH_NS) as f64 / 1e3
+        };
+        let first_over = (over_ns / Self::WIDTH_NS) as usize;
+        let over: u64 = counts.iter().skip(first_over).sum();
+        LatencyBuckets {
+            count: n,
+            p50_us: q(0.5),
+            p90_us: q(0.9),
+            p99_us: q(0.99),
+            over_1ms: over,
+        }
+    }
+}
+
+/// A server-side latency distribution (20 µs buckets: quantiles are the
+/// bucket's upper edge).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LatencyBuckets {
+    pub count: u64,
+    pub p50_us: f64,
+    pub p90_us: f64,
+    pub p99_us: f64,
+    /// Values of 1 ms or more.
+    pub over_1ms: u64,
 }
 
 impl Counters {
@@ -217,7 +290,10 @@ impl Counters {
         self.rejected.fetch_add(1, Ordering::Relaxed);
         let by = match reason {
             R::NoCredit | R::Unregistered => &self.rejected_no_credit,
-            R::QueueDelay { .. } => &self.rejected_queue_delay,
+            R::QueueDelay { budget_ns, .. } => {
+                self.aqm_budget.record(*budget_ns);
+                &self.rejected_queue_delay
+            }
             R::Expired => &self.held_expired,
             R::Priority { .. } | R::Limit => return,
         };
@@ -261,6 +337,12 @@ pub struct ServerStats {
     pub push_chunks: u64,
     /// Demand lines received on credit streams ([`crate::push`]).
     pub demand_lines: u64,
+    /// Admitted requests' wait in the FIFO, and their sojourn (arrival,
+    /// or release from hold, to completion), as the server measured them.
+    pub queue_wait: LatencyBuckets,
+    pub sojourn: LatencyBuckets,
+    /// The budgets the AQM refused requests on.
+    pub aqm_budget: LatencyBuckets,
     pub queue_len: usize,
     #[serde(flatten)]
     pub control: PolicyStats,
@@ -521,6 +603,9 @@ impl<B: Send + 'static, RB: Default + Send + 'static> Server<B, RB> {
             pushed_credits: c.pushed_credits.load(Ordering::Relaxed),
             push_chunks: c.push_chunks.load(Ordering::Relaxed),
             demand_lines: c.demand_lines.load(Ordering::Relaxed),
+            queue_wait: c.queue_wait.summary(1_000_000),
+            sojourn: c.sojourn.summary(1_000_000),
+            aqm_budget: c.aqm_budget.summary(1_000_000),
             queue_len,
             control,
         }
@@ -874,10 +959,15 @@ fn run_job<B, RB: Default>(
         ok,
         sojourn_ns: now.saturating_sub(job.arrived),
     };
+    shared.counters.queue_wait.record(waited);
+    shared.counters.sojourn.record(done.sojourn_ns);
     let fb = {
         let mut policy = shared.lock_policy();
         let view = shared.view(&shared.lock_fifo());
         let fb = policy.on_complete(now, &done, &view);
+        if job.budget_ns != u64::MAX {
+            policy.on_budget_spent(now, job.budget_ns, done.sojourn_ns);
+        }
         // A completion may have freed credit that a parked client is
         // waiting for: answer it now rather than at the next tick.
         if shared.has_parked.load(Ordering::Relaxed) {
@@ -1116,5 +1206,31 @@ impl<B, RB> Shared<B, RB> {
             }
         }
         self.has_parked.store(!parked.is_empty(), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Buckets;
+
+    #[test]
+    fn buckets_give_upper_edge_quantiles_and_the_share_over_a_bound() {
+        let b = Buckets::default();
+        let empty = b.summary(1_000_000);
+        assert_eq!((empty.count, empty.p99_us, empty.over_1ms), (0, 0.0, 0));
+        // 98 values of 10 us (bucket 0: 0-20 us), one of 1.5 ms, one
+        // past the last bucket (clamped into it).
+        for _ in 0..98 {
+            b.record(10_000);
+        }
+        b.record(1_500_000);
+        b.record(60_000_000_000);
+        let s = b.summary(1_000_000);
+        assert_eq!(s.count, 100);
+        assert_eq!(s.p50_us, 20.0);
+        assert_eq!(s.p90_us, 20.0);
+        assert_eq!(s.p99_us, 1520.0, "the 99th value is the 1.5 ms one");
+        assert_eq!(s.over_1ms, 2);
+        assert_eq!(b.summary(2_000_000).over_1ms, 1);
     }
 }

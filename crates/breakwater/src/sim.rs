@@ -657,6 +657,11 @@ impl Sim {
                 };
                 let view = self.queue_view();
                 let fb = self.policy.on_complete(self.now, &done, &view);
+                self.policy.on_budget_spent(
+                    self.now,
+                    req.expiry.saturating_sub(req.sent),
+                    done.sojourn_ns,
+                );
                 self.count_msg(false);
                 self.schedule(self.now + half, Event::Reply { req, ok: true, fb });
                 self.release_held();

@@ -240,6 +240,84 @@ async fn requests_expire_at_the_client_without_credit() {
 }
 
 #[tokio::test]
+async fn a_requests_own_deadline_bounds_its_wait_and_the_budget_it_sends() {
+    use breakwater::client::Deadline;
+    // The inner service records each request's advertised budget and
+    // grants plenty of credit; the layer's SLO is 10 s.
+    let budgets = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = budgets.clone();
+    let inner = tower::service_fn(move |req: Request<Body>| {
+        let b: u64 = req.headers()[wire::BUDGET_US]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        seen.lock().unwrap().push(b);
+        async move {
+            let mut r = Response::new(Body::default());
+            r.headers_mut()
+                .insert(wire::CREDIT_LIMIT, HeaderValue::from_static("1000"));
+            Ok::<_, BoxError>(r)
+        }
+    });
+    let spec = ControlSpec::new(ControlKind::Breakwater, 10_000_000_000, 1);
+    let layer = ClientLayer::new(
+        Arc::new(move || spec.client().unwrap()),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    let client = layer.layer(inner);
+    let with_deadline = |d: u64| {
+        let mut r = Request::new(Body::default());
+        r.extensions_mut().insert(Deadline(d));
+        r
+    };
+    let now = breakwater::clock::now();
+    // 5 ms left: it says so (not the layer's 10 s).
+    let r = client
+        .clone()
+        .oneshot(with_deadline(now + 5_000_000))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    // Already past: fails at once, unsent.
+    let now = breakwater::clock::now();
+    let e = client
+        .clone()
+        .oneshot(with_deadline(now.saturating_sub(1)))
+        .await
+        .unwrap_err();
+    assert!(matches!(
+        e.downcast_ref::<breakwater::ClientError>(),
+        Some(breakwater::ClientError::Expired)
+    ));
+    // Later than the layer's SLO: capped at it. No deadline: the SLO.
+    let now = breakwater::clock::now();
+    client
+        .clone()
+        .oneshot(with_deadline(now + 100_000_000_000))
+        .await
+        .unwrap();
+    client
+        .clone()
+        .oneshot(Request::new(Body::default()))
+        .await
+        .unwrap();
+    let b = budgets.lock().unwrap().clone();
+    assert_eq!(b.len(), 3, "the expired request was sent: {b:?}");
+    assert!(b[0] > 0 && b[0] <= 5_000, "{b:?}");
+    assert!(b[1] > 9_000_000 && b[1] <= 10_000_000, "{b:?}");
+    assert!(b[2] > 9_000_000 && b[2] <= 10_000_000, "{b:?}");
+    assert_eq!(
+        layer
+            .stats()
+            .expired
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
 async fn tower_stock_limit_sheds() {
     let inner = Server::start(
         handler(Duration::from_millis(20)),

@@ -856,6 +856,153 @@ fn warmed(forecast: bool, svc: u64) -> Breakwater {
 }
 
 #[test]
+fn adaptive_reserve_settles_where_the_late_share_is_the_target() {
+    let slo = 2_000_000;
+    let mk = |adaptive: bool| {
+        let mut cfg = BreakwaterConfig::for_slo(slo, 1);
+        cfg.adaptive_reserve = adaptive;
+        cfg.late_target = 0.005;
+        Breakwater::new(cfg).unwrap()
+    };
+    // Off: completions change nothing.
+    let mut p = mk(false);
+    for _ in 0..100 {
+        p.on_budget_spent(0, 500_000, 900_000);
+    }
+    assert_eq!(p.service_reserve_ns(), 600_000);
+    // On: ten late completions (sojourn + the reply's RTT past the budget
+    // the request arrived with) raise it by ten steps of 20 us...
+    let mut p = mk(true);
+    for _ in 0..10 {
+        p.on_budget_spent(0, 500_000, 450_000);
+    }
+    assert_eq!(p.service_reserve_ns(), 800_000);
+    // ... and the AQM uses it: 1 ms left, a 300 us forecast wait (3 queued
+    // x 100 us) is refused (budget 1000 - 800 = 200 us), not admitted.
+    let q = QueueView {
+        workers: 1,
+        ..QueueView::default()
+    };
+    p.on_arrival(0, &msg(1, Kind::Register, 1), &q);
+    p.set_c_total(100.0);
+    p.feedback(1, 1);
+    for i in 0..100 {
+        p.on_arrival(i, &msg(1, Kind::Request, 1), &q);
+        p.on_start(i, 0);
+        p.on_complete(
+            i,
+            &Completion {
+                client: 1,
+                ok: true,
+                sojourn_ns: 100_000,
+            },
+            &q,
+        );
+    }
+    let queued = QueueView {
+        oldest_enqueue: Some(999_000),
+        len: 3,
+        busy: 0,
+        workers: 1,
+    };
+    let mut req = msg(1, Kind::Request, 1);
+    req.budget_ns = Some(1_000_000);
+    p.feedback(1_000_000, 1);
+    assert!(matches!(
+        p.on_arrival(1_000_000, &req, &queued),
+        Verdict::Reject(RejectReason::QueueDelay {
+            budget_ns: 200_000,
+            ..
+        })
+    ));
+    // Never past 70% of the SLO however late things get.
+    for _ in 0..1000 {
+        p.on_budget_spent(0, 0, 1);
+    }
+    assert_eq!(p.service_reserve_ns(), slo * 7 / 10);
+    // Equilibrium: when a completion is late with probability
+    // exp(-reserve / 100 us) (an exponential tail), the reserve settles
+    // near 100 us x ln(1 / 0.005) = 530 us and the late share near 0.5%.
+    let mut p = mk(true);
+    let mut rng = SplitMix64::new(7);
+    let (mut late, n) = (0u64, 400_000u64);
+    for i in 0..n {
+        let r = p.service_reserve_ns() as f64;
+        let is_late = rng.next_open01() < (-r / 100_000.0).exp();
+        if is_late && i >= n / 2 {
+            late += 1;
+        }
+        // Late: 200 us past the budget; on time: 200 us inside it.
+        let sojourn = if is_late { 1_000_000 } else { 600_000 };
+        p.on_budget_spent(i, 900_000, sojourn);
+    }
+    let share = late as f64 / (n / 2) as f64;
+    let r = p.service_reserve_ns();
+    assert!((430_000..=630_000).contains(&r), "reserve {r}");
+    assert!((0.003..=0.008).contains(&share), "late share {share}");
+    assert_eq!(p.stats().budget_outcomes, n);
+}
+
+#[test]
+fn forecast_gap_counts_the_time_between_jobs() {
+    // Jobs of 100 µs, and 40 µs from each completion that leaves work
+    // queued to the next start (an inline worker's socket work).
+    let (svc, gap) = (100_000u64, 40_000u64);
+    let run = |forecast_gap: bool| {
+        let mut cfg = BreakwaterConfig::for_slo(SLO, 1);
+        cfg.forecast_gap = forecast_gap;
+        let mut p = Breakwater::new(cfg).unwrap();
+        let idle = QueueView {
+            workers: 1,
+            ..QueueView::default()
+        };
+        let queued = QueueView { len: 3, ..idle };
+        p.on_arrival(0, &msg(1, Kind::Register, 200), &idle);
+        p.set_c_total(1000.0);
+        p.feedback(1, 1);
+        let mut t = 1_000;
+        for i in 0..300 {
+            p.on_arrival(t, &msg(1, Kind::Request, 100), &queued);
+            p.on_start(t, 0);
+            t += svc;
+            // Every other completion leaves the queue empty: no gap then
+            // (the next start waits for an arrival, not for socket work).
+            let after = if i % 2 == 0 { queued } else { idle };
+            p.on_complete(
+                t,
+                &Completion {
+                    client: 1,
+                    ok: true,
+                    sojourn_ns: svc,
+                },
+                &after,
+            );
+            t += if i % 2 == 0 { gap } else { 500_000 };
+        }
+        let now = t;
+        let filling = QueueView {
+            oldest_enqueue: Some(now - 10_000),
+            len: 5,
+            busy: 0,
+            workers: 1,
+        };
+        (p.gap_estimate_ns(), p.expected_wait(now, &filling))
+    };
+    let (g, w) = run(true);
+    assert!((g - gap as f64).abs() < 1_000.0, "gap estimate {g}");
+    assert!(
+        (695_000..=705_000).contains(&w),
+        "5 ahead x (100 + 40) us, got {w}"
+    );
+    let (g, w) = run(false);
+    assert_eq!(g, 0.0);
+    assert!(
+        (499_000..=501_000).contains(&w),
+        "5 ahead x 100 us, got {w}"
+    );
+}
+
+#[test]
 fn aqm_forecast_counts_the_work_queued_ahead() {
     let svc = 100_000; // 100 µs
     let p = warmed(true, svc);

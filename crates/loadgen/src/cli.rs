@@ -105,6 +105,13 @@ pub struct Args {
     /// credit waits (server push; bw-server serves it always).
     #[arg(long)]
     pub bw_push: bool,
+    /// Client-layer protocols: each request's deadline is its intended send
+    /// time plus --slo-us (a `breakwater::client::Deadline`), so the client
+    /// layer's local wait and the budget it sends count the generator's own
+    /// lag; without it the client layer counts its SLO from the hand-off.
+    /// Latency is measured from the intended time either way.
+    #[arg(long)]
+    pub bw_intended_deadline: bool,
 }
 
 impl Args {
@@ -205,6 +212,7 @@ impl Args {
             seda_initial_rate: self.seda_initial_rate,
             bw_carry: self.bw_carry,
             bw_push: self.bw_push,
+            bw_intended_deadline: self.bw_intended_deadline,
         })
     }
 }

@@ -66,6 +66,9 @@ pub struct Config {
     /// Breakwater: explicit credits pushed on a per-connection credit
     /// stream; drained clients send no credit waits.
     pub bw_push: bool,
+    /// Client-layer protocols: requests carry their deadline (intended time
+    /// + SLO) to the client layer.
+    pub bw_intended_deadline: bool,
 }
 
 impl Config {
@@ -95,6 +98,7 @@ impl Config {
             seda_initial_rate: None,
             bw_carry: false,
             bw_push: false,
+            bw_intended_deadline: false,
         }
     }
 

@@ -23,7 +23,7 @@ use crate::arrivals::{Schedule, Step};
 use crate::config::{Config, Load};
 use crate::rng::SplitMix64;
 use crate::stats::{Recorder, Summary};
-use breakwater::client::{Client, ClientError, ClientLayer, SentAt};
+use breakwater::client::{Client, ClientError, ClientLayer, Deadline, SentAt};
 use breakwater::control::{ControlKind, ControlSpec};
 use breakwater::http::H2Transport;
 use bytes::Bytes;
@@ -48,6 +48,8 @@ struct Shared {
     start: Instant,
     /// Offset from the breakwater clock to this run's clock.
     clock_offset: u64,
+    /// `--bw-intended-deadline`: the SLO to add to each intended time.
+    deadline_ns: Option<u64>,
 }
 
 impl Shared {
@@ -136,6 +138,9 @@ async fn drive(config: &Config, addr: SocketAddr, kind: ControlKind) -> Result<S
         recorder: RefCell::new(recorder),
         outstanding: RefCell::new(HashMap::new()),
         clock_offset: breakwater::clock::now(),
+        deadline_ns: config
+            .bw_intended_deadline
+            .then(|| config.slo_us.unwrap_or(10_000) * 1000),
         start,
     });
     let clients = Rc::new(clients);
@@ -167,6 +172,7 @@ async fn drive(config: &Config, addr: SocketAddr, kind: ControlKind) -> Result<S
 /// Send one request for `intended` through `client` and record its fate.
 fn launch(shared: &Rc<Shared>, clients: &Rc<Vec<Logical>>, idx: usize, seq: u64, intended: u64) {
     let now = shared.now_ns();
+    let launched = now;
     {
         let mut r = shared.recorder.borrow_mut();
         r.on_send(intended, now);
@@ -174,8 +180,13 @@ fn launch(shared: &Rc<Shared>, clients: &Rc<Vec<Logical>>, idx: usize, seq: u64,
     shared.outstanding.borrow_mut().insert(seq, intended);
     let mut client = clients[idx].clone();
     let shared = shared.clone();
+    let mut req = Request::new(Full::new(Bytes::new()));
+    if let Some(slo) = shared.deadline_ns {
+        req.extensions_mut()
+            .insert(Deadline(intended + shared.clock_offset + slo));
+    }
     tokio::task::spawn_local(async move {
-        let result = client.call(Request::new(Full::new(Bytes::new()))).await;
+        let result = client.call(req).await;
         let now = shared.now_ns();
         if shared.outstanding.borrow_mut().remove(&seq).is_none() {
             return; // already counted as a timeout
@@ -183,7 +194,11 @@ fn launch(shared: &Rc<Shared>, clients: &Rc<Vec<Logical>>, idx: usize, seq: u64,
         let mut r = shared.recorder.borrow_mut();
         match result {
             Ok(resp) if resp.status().is_success() => {
-                r.on_reply(intended, now, crate::protocol::Outcome::Ok)
+                r.on_reply(intended, now, crate::protocol::Outcome::Ok);
+                if let Some(s) = resp.extensions().get::<SentAt>() {
+                    let sent = s.0.saturating_sub(shared.clock_offset);
+                    r.on_split(intended, launched, sent, now);
+                }
             }
             Ok(resp) if resp.headers().contains_key(breakwater::wire::REJECT) => {
                 let sent = resp

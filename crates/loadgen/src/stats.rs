@@ -70,6 +70,22 @@ pub struct Recorder {
     slo_ns: Option<u64>,
     /// Reject latency: from the actual send to the rejection's arrival.
     rejects: Histogram<u64>,
+    /// Where successful replies' latency went (client-layer protocols).
+    split: Option<Split>,
+}
+
+/// A successful reply's latency in three parts: the generator's own lag
+/// (intended time to the hand-off to the client layer), the wait at the
+/// client layer (hand-off to the actual send: credit, rate limit), and the
+/// rest (actual send to the reply's arrival: network, server, the
+/// generator reading the reply). The parts add up to the latency.
+struct Split {
+    lag: Histogram<u64>,
+    wait: Histogram<u64>,
+    server: Histogram<u64>,
+    /// Replies later than the SLO, and the sums of their parts.
+    late: u64,
+    late_ns: [u64; 3],
 }
 
 impl Recorder {
@@ -101,6 +117,39 @@ impl Recorder {
             max_send_lag_ns: 0,
             slo_ns: None,
             rejects: new_histogram(),
+            split: None,
+        }
+    }
+
+    /// A successful reply's latency split (see [`SplitSummary`]): handed to
+    /// the client layer at `launched_ns`, sent at `sent_ns`, answered at
+    /// `now_ns`. Times before `intended_ns` (or out of order) count as 0.
+    pub fn on_split(&mut self, intended_ns: u64, launched_ns: u64, sent_ns: u64, now_ns: u64) {
+        if self.locate(intended_ns).is_none() {
+            return;
+        }
+        let launched = launched_ns.clamp(intended_ns, now_ns);
+        let sent = sent_ns.clamp(launched, now_ns);
+        let parts = [launched - intended_ns, sent - launched, now_ns - sent];
+        let late = self.slo_ns.is_some_and(|slo| now_ns - intended_ns > slo);
+        let split = self.split.get_or_insert_with(|| Split {
+            lag: new_histogram(),
+            wait: new_histogram(),
+            server: new_histogram(),
+            late: 0,
+            late_ns: [0; 3],
+        });
+        for (h, v) in [&mut split.lag, &mut split.wait, &mut split.server]
+            .into_iter()
+            .zip(parts)
+        {
+            h.saturating_record(v.clamp(1, MAX_LATENCY_NS));
+        }
+        if late {
+            split.late += 1;
+            for (sum, v) in split.late_ns.iter_mut().zip(parts) {
+                *sum += v;
+            }
         }
     }
 
@@ -240,8 +289,39 @@ impl Recorder {
             timeseries,
             slo_us: self.slo_ns.map(|ns| ns as f64 / 1e3),
             reject_latency_us: LatencySummary::from_histogram(&self.rejects),
+            admitted_split_us: self.split.map(|sp| {
+                let mean =
+                    |i: usize| (sp.late > 0).then(|| sp.late_ns[i] as f64 / sp.late as f64 / 1e3);
+                SplitSummary {
+                    lag: LatencySummary::from_histogram(&sp.lag),
+                    client_wait: LatencySummary::from_histogram(&sp.wait),
+                    server: LatencySummary::from_histogram(&sp.server),
+                    late: sp.late,
+                    late_mean_lag: mean(0),
+                    late_mean_client_wait: mean(1),
+                    late_mean_server: mean(2),
+                }
+            }),
         }
     }
+}
+
+/// Where successful replies' latency (from the intended time) went, in
+/// microseconds: `lag` from the intended time to the hand-off to the
+/// client layer (the generator running behind its schedule), `client_wait`
+/// from there to the actual send (waiting for credit), `server` from the
+/// send to the reply's arrival (network, server queue and service, and the
+/// generator reading the reply). `late`: replies after the SLO, with the
+/// mean of each part over them.
+#[derive(Debug, Clone, Serialize)]
+pub struct SplitSummary {
+    pub lag: LatencySummary,
+    pub client_wait: LatencySummary,
+    pub server: LatencySummary,
+    pub late: u64,
+    pub late_mean_lag: Option<f64>,
+    pub late_mean_client_wait: Option<f64>,
+    pub late_mean_server: Option<f64>,
 }
 
 /// Nearest-rank quantile of sorted values: the smallest value with at least
@@ -271,6 +351,9 @@ pub struct Summary {
     pub slo_us: Option<f64>,
     /// From the actual send to the arrival of an overload rejection.
     pub reject_latency_us: LatencySummary,
+    /// Where successful replies' latency went (`--protocol breakwater`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub admitted_split_us: Option<SplitSummary>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -446,5 +529,56 @@ mod tests {
         assert_eq!(s.timeseries[7].errors, 1);
         assert_eq!(s.steps[0].counts.completed, 1);
         assert_eq!(s.steps[1].counts.errors, 1);
+    }
+
+    #[test]
+    fn splits_admitted_latency_into_lag_wait_and_server() {
+        let steps = [Step {
+            rate: 100.0,
+            duration_s: 1.0,
+        }];
+        let config = Config::new(
+            "x:1",
+            ProtocolKind::Line,
+            Load::Open {
+                steps: steps.to_vec(),
+            },
+        );
+        let mut r = Recorder::new(0, &steps, 20);
+        r.set_slo(Some(2_000_000));
+        // In time: 100 us lag, 300 us at the client, 600 us at the server.
+        r.on_split(1_000_000, 1_100_000, 1_400_000, 2_000_000);
+        // Late (2.5 ms): 500 us lag, 1.5 ms waiting, 500 us at the server.
+        r.on_split(10_000_000, 10_500_000, 12_000_000, 12_500_000);
+        // Out-of-order stamps are clamped, never negative.
+        r.on_split(20_000_000, 19_000_000, 25_000_000, 20_100_000);
+        // Outside the measured window: ignored.
+        r.on_split(5_000_000_000, 5_000_000_000, 5_000_000_000, 5_000_000_001);
+        let s = r.finish(&config);
+        let sp = s.admitted_split_us.expect("split recorded");
+        assert_eq!(sp.late, 1);
+        assert_eq!(sp.late_mean_lag, Some(500.0));
+        assert_eq!(sp.late_mean_client_wait, Some(1500.0));
+        assert_eq!(sp.late_mean_server, Some(500.0));
+        assert!((sp.lag.max - 500.0).abs() < 1.0, "{:?}", sp.lag);
+        assert!(
+            (sp.client_wait.max - 1500.0).abs() < 2.0,
+            "{:?}",
+            sp.client_wait
+        );
+        assert!((sp.server.max - 600.0).abs() < 1.0, "{:?}", sp.server);
+        // The clamped one counts 0 lag, 100 us waiting, 0 at the server:
+        // medians 100 / 300 / 500 us of {100, 500, 0}, {300, 1500, 100},
+        // {600, 500, 0}.
+        assert!((sp.lag.p50 - 100.0).abs() < 1.0, "{:?}", sp.lag);
+        assert!(
+            (sp.client_wait.p50 - 300.0).abs() < 1.0,
+            "{:?}",
+            sp.client_wait
+        );
+        assert!((sp.server.p50 - 500.0).abs() < 1.0, "{:?}", sp.server);
+        // Without any split recorded the field is absent.
+        let r = Recorder::new(0, &steps, 20);
+        assert!(r.finish(&config).admitted_split_us.is_none());
     }
 }

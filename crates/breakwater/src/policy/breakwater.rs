@@ -141,6 +141,28 @@ pub struct BreakwaterConfig {
     /// under-reads a queue that is filling (its oldest entry is young while
     /// many wait behind it).
     pub aqm_forecast: bool,
+    /// The forecast counts, per request ahead, the mean time from a
+    /// completion that leaves work queued to the next start (a worker on
+    /// the I/O thread reads, admits, refuses and replies there: the queue
+    /// drains one request per service time *plus* that gap), not the
+    /// service time alone. Default on (session 11).
+    pub forecast_gap: bool,
+    /// The service reserve adapts (`service_reserve_ns` is where it
+    /// starts): it tracks the reserve under which a share `late_target`
+    /// of admitted requests finish late, as seen by the server (sojourn +
+    /// `rtt_ns` for the reply > the budget the request arrived with). A
+    /// late completion raises it by `reserve_step_ns`; an on-time one
+    /// lowers it by `reserve_step_ns × late_target / (1 − late_target)`,
+    /// so it settles where the late share is `late_target`, whatever the
+    /// service tail, the forecast's error and the reply path cost. Kept
+    /// within [0, `max_reserve_ns`]. The thesis's reserve is "p99 service +
+    /// p99 network": this measures it instead of assuming it. Default on,
+    /// target 0.3% (session 11, docs/breakwater.md).
+    pub adaptive_reserve: bool,
+    pub late_target: f64,
+    pub reserve_step_ns: Nanos,
+    /// The adaptive reserve's ceiling (default: 70% of the SLO).
+    pub max_reserve_ns: Nanos,
     /// t_e: efficiency threshold (10%).
     pub efficiency_threshold: f64,
     /// t_d: maximum drop rate (100%).
@@ -217,6 +239,11 @@ impl BreakwaterConfig {
             overcommit: true,
             aqm: true,
             aqm_forecast: true,
+            forecast_gap: true,
+            adaptive_reserve: true,
+            late_target: 0.003,
+            reserve_step_ns: 20_000,
+            max_reserve_ns: slo_ns * 7 / 10,
             efficiency_threshold: 0.1,
             max_drop_rate: 1.0,
             efficiency_step: None,
@@ -239,6 +266,15 @@ impl BreakwaterConfig {
         positive_u64("min_credits", self.min_credits)?;
         positive_u64("max_credits_per_client", self.max_credits_per_client)?;
         positive_u64("queue_budget", self.queue_budget_ns)?;
+        if self.adaptive_reserve {
+            if !(self.late_target > 0.0 && self.late_target < 0.5) {
+                return Err(ConfigError(format!(
+                    "late_target must be in (0, 0.5), got {}",
+                    self.late_target
+                )));
+            }
+            positive_u64("reserve_step", self.reserve_step_ns)?;
+        }
         fraction("efficiency_threshold", self.efficiency_threshold, true)?;
         fraction("max_drop_rate", self.max_drop_rate, true)?;
         if let Some(a) = self.efficiency_step {
@@ -299,6 +335,10 @@ struct Efficiency {
     /// EWMA of the FIFO wait of started requests; sojourn − wait is the
     /// service time the AQM forecast uses.
     wait_ewma_ns: f64,
+    /// EWMA of the gap from a completion that left work queued to the
+    /// next start, and when that completion was (`forecast_gap`).
+    gap_ewma_ns: f64,
+    drain_from: Option<Nanos>,
 }
 
 /// Which branch of Algorithm 1 fired (for tests and traces).
@@ -358,6 +398,11 @@ pub struct Breakwater {
     /// At the latest event with a queue view: the forecast wait was under
     /// half of d_t (the core is about to idle): known demand goes first.
     queue_short: bool,
+    /// The service reserve in use (`adaptive_reserve`; else the config's).
+    reserve_ns: f64,
+    /// Completions the reserve was adapted on, and those found late.
+    pub budget_outcomes: u64,
+    pub late_outcomes: u64,
 }
 
 /// A drained client whose demand waits for an explicit credit.
@@ -416,7 +461,19 @@ impl Breakwater {
             demand_lines: 0,
             demand_pushed: 0,
             queue_short: true,
+            reserve_ns: 0.0,
+            budget_outcomes: 0,
+            late_outcomes: 0,
         })
+        .map(|mut p| {
+            p.reserve_ns = p.config.service_reserve_ns as f64;
+            p
+        })
+    }
+
+    /// The service reserve the AQM uses now.
+    pub fn service_reserve_ns(&self) -> Nanos {
+        self.reserve_ns as Nanos
     }
 
     pub fn config(&self) -> &BreakwaterConfig {
@@ -572,11 +629,22 @@ impl Breakwater {
         (self.eff.sojourn_ewma_ns - self.eff.wait_ewma_ns).max(0.0)
     }
 
+    /// Mean gap between a completion that leaves work queued and the next
+    /// start (0 unless `forecast_gap`).
+    pub fn gap_estimate_ns(&self) -> f64 {
+        if self.config.forecast_gap {
+            self.eff.gap_ewma_ns
+        } else {
+            0.0
+        }
+    }
+
     /// The queueing delay a request admitted now should expect: the age of
     /// the oldest queued request (the thesis's signal), or, when the queue
     /// is longer than that age says, the work queued ahead of it.
     pub fn expected_wait(&self, now: Nanos, queue: &QueueView) -> Nanos {
-        let ahead = queue.len as f64 * self.service_estimate_ns() / queue.workers.max(1) as f64;
+        let per = self.service_estimate_ns() + self.gap_estimate_ns();
+        let ahead = queue.len as f64 * per / queue.workers.max(1) as f64;
         queue.delay(now).max(ahead as Nanos)
     }
 
@@ -825,7 +893,7 @@ impl Breakwater {
         }
         let own = self.config.queue_budget_ns;
         let budget = remaining.map_or(own, |r| {
-            own.min(r.saturating_sub(self.config.service_reserve_ns))
+            own.min(r.saturating_sub(self.service_reserve_ns()))
         });
         let delay = if self.config.aqm_forecast {
             let q = QueueView {
@@ -1085,9 +1153,13 @@ impl Policy for Breakwater {
         Verdict::Admit
     }
 
-    fn on_start(&mut self, _now: Nanos, queue_wait_ns: Nanos) {
+    fn on_start(&mut self, now: Nanos, queue_wait_ns: Nanos) {
         let w = 1.0 / 16.0;
         self.eff.wait_ewma_ns = (1.0 - w) * self.eff.wait_ewma_ns + w * queue_wait_ns as f64;
+        if let Some(from) = self.eff.drain_from.take() {
+            let gap = now.saturating_sub(from) as f64;
+            self.eff.gap_ewma_ns = (1.0 - w) * self.eff.gap_ewma_ns + w * gap;
+        }
     }
 
     fn on_complete(&mut self, now: Nanos, done: &Completion, queue: &QueueView) -> Feedback {
@@ -1103,6 +1175,8 @@ impl Policy for Breakwater {
         } else {
             (1.0 - w) * self.eff.sojourn_ewma_ns + w * done.sojourn_ns as f64
         };
+        // Work left queued: the next start measures the gap between jobs.
+        self.eff.drain_from = (queue.len > 0).then_some(now);
         self.maybe_update(now, queue);
         self.prune_wants(now);
         let fb = self.feedback(now, done.client);
@@ -1118,6 +1192,25 @@ impl Policy for Breakwater {
             }
         }
         fb
+    }
+
+    fn on_budget_spent(&mut self, _now: Nanos, budget_ns: Nanos, sojourn_ns: Nanos) {
+        if !self.config.adaptive_reserve {
+            return;
+        }
+        let late = sojourn_ns.saturating_add(self.config.rtt_ns) > budget_ns;
+        let step = self.config.reserve_step_ns as f64;
+        let q = self.config.late_target;
+        self.budget_outcomes += 1;
+        if late {
+            self.late_outcomes += 1;
+            self.reserve_ns += step;
+        } else {
+            self.reserve_ns -= step * q / (1.0 - q);
+        }
+        self.reserve_ns = self
+            .reserve_ns
+            .clamp(0.0, self.config.max_reserve_ns as f64);
     }
 
     fn feedback(&mut self, _now: Nanos, client: ClientId) -> Feedback {
@@ -1159,7 +1252,7 @@ impl Policy for Breakwater {
         while let Some(&h) = self.held.front() {
             let waited = now.saturating_sub(h.arrived);
             let left = h.budget_ns.saturating_sub(waited);
-            let check = if self.config.aqm && left <= self.config.service_reserve_ns {
+            let check = if self.config.aqm && left <= self.service_reserve_ns() {
                 // Its time ran out while it was held.
                 Err(RejectReason::QueueDelay {
                     delay_ns: waited,
@@ -1257,10 +1350,10 @@ impl Policy for Breakwater {
         self.demand_lines += 1;
         self.prune_wants(now);
         let cap = self.total();
-        let reserve = self.config.service_reserve_ns;
+        let reserve = self.service_reserve_ns();
         // The budget comes from the network: never past our own (a huge
         // one would pin its entry at the front of `wanting` for good).
-        let own = self.config.queue_budget_ns + reserve;
+        let own = self.config.queue_budget_ns + self.config.service_reserve_ns;
         let budget = budget_ns.unwrap_or(own).min(own);
         let Some(c) = self.clients.get_mut(&client) else {
             return;
@@ -1347,6 +1440,9 @@ impl Policy for Breakwater {
             unused: self.clients.values().map(ClientState::unused).sum(),
             held_now: self.held.len() + self.expired.len(),
             wanting_now: self.want_live,
+            reserve_ns: self.service_reserve_ns(),
+            budget_outcomes: self.budget_outcomes,
+            late_outcomes: self.late_outcomes,
         }
     }
 }

@@ -184,6 +184,12 @@ pub struct PolicyStats {
     /// Breakwater: drained clients whose signalled demand waits for an
     /// explicit credit right now.
     pub wanting_now: usize,
+    /// Breakwater: the AQM's service reserve now (adapted or configured).
+    pub reserve_ns: u64,
+    /// Breakwater with an adaptive reserve: completions it adapted on, and
+    /// of those the ones the server saw finish late.
+    pub budget_outcomes: u64,
+    pub late_outcomes: u64,
 }
 
 /// The server half of an overload control. See the module docs.
@@ -203,6 +209,10 @@ pub trait Policy: Send + 'static {
     fn on_arrival(&mut self, now: Nanos, msg: &Arrival, queue: &QueueView) -> Verdict;
     fn on_start(&mut self, _now: Nanos, _queue_wait_ns: Nanos) {}
     fn on_complete(&mut self, now: Nanos, done: &Completion, queue: &QueueView) -> Feedback;
+    /// After `on_complete`, for a request that told its budget: it had
+    /// `budget_ns` left when it arrived (its client's remaining time) and
+    /// spent `sojourn_ns` at the server.
+    fn on_budget_spent(&mut self, _now: Nanos, _budget_ns: Nanos, _sojourn_ns: Nanos) {}
     /// Feedback for a response that is not a completion (a reject, an
     /// answered credit wait).
     fn feedback(&mut self, now: Nanos, client: ClientId) -> Feedback;
