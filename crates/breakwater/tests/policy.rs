@@ -93,6 +93,8 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
         cfg.hold_expired = rng.below(3) == 0;
         cfg.max_hold_ns = 1 + rng.below(4 * SLO);
         cfg.demand_only = rng.below(2) == 0;
+        cfg.adaptive_reserve = rng.below(2) == 0;
+        cfg.forecast_gap = rng.below(2) == 0;
         let demand_only = cfg.demand_only;
         let mut p = Breakwater::new(cfg).unwrap();
         let ids: Vec<u64> = (0..1 + rng.below(40)).collect();
@@ -152,6 +154,12 @@ fn random_event_sequences_conserve_credits_and_respect_bounds() {
                         sojourn_ns: rng.below(SLO),
                     };
                     p.on_complete(now, &done, &q);
+                    // The adaptive reserve stays within its bounds.
+                    p.on_budget_spent(now, rng.below(2 * SLO), done.sojourn_ns);
+                    assert!(p.service_reserve_ns() <= p.config().max_reserve_ns);
+                    if !p.config().adaptive_reserve {
+                        assert_eq!(p.service_reserve_ns(), p.config().service_reserve_ns);
+                    }
                     if let Some(g) = p.last_grant().filter(|g| g.client == y) {
                         assert!(g.unused_after <= g.demand + g.c_oc, "{g:?}");
                         assert_eq!(p.unused(y), Some(g.unused_after));
