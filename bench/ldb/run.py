@@ -927,7 +927,9 @@ def render(res: dict, command: str) -> str:
             "",
             f"Each run: the best of {lk['batches']} batches of {lk['pairs']} pairs, pinned to CPU 1; "
             "medians over the interleaved runs. Recording: the shim's path while an agent records "
-            "(trylock, a stamp after acquiring and after releasing; holds far below the threshold).",
+            "(trylock, a stamp after acquiring and one just before releasing; holds far below the "
+            "threshold). A second thread stays parked, as in a server (with one thread glibc's lock "
+            "and unlock skip their lock prefix; runs before session 11 had one thread).",
             "",
             "| variant | ns/pair | cost over glibc (ns) |",
             "|---|---|---|",

@@ -427,6 +427,67 @@ static NOINST void test_locks_tsc(void)
 	hdr->agent_pid = 0;
 }
 
+/* The agent's threshold (header mutex_thresh_ns) decides what is logged,
+ * and nested holds are followed whichever order they are released in: the
+ * unlock path compares its stamp with a deadline set when the mutex was
+ * acquired (the latest lock's entry, or another one's after a search). */
+static NOINST void test_locks_threshold_nested(void)
+{
+	static pthread_mutex_t ma = PTHREAD_MUTEX_INITIALIZER, mb = PTHREAD_MUTEX_INITIALIZER;
+	struct ts_thread_slot *s = my_slot();
+	struct ts_event ev[64];
+	hdr->agent_pid = 1;
+	hdr->ldb_flags = TS_LDB_LOCKS;
+	while (drain_events(s, ev, 64) > 0)
+		;
+	/* 20 ms: a 3 ms hold is under it, a 40 ms one over it. */
+	hdr->mutex_thresh_ns = 20000000;
+	pthread_mutex_lock(&ma);
+	usleep(3000);
+	pthread_mutex_unlock(&ma);
+	CHECK(drain_events(s, ev, 64) == 0);
+	pthread_mutex_lock(&ma);
+	usleep(40000);
+	pthread_mutex_unlock(&ma);
+	int n = drain_events(s, ev, 64);
+	CHECK(n == 2 && ev[0].type == TS_EV_MUTEX_LOCK && ev[1].type == TS_EV_MUTEX_UNLOCK &&
+	      ev[0].object == (uint64_t)(uintptr_t)&ma && ev[1].ts_ns - ev[0].ts_ns >= 40000000);
+	/* Back to 1 ms. Nested, released out of order: both logged, each
+	 * with its own mutex and hold. */
+	hdr->mutex_thresh_ns = 1000000;
+	pthread_mutex_lock(&ma);
+	usleep(3000);
+	CHECK(pthread_mutex_trylock(&mb) == 0);
+	usleep(3000);
+	pthread_mutex_unlock(&ma); /* not the latest: found by the search */
+	usleep(3000);
+	pthread_mutex_unlock(&mb);
+	n = drain_events(s, ev, 64);
+	CHECK(n == 4);
+	if (n == 4) {
+		CHECK(ev[0].type == TS_EV_MUTEX_LOCK && ev[0].object == (uint64_t)(uintptr_t)&ma &&
+		      ev[1].type == TS_EV_MUTEX_UNLOCK &&
+		      ev[1].object == (uint64_t)(uintptr_t)&ma &&
+		      ev[1].ts_ns - ev[0].ts_ns >= 6000000);
+		CHECK(ev[2].type == TS_EV_MUTEX_LOCK && ev[2].object == (uint64_t)(uintptr_t)&mb &&
+		      ev[3].type == TS_EV_MUTEX_UNLOCK &&
+		      ev[3].object == (uint64_t)(uintptr_t)&mb &&
+		      ev[3].ts_ns - ev[2].ts_ns >= 6000000 && ev[2].ts_ns > ev[0].ts_ns);
+	}
+	/* Nested in order, the inner hold short: only the outer one. */
+	pthread_mutex_lock(&ma);
+	pthread_mutex_lock(&mb);
+	pthread_mutex_unlock(&mb);
+	usleep(3000);
+	pthread_mutex_unlock(&ma);
+	n = drain_events(s, ev, 64);
+	CHECK(n == 2 && ev[0].object == (uint64_t)(uintptr_t)&ma &&
+	      ev[1].ts_ns - ev[0].ts_ns >= 3000000);
+	hdr->mutex_thresh_ns = 0;
+	hdr->ldb_flags = 0;
+	hdr->agent_pid = 0;
+}
+
 /* An agent killed with SIGKILL leaves ldb_flags set. Once its event ring
  * is full and its heartbeat stale, events stop (no more drops counted,
  * no stamps) until another agent's heartbeat appears. */
@@ -512,6 +573,7 @@ int main(void)
 	test_signals();
 	test_locks();
 	test_locks_tsc();
+	test_locks_threshold_nested();
 	test_dead_agent_stops_events();
 	test_churn();
 	printf("shadow: %d passed, %d failed\n", passed, failed);
