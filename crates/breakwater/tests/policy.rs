@@ -882,7 +882,7 @@ fn adaptive_reserve_settles_where_the_late_share_is_the_target() {
     // the request arrived with) raise it by ten steps of 20 us...
     let mut p = mk(true);
     for _ in 0..10 {
-        p.on_budget_spent(0, 500_000, 450_000);
+        p.on_budget_spent(0, 1_000_000, 1_100_000);
     }
     assert_eq!(p.service_reserve_ns(), 800_000);
     // ... and the AQM uses it: 1 ms left, a 300 us forecast wait (3 queued
@@ -925,7 +925,7 @@ fn adaptive_reserve_settles_where_the_late_share_is_the_target() {
     ));
     // Never past 70% of the SLO however late things get.
     for _ in 0..1000 {
-        p.on_budget_spent(0, 0, 1);
+        p.on_budget_spent(0, slo, slo);
     }
     assert_eq!(p.service_reserve_ns(), slo * 7 / 10);
     // Equilibrium: when a completion is late with probability
@@ -949,6 +949,51 @@ fn adaptive_reserve_settles_where_the_late_share_is_the_target() {
     assert!((430_000..=630_000).contains(&r), "reserve {r}");
     assert!((0.003..=0.008).contains(&share), "late share {share}");
     assert_eq!(p.stats().budget_outcomes, n);
+}
+
+/// A client's budget is remote input: one the reserve uses up is refused
+/// at arrival even on an idle core, and outcomes of budgets below the
+/// reserve plus a service never move the reserve (a stream of 1 us budgets
+/// once drove it to its cap, cutting every other client's queue budget).
+#[test]
+fn hopeless_client_budgets_are_refused_and_do_not_move_the_reserve() {
+    let slo = 2_000_000;
+    let mut cfg = BreakwaterConfig::for_slo(slo, 1);
+    cfg.adaptive_reserve = true;
+    let mut p = Breakwater::new(cfg).unwrap();
+    let idle = QueueView {
+        workers: 1,
+        ..QueueView::default()
+    };
+    p.on_arrival(0, &msg(1, Kind::Register, 100), &idle);
+    p.set_c_total(100.0);
+    p.feedback(1, 1);
+    let before = p.service_reserve_ns();
+    for budget in [0, 1_000, before / 2, before] {
+        let mut req = msg(1, Kind::Request, 1);
+        req.budget_ns = Some(budget);
+        assert!(
+            matches!(
+                p.on_arrival(10, &req, &idle),
+                Verdict::Reject(RejectReason::QueueDelay { budget_ns: 0, .. })
+            ),
+            "budget {budget} admitted"
+        );
+    }
+    for _ in 0..1000 {
+        p.on_budget_spent(10, 1_000, 500_000);
+        p.on_budget_spent(10, before, before + 1);
+    }
+    assert_eq!(
+        p.service_reserve_ns(),
+        before,
+        "hopeless outcomes moved the reserve"
+    );
+    assert_eq!(p.stats().budget_outcomes, 0);
+    // A budget the AQM could meet still counts when late.
+    p.on_budget_spent(10, slo, slo);
+    assert_eq!(p.stats().budget_outcomes, 1);
+    assert!(p.service_reserve_ns() > before);
 }
 
 #[test]

@@ -128,6 +128,9 @@ impl Recorder {
         if self.locate(intended_ns).is_none() {
             return;
         }
+        // clamp() panics when min > max: a reply stamped before its
+        // intended time (clock steps) counts every part as 0.
+        let now_ns = now_ns.max(intended_ns);
         let launched = launched_ns.clamp(intended_ns, now_ns);
         let sent = sent_ns.clamp(launched, now_ns);
         let parts = [launched - intended_ns, sent - launched, now_ns - sent];
@@ -555,6 +558,11 @@ mod tests {
         // Outside the measured window: ignored.
         r.on_split(5_000_000_000, 5_000_000_000, 5_000_000_000, 5_000_000_001);
         let s = r.finish(&config);
+        // A reply stamped before its intended time: no panic, all parts 0.
+        let mut r2 = Recorder::new(0, &steps, 20);
+        r2.on_split(30_000_000, 30_000_000, 30_000_000, 29_000_000);
+        let sp2 = r2.finish(&config).admitted_split_us.expect("recorded");
+        assert!(sp2.lag.max <= 0.01 && sp2.server.max <= 0.01, "{sp2:?}");
         let sp = s.admitted_split_us.expect("split recorded");
         assert_eq!(sp.late, 1);
         assert_eq!(sp.late_mean_lag, Some(500.0));

@@ -904,7 +904,10 @@ impl Breakwater {
         } else {
             queue.delay(now)
         };
-        if delay > budget {
+        // A client budget the reserve uses up entirely cannot be met even
+        // by an idle core: refused, never admitted as a sure late outcome
+        // (which would also push the adaptive reserve up for everyone).
+        if delay > budget || budget == 0 {
             Err(RejectReason::QueueDelay {
                 delay_ns: delay,
                 budget_ns: budget,
@@ -1196,6 +1199,16 @@ impl Policy for Breakwater {
 
     fn on_budget_spent(&mut self, _now: Nanos, budget_ns: Nanos, sojourn_ns: Nanos) {
         if !self.config.adaptive_reserve {
+            return;
+        }
+        // Only outcomes the AQM could have met count: a budget below the
+        // reserve plus one service is the client's (remote, untrusted)
+        // choice, and a stream of hopeless budgets must not drive the
+        // reserve, and so every other client's queue budget, to its cap.
+        // Above the floor a late outcome is a forecast miss like any
+        // honest client's, and the higher the reserve the rarer it gets.
+        let floor = self.reserve_ns + self.service_estimate_ns();
+        if (budget_ns as f64) <= floor {
             return;
         }
         let late = sojourn_ns.saturating_add(self.config.rtt_ns) > budget_ns;
