@@ -29,7 +29,7 @@
 //! clamped, every offset bounds-checked by the [`RegionMemory`] reader.
 
 use std::path::Path;
-use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::atomic::{fence, AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -580,6 +580,14 @@ impl<M: RegionMemory> Observer<M> {
         t.ev_dropped.0 = t.ev_dropped.1;
     }
 
+    /// Lock/function/request events lost to full event rings so far,
+    /// live threads included (ring pressure reads it).
+    pub fn event_drops_now(&self) -> u64 {
+        self.tracks.iter().fold(self.stats.event_ring_full, |n, t| {
+            n.saturating_add(Track::delta(t.ev_dropped))
+        })
+    }
+
     fn drain_events(&mut self, i: u32, tid: u32) {
         let base = slot_offset(i);
         let head = self.mem.load_u64_acquire(base + ldb_offsets::EV_HEAD);
@@ -704,6 +712,9 @@ pub struct ObserverThread {
     /// Ring pressure (see [`ObserverThread::pressure`]).
     idle_at_start: bool,
     pressure: Pressure,
+    /// Events lost to full event rings, as of the observer's last flush
+    /// (every 20 ms).
+    event_drops: Arc<AtomicU64>,
 }
 
 /// When ring pressure takes the agent off idle priority.
@@ -811,6 +822,8 @@ impl ObserverThread {
         )?;
         let stop = Arc::new(AtomicBool::new(false));
         let stop2 = Arc::clone(&stop);
+        let event_drops = Arc::new(AtomicU64::new(0));
+        let event_drops2 = Arc::clone(&event_drops);
         let handle = std::thread::Builder::new()
             .name("ts-observer".into())
             .spawn(move || {
@@ -837,6 +850,7 @@ impl ObserverThread {
                         if stopping || t0.duration_since(last_flush) >= Duration::from_millis(20) {
                             last_flush = t0;
                             flush(&mut obs, &mut functions, &mut locks, &mut reqs)?;
+                            event_drops2.store(obs.event_drops_now(), Ordering::Relaxed);
                             functions.tick(t0)?;
                             locks.tick(t0)?;
                             reqs.tick(t0)?;
@@ -890,6 +904,7 @@ impl ObserverThread {
             agent_idle,
             idle_at_start: agent_idle,
             pressure: Pressure::default(),
+            event_drops,
         })
     }
 
@@ -904,6 +919,13 @@ impl ObserverThread {
         if let Some(idle) = self.pressure.step(hot, now) {
             set_agent_threads_idle(idle);
         }
+    }
+
+    /// Events the target lost to full event rings, as of the observer's
+    /// last flush: a starved observer overflows them, as a starved drain
+    /// overflows the request rings.
+    pub fn event_drops(&self) -> u64 {
+        self.event_drops.load(Ordering::Relaxed)
     }
 
     /// Moves the agent's threads back to SCHED_OTHER if they were moved to
@@ -1241,6 +1263,33 @@ mod tests {
         let s = o.finish();
         assert_eq!(s.unterminated, 0);
         assert!(s.period_p50_ns > 0);
+    }
+
+    /// Event-ring drops are visible while the thread lives (ring pressure
+    /// reads them between folds), counted from the slot's value at first
+    /// sight, and kept once the thread is gone.
+    #[test]
+    fn event_drops_are_seen_live() {
+        let mut b = synth::region(1, 9);
+        synth::claim_slot(&mut b, 0, 100, TS_SLOT_LIVE);
+        let mut o = Observer::new(RefCell::new(b), 1, ObserverConfig::default(), 0);
+        let mut clock = ticking(1_000, 10);
+        let at = slot_offset(0) + ldb_offsets::EV_DROPPED;
+        o.mem.store_u64_release(at, 5); // before the observer first sees the thread
+        o.pass(&mut clock);
+        assert_eq!(o.event_drops_now(), 0);
+        o.mem.store_u64_release(at, 12);
+        let e = ts_event {
+            ts_ns: crate::sys::monotonic_ns(),
+            object: 1,
+            arg: 0,
+            r#type: TS_EV_MUTEX_WAIT,
+            tid: 100,
+        };
+        synth::push_event(&mut o.mem.borrow_mut(), 0, &e);
+        o.pass(&mut clock);
+        assert_eq!(o.event_drops_now(), 7);
+        assert_eq!(o.finish().event_ring_full, 7);
     }
 
     /// Hostile slot contents: random writes over the shadow stacks, event

@@ -209,7 +209,7 @@ struct State {
     signal_fd: Option<std::os::fd::RawFd>,
     /// The pidfd was readable: check the target's exit now.
     exit_hint: bool,
-    /// Ring-full drops seen at the last drain with the observer running
+    /// Ring-full drops (request and event rings) seen at the last drain with the observer running
     /// (ring pressure, see [`ObserverThread::pressure`]); None before the
     /// first such drain, which also takes what the rings held before the
     /// agent attached and is not judged.
@@ -351,8 +351,8 @@ fn next_wait(cur: Duration, min: Duration, max: Duration, busiest: usize) -> Dur
 const PRESSURE_FILL: usize = TS_RING_CAPACITY as usize * 3 / 4;
 
 /// Whether the target's rings are under pressure after a drain: the
-/// busiest ring came within a quarter of full, or rings dropped records
-/// since the last drain.
+/// busiest request ring came within a quarter of full, or request or event
+/// rings dropped records since the last drain.
 fn ring_hot(busiest: usize, ring_full: u64, ring_full_before: u64) -> bool {
     busiest >= PRESSURE_FILL || ring_full > ring_full_before
 }
@@ -452,7 +452,9 @@ impl State {
             m.drain(|r: &ts_request_record, kind: &str| writer.push(pid, kind, r))?;
             busiest = busiest.max(m.last_busiest());
             if let Some(o) = self.observer.as_mut() {
-                let ring_full = m.stats().ring_full;
+                // Request rings (drained here) and event rings (drained by
+                // the observer) alike.
+                let ring_full = m.stats().ring_full.saturating_add(o.event_drops());
                 if let Some(before) = self.pressure_drops {
                     o.pressure(
                         ring_hot(m.last_busiest(), ring_full, before),
