@@ -470,6 +470,10 @@ def run_setup(
         out["trace_seconds"] = meta["duration_s"]
         out["rows"] = meta["ldb"]["rows"]
         ob = meta["ldb"].get("observer", {})
+        # Lock/function/request events lost to full event rings, and shadow-stack losses: drops too.
+        for k in ("event_ring_full", "truncated", "unterminated"):
+            out["drops"][k] = ob.get(k) or 0
+        out["priority"] = meta["ldb"].get("priority") or {}
         out["observer"] = {
             k: ob.get(k)
             for k in ("passes", "period_p50_ns", "period_p99_ns", "period_max_ns", "full_walks", "fast_path", "skipped")
@@ -628,7 +632,9 @@ def interleaved(
         obs = [x["observer"] for x in rs if "observer" in x]
         if obs:
             row["observer"] = {k: med([o.get(k) for o in obs]) for k in obs[0]}
-        drops = [x["drops"].get("ring_full") for x in ok if x.get("drops")]
+        drops = [
+            (x["drops"].get("ring_full") or 0) + (x["drops"].get("event_ring_full") or 0) for x in ok if x.get("drops")
+        ]
         if drops:  # request records lost because the (idle-priority) drain fell behind, per round
             row["ring_full_drops"] = drops
         rows.append(row)
@@ -739,8 +745,9 @@ def render_spread(sp, spec: str = ".1f") -> str:
 
 
 def render_drops(r: dict, records: bool) -> str:
-    """Request records a recording setup lost because its drain fell behind (meta.json
-    drops.ring_full), per round; "—" for setups that do not record, "not kept" for rows of
+    """Records a recording setup lost because its drain fell behind, per round: request
+    records (meta.json drops.ring_full) plus, from session 11, events lost to full event rings
+    (ldb.observer.event_ring_full); "—" for setups that do not record, "not kept" for rows of
     runs from before session 10, which did not keep them."""
     d = r.get("ring_full_drops")
     if d:
@@ -758,7 +765,7 @@ def render_decompose(d: dict) -> list[str]:
         "uninstrumented row's own range is the noise a ratio has to clear.",
         "",
         "| setting | p50 µs | p99 µs | p50 × | p99 × | server CPU µs/SET | CPU × | agent CPU (% of one) "
-        "| observer wake-ups/s | lock events per SET | records dropped (ring full), per round |",
+        "| observer wake-ups/s | lock events per SET | records + events dropped (rings full), per round |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     c = d.get("calls") or {}
@@ -961,7 +968,7 @@ def render(res: dict, command: str) -> str:
             "own range is the noise a ratio has to clear.",
             "",
             "| load | setup | p50 µs | p99 µs | req/s | p50 × | p99 × | throughput × | trace MB/s | "
-            "report s per min (scaled from a short run) | records dropped (ring full), per round |",
+            "report s per min (scaled from a short run) | records + events dropped (rings full), per round |",
             "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in m["rows"]:
@@ -1005,6 +1012,30 @@ def render(res: dict, command: str) -> str:
             f"({mi['rows']['functions']} calls, {mi['rows']['locks']} lock events); `tailscope report` "
             f"(VarMRI + LDB analysis, symbolisation, HTML) took {mi['analysis_s']:.1f} s; "
             f"p50 {mi['p50_us']:.0f} µs, p99 {mi['p99_us']:.0f} µs at {mi['rps']:.0f} req/s.",
+        ]
+        d, ob, pr = mi.get("drops") or {}, mi.get("observer") or {}, mi.get("priority")
+        lost_share = (d.get("ring_full") or 0) / max(mi["rps"] * mi["elapsed_s"], 1)
+        out += [
+            "",
+            f"That recording lost {d.get('ring_full', 0)} request records and "
+            f"{d.get('event_ring_full', 'an uncounted number of')} "
+            f"events to full rings (request records: about {100 * lost_share:.1f}% "
+            "of the requests sent)"
+            + (
+                f"; ring pressure raised the agent from idle priority {pr.get('raised_for_ring_pressure', 0)} "
+                f"time(s), {pr.get('raised_s', 0):.1f} s in all"
+                if pr
+                else ""
+            )
+            + f". Observer period p99 ≤ {(ob.get('period_p99_ns') or 0) / 1e6:.1f} ms, max "
+            f"{(ob.get('period_max_ns') or 0) / 1e6:.1f} ms; per-call error bound p99 "
+            f"{(ob.get('error_bound_p99_ns') or 0) / 1e6:.1f} ms."
+            + (
+                " **Over 1% lost: the MB/s and analysis-time figures are for what was kept, so the "
+                "trace-volume and analysis targets are not judged on this run.**"
+                if lost_share > 0.01
+                else ""
+            ),
         ]
     elif mi:
         out += ["", f"One-minute recording failed: {mi['error']}"]
