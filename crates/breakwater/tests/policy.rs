@@ -831,19 +831,27 @@ fn aqm_budget_defaults_to_slo_minus_service_reserve() {
     assert!(c.aqm_forecast);
 }
 
+/// Client 1 registered (with `demand`) on one idle worker, the pool set
+/// to `c_total` credits, and its first credit grant taken; returns the
+/// idle one-worker queue.
+fn registered(p: &mut Breakwater, demand: u32, c_total: f64) -> QueueView {
+    let q = QueueView {
+        workers: 1,
+        ..QueueView::default()
+    };
+    p.on_arrival(0, &msg(1, Kind::Register, demand), &q);
+    p.set_c_total(c_total);
+    p.feedback(1, 1);
+    q
+}
+
 /// Register client 1 with plenty of credit and teach the policy a mean
 /// service time of `svc` (sojourn − wait EWMAs) through completions.
 fn warmed(forecast: bool, svc: u64) -> Breakwater {
     let mut cfg = BreakwaterConfig::for_slo(SLO, 1);
     cfg.aqm_forecast = forecast;
     let mut p = Breakwater::new(cfg).unwrap();
-    let q = QueueView {
-        workers: 1,
-        ..QueueView::default()
-    };
-    p.on_arrival(0, &msg(1, Kind::Register, 200), &q);
-    p.set_c_total(1000.0);
-    p.feedback(1, 1);
+    let q = registered(&mut p, 200, 1000.0);
     for i in 0..200 {
         assert_eq!(
             p.on_arrival(i, &msg(1, Kind::Request, 100), &q),
@@ -887,13 +895,7 @@ fn adaptive_reserve_settles_where_the_late_share_is_the_target() {
     assert_eq!(p.service_reserve_ns(), 800_000);
     // ... and the AQM uses it: 1 ms left, a 300 us forecast wait (3 queued
     // x 100 us) is refused (budget 1000 - 800 = 200 us), not admitted.
-    let q = QueueView {
-        workers: 1,
-        ..QueueView::default()
-    };
-    p.on_arrival(0, &msg(1, Kind::Register, 1), &q);
-    p.set_c_total(100.0);
-    p.feedback(1, 1);
+    let q = registered(&mut p, 1, 100.0);
     for i in 0..100 {
         p.on_arrival(i, &msg(1, Kind::Request, 1), &q);
         p.on_start(i, 0);
@@ -961,13 +963,7 @@ fn hopeless_client_budgets_are_refused_and_do_not_move_the_reserve() {
     let mut cfg = BreakwaterConfig::for_slo(slo, 1);
     cfg.adaptive_reserve = true;
     let mut p = Breakwater::new(cfg).unwrap();
-    let idle = QueueView {
-        workers: 1,
-        ..QueueView::default()
-    };
-    p.on_arrival(0, &msg(1, Kind::Register, 100), &idle);
-    p.set_c_total(100.0);
-    p.feedback(1, 1);
+    let idle = registered(&mut p, 100, 100.0);
     let before = p.service_reserve_ns();
     for budget in [0, 1_000, before / 2, before] {
         let mut req = msg(1, Kind::Request, 1);
@@ -1005,14 +1001,8 @@ fn forecast_gap_counts_the_time_between_jobs() {
         let mut cfg = BreakwaterConfig::for_slo(SLO, 1);
         cfg.forecast_gap = forecast_gap;
         let mut p = Breakwater::new(cfg).unwrap();
-        let idle = QueueView {
-            workers: 1,
-            ..QueueView::default()
-        };
+        let idle = registered(&mut p, 200, 1000.0);
         let queued = QueueView { len: 3, ..idle };
-        p.on_arrival(0, &msg(1, Kind::Register, 200), &idle);
-        p.set_c_total(1000.0);
-        p.feedback(1, 1);
         let mut t = 1_000;
         for i in 0..300 {
             p.on_arrival(t, &msg(1, Kind::Request, 100), &queued);
