@@ -257,7 +257,7 @@ def wait_port(port: int, timeout: float = 10.0) -> None:
     raise RuntimeError(f"nothing listening on {port}")
 
 
-def loadgen(port: int, rate: str, seconds: float, out: Path) -> dict:
+def loadgen(port: int, rate: str, seconds: float, out: Path, warmup: float = 0.5) -> dict:
     subprocess.run(
         [
             str(LOADGEN),
@@ -270,7 +270,7 @@ def loadgen(port: int, rate: str, seconds: float, out: Path) -> dict:
             "--duration",
             str(seconds),
             "--warmup",
-            "0.5",
+            str(warmup),
             "--cpu",
             "1",
             "--connections",
@@ -680,36 +680,8 @@ def calls_per_request(rate: float, seconds: float, tmp: Path) -> dict:
         time.sleep(seconds)
         b = shadow_pushes(srv.pid)
         out = tmp / "calls.json"
-        subprocess.run(
-            [
-                str(LOADGEN),
-                "--protocol",
-                "memcached",
-                "--target",
-                f"127.0.0.1:{port}",
-                "--rate",
-                str(int(rate)),
-                "--duration",
-                str(seconds),
-                "--warmup",
-                "0",
-                "--cpu",
-                "1",
-                "--connections",
-                "16",
-                "--set-ratio",
-                "1",
-                "--value-size",
-                "64",
-                "--json",
-                str(out),
-                "--quiet",
-            ],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
+        sent = loadgen(port, str(int(rate)), seconds, out, warmup=0)["sent"]
         c = shadow_pushes(srv.pid)
-        sent = json.loads(out.read_text())["sent"]
     finally:
         srv.terminate()
         srv.wait()
