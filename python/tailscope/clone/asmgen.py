@@ -85,7 +85,12 @@ class BodySpec:
     data_bins: list[tuple[int, float]]  # (data working-set size, fraction of main accesses)
     mem_per_insn: float  # data accesses per instruction
     main_fraction: float  # fraction of data accesses that are not tiny-region
-    rep_len: int = 32
+    rep_len: int = 32  # iterations of a `rep` drawn from the mix (profiles without `rep`)
+    # the rep unit (rep_function, session 12): rep string executions per event and their iterations
+    # and bytes per iteration; with it the mix draws no `rep`
+    rep_per_event: float = 0.0
+    rep_iters: int = 0
+    rep_width: int = 1
     chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
     expected: float = 0.0  # set by generate_body: the body's exact instructions per event
     cold_bin: int = 0  # the data bin of accesses that miss at the largest swept size (0: none)
@@ -732,6 +737,69 @@ def brx_function(spec: BodySpec, knobs: dict) -> tuple[list[str], float]:
     return out, 2 + 7 + fixed / 65536 * 10.5
 
 
+REP_SLOT = 29  # the rep unit's accumulator: block cursor slot 29 of its body
+REP_OP = {1: "stosb", 2: "stosw", 4: "stosd", 8: "stosq"}
+
+
+def rep_bytes(spec: BodySpec) -> int:
+    """Bytes the rep unit writes per execution (its region's size); 0 without the unit."""
+    if spec.rep_per_event <= 0 or spec.rep_iters <= 0:
+        return 0
+    return spec.rep_iters * spec.rep_width
+
+
+def rep_function(spec: BodySpec, region_off: int) -> tuple[list[str], float, float]:
+    """clone_rep_<name> (called by clone_far_<name>): the original's rep string instructions, as
+    many executions per event as it made (`rep_per_event`: the whole ones unconditionally, the
+    fraction by a 16.16 accumulator and a branch, as real code decides to copy) of its mean
+    length, each writing the same region from its start. Callgrind counts a rep of n iterations
+    as n + 1 instructions and conditional branches and n data writes; its exit mispredicts about
+    once per execution, as the original's did. Up to session 11 `rep` was a class of the mix,
+    32 iterations a draw, in the hot loop blocks: redis's rep is a ~6,000-iteration memset
+    0.24 times per request, so the clone made hundreds of times its executions, and in a block of
+    ~80 passes one `rep` more or less (a coin) was half the clone's data references.
+    Returns the lines, the expected instructions and data references per event."""
+    nb = rep_bytes(spec)
+    if nb <= 0:
+        return [], 0.0, 0.0
+    name, n = spec.name, spec.rep_iters
+    op = REP_OP.get(spec.rep_width, "stosb")
+    whole = int(spec.rep_per_event)
+    frac = round((spec.rep_per_event - whole) * 65536)
+    acc = BLOCK_SLOTS + 8 * (REP_SLOT + 32 * spec.walk_base)
+    out = [
+        f"    .type clone_rep_{name}, @function",
+        "    .p2align 6",
+        f"clone_rep_{name}:",
+        "    push rcx",
+        "    push rdi",
+        "    xor eax, eax",
+    ]
+    ins, refs = 1 + 2 + 1 + 2 + 1, 1 + 2 + 2 + 1.0  # call, pushes, xor, pops, ret
+    for _ in range(whole):
+        out += [f"    lea rdi, [r15 + {region_off}]", f"    mov ecx, {n}", f"    rep {op}"]
+        ins += 2 + n + 1
+        refs += n
+    if frac > 0:
+        out += [
+            f"    mov rcx, qword ptr [r15 + {acc}]",
+            f"    add rcx, {frac}",
+            "    mov rdi, rcx",
+            "    and edi, 65535",
+            f"    mov qword ptr [r15 + {acc}], rdi",
+            "    shr rcx, 16",
+            f"    jz .L{name}_rep_skip",
+            f"    imul rcx, rcx, {n}",
+            f"    lea rdi, [r15 + {region_off}]",
+            f"    rep {op}",
+            f".L{name}_rep_skip:",
+        ]
+        ins += 7 + frac / 65536 * (n + 3)
+        refs += 2 + frac / 65536 * n
+    out += ["    pop rdi", "    pop rcx", "    ret", f"    .size clone_rep_{name}, .-clone_rep_{name}"]
+    return out, ins, refs
+
+
 def llc_region_bytes(rings: list[dict]) -> int:
     """Arena bytes of the conflict rings' region (slot lines, lanes, K strides); 0 without rings."""
     if not rings:
@@ -890,7 +958,10 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     """
     i1 = knobs.get("i1_bytes", 32768)
     ll = knobs.get("ll_bytes", 2 << 20)
-    instructions = max(0.0, spec.instructions * body_knob(knobs, "instr_scale", spec.name))
+    # the rep unit's instructions are the profile's, not scaled: `instr_scale` scales the rest, so
+    # the blocks' share stays proportional to it (tune.py's Newton step on the body's share)
+    rep_fixed = rep_function(spec, 0)[1]
+    instructions = max(0.0, spec.instructions - rep_fixed) * body_knob(knobs, "instr_scale", spec.name) + rep_fixed
     # data bins up to NEAR_MAX: the blocks' regions (coupled with the code bins); beyond: walkers
     blocks = _near_blocks(spec, ll, i1)
     # layout of the arena: tiny region and the walkers' slots, each block's region (4 KiB
@@ -905,6 +976,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     llc = llc_rings(spec, knobs)
     llc_off = off
     off = (off + llc_region_bytes(llc) + 4095) // 4096 * 4096
+    rep_off = off
+    off = (off + rep_bytes(spec) + 4095) // 4096 * 4096
+    rep_lines, rep_ins, rep_refs = rep_function(spec, rep_off) if len(blocks) < REP_SLOT else ([], 0.0, 0.0)
     for w in walkers:
         if w["cold"]:
             w["off"] = off
@@ -918,6 +992,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         ins, refs = walker_cost(w)
         walk_ins += ins
         walk_refs += refs
+    # the rep unit's instructions and references come out of the blocks' too
+    walk_ins += rep_ins
+    walk_refs += rep_refs
     rings = plan_rings(spec, instructions, knobs)
     cr = cold_ring(spec, knobs)
     if cr:
@@ -931,13 +1008,17 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     near_end = regions[0]["off"] if regions else off
     spec.touch = [(0, near_end, 0)] + [(w["off"], w["bytes"], w["bin"] * 4 + w["bytes"] / (1 << 30)) for w in regions]
     spec.touch += llc_touch(llc, llc_off)
+    if rep_lines:
+        spec.touch.append((rep_off, rep_bytes(spec), 0))
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
     mixf = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
     mixf = mixf / mixf.sum() if mixf.sum() > 0 else np.full(len(keys), 1 / len(keys))
     br_idx = [i for i, k in enumerate(keys) if k.startswith("branch/")]
     # conditional branches per instruction of the chunks; `cond_scale` (tuned) makes up for the
     # loop control and block setup, which dilute them, so the body's total matches
-    cond = min(0.45, spec.cond_per_insn * body_knob(knobs, "cond_scale", spec.name))
+    # (per instruction of the body; the rep unit's have no test of their own)
+    cond = spec.cond_per_insn * instructions / max(1.0, instructions - rep_ins)
+    cond = min(0.45, cond * body_knob(knobs, "cond_scale", spec.name))
     if mixf[br_idx].sum() > 0:
         mixf[br_idx] *= max(0.0, mixf[br_idx].sum() - cond) / mixf[br_idx].sum()
     # the walkers make data references of their own: the rest of the body draws fewer memory
@@ -1115,9 +1196,10 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         leaf,
         bool(llc_lines),
         bool(brx_lines),
+        bool(rep_lines),
     )
-    far_lines += llc_lines + brx_lines
-    far_expected += llc_ins + brx_ins
+    far_lines += llc_lines + brx_lines + rep_lines
+    far_expected += llc_ins + brx_ins + rep_ins
     out.append(f"    call clone_far_{spec.name}")
     expected += 1 + far_expected
     # the filler: straight-line register arithmetic for what whole passes left over
@@ -1145,7 +1227,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     return out, blocks, arena
 
 
-def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, cond, leaf, llc=False, brx=False):
+def _far_function(
+    spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, cond, leaf, llc=False, brx=False, rep=False
+):
     """clone_far_<name>: what the tuning loop controls linearly, in a function of its own so that
     callgrind reports its costs apart from the rest of the body.
 
@@ -1254,6 +1338,8 @@ def _far_function(spec, rng, regs, knobs, i1, walkers, rings, bi, keys, mixp, co
         out.append(f"    call clone_llc_{name}")
     if brx:  # the random-branch unit (brx_function)
         out.append(f"    call clone_brx_{name}")
+    if rep:  # the rep unit (rep_function)
+        out.append(f"    call clone_rep_{name}")
     out += ["    ret", *variants, f"    .size clone_far_{name}, .-clone_far_{name}"]
     if tables:
         out += ["    .section .rodata", *tables, "    .text"]
@@ -1366,23 +1452,51 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
     # mix's), shuffled. A block runs its draws once per pass, so independent draws put a sampling
     # error times the passes into the body: redis's 9-chunk block, 26 passes per event, drew 11
     # `rep` (32 iterations each) where 4 were due, and the body made 40% more data references and
-    # conditional branches. (Rare classes in a hot block stay a coin: a `rep` expected 0.36 times
-    # in a block of 43 passes is there or not, and its exit mispredicts once per pass.)
+    # conditional branches. (Other rare classes in a hot block stay a coin: they are 1-3
+    # instructions each.)
     cost = _draw_cost(keys, spec.rep_len)
     n_draws = max(1, round(k_target / max(1.0, float((mixp * cost).sum()))))
     qrng = np.random.default_rng([cbase, 1 << 20])
     want = mixp * n_draws
     quota = np.floor(want).astype(int) + (qrng.random(len(keys)) < want - np.floor(want))
+    # `rep` by its iterations, not by a coin (session 12): a block gets round(want) reps (at least
+    # one) sharing the iterations it is due, want * rep_len; a coin only below one iteration. As a
+    # coin, a 32-iteration `rep` due 0.22 times per pass in redis's hottest block (~80 passes per
+    # event) was in or out on the last digits of mem_scale: the clone's data references per
+    # request flipped between ~2,480 and ~5,000 (target 4,323) and the tuning loop ratcheted
+    # mem_scale and cond_scale to their caps with no effect
+    rep_lens: dict[int, list[int]] = {}
+    for k in (i for i, key in enumerate(keys) if key.startswith("rep/")):
+        iters = want[k] * spec.rep_len
+        if iters < 1:
+            lens = [1] if qrng.random() < iters else []
+        else:
+            n = max(1, round(want[k]))
+            whole = round(iters)
+            lens = [whole // n + (1 if j < whole % n else 0) for j in range(n)]
+        quota[k] = len(lens)
+        rep_lens[k] = lens
     pool = np.repeat(np.arange(len(keys)), quota)
     qrng.shuffle(pool)
+    # each rep in the pool takes its own length, in pool order (a wrapped pool reuses them)
+    seen: dict[int, int] = {}
+    pool_len = []
+    for k in pool.tolist():
+        if k in rep_lens:
+            pool_len.append(rep_lens[k][seen.get(k, 0)])
+            seen[k] = seen.get(k, 0) + 1
+        else:
+            pool_len.append(spec.rep_len)
     drawn = [0]
     k_target = 0
 
     def emit_mix():
-        k = int(pool[drawn[0] % len(pool)]) if len(pool) else int(g[0].choice(len(keys), p=mixp))
+        at = drawn[0] % len(pool) if len(pool) else -1
+        k = int(pool[at]) if at >= 0 else int(g[0].choice(len(keys), p=mixp))
+        rep_len = pool_len[at] if at >= 0 else spec.rep_len
         drawn[0] += 1
         cls, mem = keys[k].split("/")
-        lines = _emit(cls, mem, regs, mema, g[0], spec.rep_len)
+        lines = _emit(cls, mem, regs, mema, g[0], rep_len)
         for ln in lines:
             if ln == "1:":
                 body.append(f"{lab}_j{state['count']}:")
@@ -1392,7 +1506,7 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
             body.append("    " + ln.replace("{leaf}", leaf))
         n = sum(1 for ln in lines if ln != "1:")
         if cls == "rep":
-            n += spec.rep_len - 1
+            n += rep_len - 1
         if any(ln.startswith("call") for ln in lines):
             n += 1  # the leaf's ret
         state["count"] += n

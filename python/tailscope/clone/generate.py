@@ -118,6 +118,11 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         main_frac = min(1.0, mtot / dref) if dref > 0 else 0.0
         dbins = [(s, n / mtot) for s, n in main] if mtot > 0 else [(0, 1.0)]
     mem_per_insn = min(1.0, dref / body_ir) if body_ir > 0 else 0.0
+    rep = _body_rep(b, skel)
+    if rep[0] > 0:  # the rep unit makes the rep string instructions: the mix draws none
+        mix = {k: (0.0 if k.startswith("rep/") else v) for k, v in mix.items()}
+        tot = sum(mix.values()) or 1.0
+        mix = {k: v / tot for k, v in mix.items()}
     return asmgen.BodySpec(
         name=name,
         instructions=body_ir,
@@ -134,7 +139,33 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         cold_code_lines=cold_code,
         skel_code_lines=skel_lines,
         hot_code_bytes=max(0.0, hot_bytes),
+        rep_per_event=rep[0],
+        rep_iters=rep[1],
+        rep_width=rep[2],
     )
+
+
+def _body_rep(b: dict, skel: dict | None) -> tuple[float, int, int]:
+    """The rep unit of a body (asmgen.rep_function): executions per event, iterations and bytes
+    per iteration of the original's rep string instructions less the skeleton's own (its libc
+    copies). (0, 0, 1) for profiles before session 12, which have no `rep` (the mix draws it)."""
+    r = b.get("rep")
+    if not r:
+        return 0.0, 0, 1
+    ex, ins = r.get("executions_per_event", 0.0), r.get("instructions_per_event", 0.0)
+    s = (skel or {}).get("rep") or {}
+    s_ex = s.get("executions_per_event", 0.0)
+    # iterations (callgrind: n + 1 instructions per execution of n iterations) by difference
+    it_b = (ins - ex) - (s.get("instructions_per_event", 0.0) - s_ex)
+    if ex <= 1e-4 or it_b <= 0:
+        return 0.0, 0, 1
+    # the executions by difference too, unless the skeleton's many short copies outnumber them:
+    # then at the original's own mean length
+    ex_b = ex - s_ex if ex - s_ex > 1e-4 else it_b / max(1.0, ins / ex - 1)
+    iters = max(1, round(it_b / ex_b))
+    per_iter = r.get("bytes_per_execution", 0.0) / max(1.0, ins / max(1e-9, ex) - 1)
+    width = min((1, 2, 4, 8), key=lambda w: abs(w - per_iter))
+    return ex_b, iters, width
 
 
 def llc_bins(ll_sweep: dict | None) -> dict[str, list[tuple[int, float]]]:
@@ -271,6 +302,7 @@ def generate(
         name = spec.name
         if empty_body:
             spec.instructions = 0.0
+            spec.rep_per_event = 0.0  # (the skeleton alone: no rep unit either)
         sub_rng = np.random.default_rng([seed, ci])
         lines, blocks, arena = asmgen.generate_body(spec, sub_rng, knobs)
         asm += lines

@@ -373,6 +373,7 @@ def body_profile(
             "avg_insn_bytes": a["avg_insn_bytes"],
             "code_footprint_bytes": a["code_footprint_bytes"],
             "static_cond_branches": a["static_cond_branches"],
+            "rep": rep_per_event(a, events),
         }
         if sweep:
             entry.update(
@@ -385,6 +386,19 @@ def body_profile(
             )
         out[str(ci)] = entry
     return out
+
+
+def rep_per_event(a: dict, events: float) -> dict:
+    """The rep string instructions of an analysis (isa.analyse) per trigger event: executions,
+    instructions (callgrind's: iterations + executions) and bytes written per execution. The
+    generator emits them as one unit (asmgen.rep_function), not as draws of the blocks' mix."""
+    r = a.get("rep") or {}
+    ex = r.get("executions", 0)
+    return {
+        "executions_per_event": ex / max(1e-9, events),
+        "instructions_per_event": r.get("instructions", 0) / max(1e-9, events),
+        "bytes_per_execution": r.get("bytes", 0) / ex if ex else 0.0,
+    }
 
 
 def body_instructions(win: vg.Window, clusters: list[dict], native_tids: list[int]) -> dict[str, float]:

@@ -94,8 +94,14 @@ def per_name(win: vg.Window, meta: dict, sweep: dict | None, events: dict[str, f
         if any("Bc" in t.summary for t in ts):
             entry["cond_per_event"] = sum(t.summary.get("Bc", 0) for t in ts) / max(1, ev)
         if ts[0].instr:
+            from .profile import rep_per_event
+
             a = analyse(ts)
             entry["mix"] = a["mix_fraction"]
+            entry["rep"] = rep_per_event(a, ev)
+            # the conditional branches without the rep iterations (the body's own, as profiled)
+            if "cond_per_event" in entry:
+                entry["cond_per_event"] = max(0.0, entry["cond_per_event"] - a["rep"]["cond_branches"] / max(1, ev))
         if sweep:
             from .profile import _ws_bins
 
