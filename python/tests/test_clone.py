@@ -422,7 +422,12 @@ def test_rep_unit_round_trip(tmp_path, rate, iters, width):
     )
     calls = 400
     asmgen.write_standalone(spec, tmp_path, seed=3, calls=calls)
-    assert "rep/" not in "".join(spec.mix)
+    # (body_spec zeroes the mix's rep classes when a profile body has the unit)
+    prof = generate.neutral_profile()
+    prof["body"]["0"]["mix"] = {"arith/reg": 0.5, "rep/store": 0.2, "mov/reg": 0.3}
+    prof["body"]["0"]["rep"] = {"executions_per_event": rate, "instructions_per_event": rate * (iters + 1)}
+    sp = generate.body_spec("t", prof["body"]["0"], None)
+    assert sp.mix["rep/store"] == 0 and abs(sum(sp.mix.values()) - 1) < 1e-9 and sp.rep_iters == iters
     text = (tmp_path / "body.S").read_text() if (tmp_path / "body.S").exists() else ""
     out = tmp_path / "cg.out"
     vg = ["valgrind", "--tool=callgrind", "--cache-sim=yes", "--branch-sim=yes", "--dump-instr=yes"]
@@ -447,6 +452,38 @@ def test_rep_unit_round_trip(tmp_path, rate, iters, width):
     both = a["cond_branches"] + rep["cond_branches"]
     assert abs(both - tc.total("Bc")) <= 0.001 * tc.total("Bc"), (a["cond_branches"], rep, tc.total("Bc"))
     assert rep["cond_branches"] >= rate * iters * calls
+
+
+def test_body_rep_from_profile_and_skeleton():
+    """generate._body_rep: the rep unit of a body is the original's rep string work less the
+    skeleton's; old profiles have none; a near-cancellation of executions keeps the original's
+    mean length (not one huge rep); corrupt entries are a one-line error."""
+
+    def rep(ex, iters, width=1):
+        ins = ex * (iters + 1)
+        return {"executions_per_event": ex, "instructions_per_event": ins, "bytes_per_execution": iters * width}
+
+    assert generate._body_rep({}, None) == (0.0, 0, 1)
+    assert generate._body_rep({"rep": rep(0.25, 3000)}, None) == (0.25, 3000, 1)
+    assert generate._body_rep({"rep": rep(2.0, 80, 8)}, None) == (2.0, 80, 8)
+    # the skeleton's one 40-iteration copy per event comes off: 1 execution of 3000 iterations is left
+    both = {"executions_per_event": 2.0, "instructions_per_event": 3001 + 41, "bytes_per_execution": 1520}
+    ex, iters, _ = generate._body_rep({"rep": both}, {"rep": rep(1.0, 40)})
+    assert ex == 1.0 and iters == 3000
+    # the skeleton makes (almost) all the executions: the original's mean length, not a giant rep
+    ex, iters, _ = generate._body_rep({"rep": rep(10.0, 100)}, {"rep": rep(9.9998, 10)})
+    assert iters == 100 and abs(ex * iters - (10 * 100 - 9.9998 * 10)) < 1
+    assert generate._body_rep({"rep": rep(1.0, 10)}, {"rep": rep(1.0, 20)}) == (0.0, 0, 1)  # nothing left
+    # huge requests are capped (executions unrolled, bytes of one region)
+    ex, iters, width = generate._body_rep({"rep": rep(1000.0, 10)}, None)
+    assert ex == generate.REP_MAX_EXECUTIONS and iters * width <= generate.REP_MAX_BYTES
+    ex, iters, width = generate._body_rep({"rep": rep(1.0, 1 << 30)}, None)
+    assert iters * width <= generate.REP_MAX_BYTES
+    for bad in ("x", [1], {"executions_per_event": "a"}, {"executions_per_event": float("nan")}, rep(-1.0, 5)):
+        with pytest.raises(CloneError, match="corrupt profile"):
+            generate._body_rep({"rep": bad}, None)
+    with pytest.raises(CloneError, match="skeleton rep"):
+        generate._body_rep({"rep": rep(1.0, 5)}, {"rep": {"executions_per_event": True}})
 
 
 @needs_valgrind

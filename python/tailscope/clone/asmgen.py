@@ -737,15 +737,20 @@ def brx_function(spec: BodySpec, knobs: dict) -> tuple[list[str], float]:
     return out, 2 + 7 + fixed / 65536 * 10.5
 
 
-REP_SLOT = 29  # the rep unit's accumulator: block cursor slot 29 of its body
 REP_OP = {1: "stosb", 2: "stosw", 4: "stosd", 8: "stosq"}
 
 
 def rep_bytes(spec: BodySpec) -> int:
-    """Bytes the rep unit writes per execution (its region's size); 0 without the unit."""
+    """Bytes the rep unit writes per execution; 0 without the unit. Its region is these, rounded
+    up to a line, and one line more for its accumulator (rep_region_bytes)."""
     if spec.rep_per_event <= 0 or spec.rep_iters <= 0:
         return 0
     return spec.rep_iters * spec.rep_width
+
+
+def rep_region_bytes(spec: BodySpec) -> int:
+    nb = rep_bytes(spec)
+    return (nb + 63) // 64 * 64 + 64 if nb else 0
 
 
 def rep_function(spec: BodySpec, region_off: int) -> tuple[list[str], float, float]:
@@ -766,7 +771,7 @@ def rep_function(spec: BodySpec, region_off: int) -> tuple[list[str], float, flo
     op = REP_OP.get(spec.rep_width, "stosb")
     whole = int(spec.rep_per_event)
     frac = round((spec.rep_per_event - whole) * 65536)
-    acc = BLOCK_SLOTS + 8 * (REP_SLOT + 32 * spec.walk_base)
+    acc = region_off + rep_region_bytes(spec) - 64  # its own line after the region
     out = [
         f"    .type clone_rep_{name}, @function",
         "    .p2align 6",
@@ -960,7 +965,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     ll = knobs.get("ll_bytes", 2 << 20)
     # the rep unit's instructions are the profile's, not scaled: `instr_scale` scales the rest, so
     # the blocks' share stays proportional to it (tune.py's Newton step on the body's share)
-    rep_fixed = rep_function(spec, 0)[1]
+    _, rep_fixed, rep_fixed_refs = rep_function(spec, 0)
     instructions = max(0.0, spec.instructions - rep_fixed) * body_knob(knobs, "instr_scale", spec.name) + rep_fixed
     # data bins up to NEAR_MAX: the blocks' regions (coupled with the code bins); beyond: walkers
     blocks = _near_blocks(spec, ll, i1)
@@ -977,8 +982,8 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     llc_off = off
     off = (off + llc_region_bytes(llc) + 4095) // 4096 * 4096
     rep_off = off
-    off = (off + rep_bytes(spec) + 4095) // 4096 * 4096
-    rep_lines, rep_ins, rep_refs = rep_function(spec, rep_off) if len(blocks) < REP_SLOT else ([], 0.0, 0.0)
+    off = (off + rep_region_bytes(spec) + 4095) // 4096 * 4096
+    rep_lines, rep_ins, rep_refs = rep_function(spec, rep_off)
     for w in walkers:
         if w["cold"]:
             w["off"] = off
@@ -1009,15 +1014,15 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     spec.touch = [(0, near_end, 0)] + [(w["off"], w["bytes"], w["bin"] * 4 + w["bytes"] / (1 << 30)) for w in regions]
     spec.touch += llc_touch(llc, llc_off)
     if rep_lines:
-        spec.touch.append((rep_off, rep_bytes(spec), 0))
+        spec.touch.append((rep_off, rep_region_bytes(spec), 0))
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
     mixf = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
     mixf = mixf / mixf.sum() if mixf.sum() > 0 else np.full(len(keys), 1 / len(keys))
     br_idx = [i for i, k in enumerate(keys) if k.startswith("branch/")]
     # conditional branches per instruction of the chunks; `cond_scale` (tuned) makes up for the
     # loop control and block setup, which dilute them, so the body's total matches
-    # (per instruction of the body; the rep unit's have no test of their own)
-    cond = spec.cond_per_insn * instructions / max(1.0, instructions - rep_ins)
+    # (per instruction of the body; the rep unit's have no test of their own, and are not scaled)
+    cond = spec.cond_per_insn * spec.instructions / max(1.0, spec.instructions - rep_fixed)
     cond = min(0.45, cond * body_knob(knobs, "cond_scale", spec.name))
     if mixf[br_idx].sum() > 0:
         mixf[br_idx] *= max(0.0, mixf[br_idx].sum() - cond) / mixf[br_idx].sum()
@@ -1029,7 +1034,11 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     # `mem_scale` (tuned, session 11): a factor on the references the body asks for, so that the
     # clone's data references per request follow the original's (tune.py: a Newton step)
     mem_scale = body_knob(knobs, "mem_scale", spec.name)
-    mu_want = min(0.9, max(0.0, (spec.mem_per_insn * mem_scale * instructions - walk_refs) / rest))
+    # (the rep unit's references are fixed: the factor applies to the rest, as instr_scale does)
+    rest_refs = max(0.0, spec.mem_per_insn * spec.instructions - rep_fixed_refs)
+    rest_refs /= max(1.0, spec.instructions - rep_fixed)
+    mu_want = (rest_refs * mem_scale * (instructions - rep_ins) - (walk_refs - rep_refs)) / rest
+    mu_want = min(0.9, max(0.0, mu_want))
     if 0 < mu and mixf[~mem].sum() > 0:
         reg_total = mixf[~mem].sum()
         mixf[mem] *= mu_want / mu
@@ -1363,7 +1372,7 @@ def _draw_cost(keys: list[str], rep_len: int) -> np.ndarray:
     """Dynamic instructions one draw of each class emits (rep iterations, div setup, call + ret)."""
     return np.array(
         [
-            (rep_len + 6)
+            (rep_len + 7)
             if k.startswith("rep/")
             else 3
             if k.startswith("div/")
@@ -1473,7 +1482,8 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
         else:
             n = max(1, round(want[k]))
             whole = round(iters)
-            lens = [whole // n + (1 if j < whole % n else 0) for j in range(n)]
+            # (a drawn rep writes the tiny region from its start: below ZERO_OFF and DIVISOR_OFF)
+            lens = [min(96, whole // n + (1 if j < whole % n else 0)) for j in range(n)]
         quota[k] = len(lens)
         rep_lens[k] = lens
     pool = np.repeat(np.arange(len(keys)), quota)
@@ -1506,7 +1516,7 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
             body.append("    " + ln.replace("{leaf}", leaf))
         n = sum(1 for ln in lines if ln != "1:")
         if cls == "rep":
-            n += rep_len - 1
+            n += rep_len  # callgrind: n + 1 for a rep of n iterations
         if any(ln.startswith("call") for ln in lines):
             n += 1  # the leaf's ret
         state["count"] += n

@@ -16,6 +16,7 @@ Deterministic: the same profile, seed and knobs give byte-identical files.
 from __future__ import annotations
 
 import json
+import math
 import shlex
 from pathlib import Path
 
@@ -118,7 +119,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         main_frac = min(1.0, mtot / dref) if dref > 0 else 0.0
         dbins = [(s, n / mtot) for s, n in main] if mtot > 0 else [(0, 1.0)]
     mem_per_insn = min(1.0, dref / body_ir) if body_ir > 0 else 0.0
-    rep = _body_rep(b, skel)
+    rep = _body_rep(b, skel, f"profile body {name}")
     if rep[0] > 0:  # the rep unit makes the rep string instructions: the mix draws none
         mix = {k: (0.0 if k.startswith("rep/") else v) for k, v in mix.items()}
         tot = sum(mix.values()) or 1.0
@@ -145,26 +146,46 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
     )
 
 
-def _body_rep(b: dict, skel: dict | None) -> tuple[float, int, int]:
+REP_MAX_EXECUTIONS = 64.0  # rep executions per event the unit unrolls; more are merged (longer reps)
+REP_MAX_BYTES = 1 << 20  # one execution's region at most
+
+
+def _rep_fields(what: str, r) -> dict[str, float]:
+    """A `rep` entry (profile body or skeleton) checked: finite numbers >= 0 (a one-line error
+    otherwise: the profile is input the user may have edited or truncated)."""
+    if not isinstance(r, dict):
+        raise CloneError(f"{what} rep is {type(r).__name__}, not an object: corrupt profile")
+    out = {}
+    for k in ("executions_per_event", "instructions_per_event", "bytes_per_execution"):
+        v = r.get(k, 0.0)
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise CloneError(f"{what} rep.{k} is {v!r}, not a finite number >= 0: corrupt profile")
+        out[k] = float(v)
+    return out
+
+
+def _body_rep(b: dict, skel: dict | None, what: str = "profile body") -> tuple[float, int, int]:
     """The rep unit of a body (asmgen.rep_function): executions per event, iterations and bytes
     per iteration of the original's rep string instructions less the skeleton's own (its libc
     copies). (0, 0, 1) for profiles before session 12, which have no `rep` (the mix draws it)."""
-    r = b.get("rep")
-    if not r:
+    if b.get("rep") is None:
         return 0.0, 0, 1
-    ex, ins = r.get("executions_per_event", 0.0), r.get("instructions_per_event", 0.0)
-    s = (skel or {}).get("rep") or {}
-    s_ex = s.get("executions_per_event", 0.0)
+    r = _rep_fields(what, b["rep"])
+    s = _rep_fields("skeleton", (skel or {}).get("rep") or {})
+    ex, ins = r["executions_per_event"], r["instructions_per_event"]
+    s_ex = s["executions_per_event"]
     # iterations (callgrind: n + 1 instructions per execution of n iterations) by difference
-    it_b = (ins - ex) - (s.get("instructions_per_event", 0.0) - s_ex)
+    it_b = (ins - ex) - (s["instructions_per_event"] - s_ex)
     if ex <= 1e-4 or it_b <= 0:
         return 0.0, 0, 1
-    # the executions by difference too, unless the skeleton's many short copies outnumber them:
-    # then at the original's own mean length
-    ex_b = ex - s_ex if ex - s_ex > 1e-4 else it_b / max(1.0, ins / ex - 1)
-    iters = max(1, round(it_b / ex_b))
-    per_iter = r.get("bytes_per_execution", 0.0) / max(1.0, ins / max(1e-9, ex) - 1)
+    mean_len = max(1.0, ins / ex - 1)  # the original's own iterations per execution
+    # the executions by difference too, unless the skeleton's make up most of them (its many
+    # short copies; a near-cancellation would make one huge rep): then at the original's mean length
+    ex_b = ex - s_ex if ex - s_ex > 0.1 * ex else it_b / mean_len
+    ex_b = min(ex_b, REP_MAX_EXECUTIONS)
+    per_iter = r["bytes_per_execution"] / mean_len
     width = min((1, 2, 4, 8), key=lambda w: abs(w - per_iter))
+    iters = max(1, min(round(it_b / ex_b), REP_MAX_BYTES // width))
     return ex_b, iters, width
 
 

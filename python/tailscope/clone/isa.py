@@ -252,7 +252,8 @@ def classify(insn) -> tuple[str, str]:
     memflag = "rmw" if (mem_r and mem_w) else "load" if mem_r else "store" if mem_w else "reg"
     if 0xF0 in prefixes or (base == "xchg" and memflag != "reg"):
         return "lock", memflag
-    if (0xF3 in prefixes or 0xF2 in prefixes) and base.startswith(_STRING_OPS):
+    # (not movss/movsd xmm: SSE moves whose mandatory F3/F2 a capstone may list as a prefix)
+    if (0xF3 in prefixes or 0xF2 in prefixes) and base.startswith(_STRING_OPS) and not has_vec:
         return "rep", memflag
     if base.startswith("j") or base in ("call", "ret", "loop", "loope", "loopne", "jrcxz", "jecxz"):
         return "branch", memflag
