@@ -945,6 +945,33 @@ def test_profile_windows_pool_into_the_tuning_target():
     assert tune._targets_by_body(prof) == {"worker": 1000.0, "bg1": 100.0}
     del prof["valgrind"]["body_instructions_per_request"]  # an older profile: its detail window
     assert tune._targets_by_body(prof) == {"worker": 1000.0, "bg1": 50.0}
+    # each body's D1 misses per request over the pool (session 12): workers (10 + 30) / 2000, timer 10 / 2000
+    assert p["body_D1_misses_per_request"] == {"0": 0.02, "1": 0.005}
+    prof["valgrind"]["body_D1_misses_per_request"] = p["body_D1_misses_per_request"]
+    assert tune._d1_targets_by_body(prof) == {"worker": 0.02, "bg1": 0.005}
+    del prof["valgrind"]["body_D1_misses_per_request"]  # an older profile: one knob for all bodies
+    assert tune._d1_targets_by_body(prof) == {}
+
+
+def test_d1_tuning_step_per_body():
+    """With per-body D1 targets the D1 knob moves per body (data_far_scale:<body>), each on its own
+    threads' misses: memcached's one factor matched the total at A with the timer 41% over its
+    original and the workers 10% under theirs. Without targets, the one knob as before."""
+    from tailscope.clone import tune
+
+    knobs = dict(generate.DEFAULT_KNOBS)
+    target = {"D1_miss_rate": 0.016}
+    m = {"D1_miss_rate": 0.016}  # the total is right
+    split = {"threads": {"worker": {"D1m": 36.0}, "bg3": {"D1m": 20.0}}, "far": {}}
+    k = tune.update_knobs(knobs, m, target, split, {}, {"worker": 42.0, "bg3": 14.0})
+    assert k["data_far_scale:worker"] == pytest.approx((42 / 36) ** 0.7)
+    assert k["data_far_scale:bg3"] == pytest.approx((14 / 20) ** 0.7)
+    assert k["data_far_scale"] == knobs["data_far_scale"]
+    # the generator reads the per-body knob (asmgen.body_knob) before the global one
+    assert asmgen.body_knob(k, "data_far_scale", "bg3") == pytest.approx(0.7**0.7)
+    k = tune.update_knobs(knobs, {"D1_miss_rate": 0.032}, target, split, {})
+    assert k["data_far_scale"] == pytest.approx(knobs["data_far_scale"] * 0.5**0.7)
+    assert not any(key.startswith("data_far_scale:") for key in k)
 
 
 def test_original_spread_is_the_pooled_means_uncertainty():

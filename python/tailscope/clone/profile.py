@@ -401,31 +401,40 @@ def rep_per_event(a: dict, events: float) -> dict:
     }
 
 
-def body_instructions(win: vg.Window, clusters: list[dict], native_tids: list[int]) -> dict[str, float]:
-    """Instructions per request of each body group's threads in one window (by cluster index)."""
+def body_instructions(
+    win: vg.Window, clusters: list[dict], native_tids: list[int], events: tuple[str, ...] = ("Ir",)
+) -> dict[str, float]:
+    """Instructions (or the sum of other `events`) per request of each body group's threads in
+    one window (by cluster index)."""
     vmap = thread_map(native_tids, [t.thread for t in win.threads])
     out = {}
     for ci, tids, _role in body_groups(clusters):
         members = set(tids)
-        ir = sum(t.summary.get("Ir", 0) for t in win.threads if vmap.get(t.thread) in members)
-        out[str(ci)] = ir / max(1, win.requests)
+        n = sum(t.summary.get(e, 0) for t in win.threads if vmap.get(t.thread) in members for e in events)
+        out[str(ci)] = n / max(1, win.requests)
     return out
 
 
 def pool_windows(wins: list[vg.Window], clusters: list[dict], native_tids: list[int]) -> dict:
     """Several callgrind windows of the original at one hierarchy as one target: the rates of the
     summed counts (as validate pools its windows), each window's own metrics, and each body group's
-    instructions per request over the pool (the instruction knob's per-body targets)."""
+    instructions and D1 misses per request over the pool (the per-body targets of the instruction
+    and D1 knobs)."""
     total = vg.Window([t for w in wins for t in w.threads], sum(w.requests for w in wins), 0.0, {})
     req = max(1, total.requests)
     per_body: dict[str, float] = {}
+    d1_body: dict[str, float] = {}
     for w in wins:
         for ci, v in body_instructions(w, clusters, native_tids).items():
             per_body[ci] = per_body.get(ci, 0.0) + v * w.requests / req
+        for ci, v in body_instructions(w, clusters, native_tids, ("D1mr", "D1mw")).items():
+            d1_body[ci] = d1_body.get(ci, 0.0) + v * w.requests / req
     return {
         "metrics": vg.metrics(total),
         "windows": [vg.metrics(w) | {"requests": w.requests} for w in wins],
         "body_instructions_per_request": per_body,
+        # (session 12) each body's D1 misses per request: the D1 knob per body (tune.py)
+        "body_D1_misses_per_request": d1_body,
     }
 
 
@@ -648,6 +657,7 @@ def run_profile(
             "detail_metrics": vg.metrics(win),
             "windows": pooled["windows"],
             "body_instructions_per_request": pooled["body_instructions_per_request"],
+            "body_D1_misses_per_request": pooled["body_D1_misses_per_request"],
             "rate": vg_rate,
             "window_requests": vg_requests,
             "sweep_requests": sweep_requests,

@@ -10,7 +10,8 @@ orthogonal, as the paper observes):
     instructions per request  -> instr_scale
     data refs per request     -> mem_scale         (the bodies' memory-operand share, session 11)
     I1 miss rate              -> icode_far_scale   (calls per event of the rings beyond A's I1)
-    D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL)
+    D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL;
+                                 per body since session 12: data_far_scale:<body> on its misses)
     LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings)
     LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses)
                                  data_llc_scale    (the data conflict rings: what a larger LL keeps)
@@ -166,8 +167,11 @@ def _split(win: vg.Window, meta: dict) -> dict:
     out: dict = {"threads": {}, "far": {}}
     for t in win.threads:
         name = names.get(t.thread, "?")
-        e = out["threads"].setdefault(name, {"Ir": 0.0, "body_Ir": 0.0, "Bc": 0.0, "body_Bc": 0.0, "body_Dref": 0.0})
+        e = out["threads"].setdefault(
+            name, {"Ir": 0.0, "body_Ir": 0.0, "Bc": 0.0, "body_Bc": 0.0, "body_Dref": 0.0, "D1m": 0.0}
+        )
         e["Ir"] += t.summary.get("Ir", 0) / n
+        e["D1m"] += (t.summary.get("D1mr", 0) + t.summary.get("D1mw", 0)) / n
         e["body_Ir"] += (
             t.fn_total("Ir", f"clone_body_{name}")
             + t.fn_total("Ir", f"clone_far_{name}")
@@ -189,6 +193,10 @@ def _split(win: vg.Window, meta: dict) -> dict:
     return out
 
 
+def _body_name(ci: str, role: str) -> str:
+    return {"worker": "worker", "acceptor+worker": "worker", "acceptor": "acceptor"}.get(role, f"bg{ci}")
+
+
 def _targets_by_body(prof: dict) -> dict[str, float]:
     """The original's instructions per request of each body's threads: over the profile's pool of
     windows where it has one (session 9), else its detail window."""
@@ -196,8 +204,7 @@ def _targets_by_body(prof: dict) -> dict[str, float]:
     pooled = prof["valgrind"].get("body_instructions_per_request") or {}
     out: dict[str, float] = {}
     for ci, b in prof["body"].items():
-        role = b["role"]
-        name = {"worker": "worker", "acceptor+worker": "worker", "acceptor": "acceptor"}.get(role, f"bg{ci}")
+        name = _body_name(ci, b["role"])
         v = pooled.get(ci)
         if v is None:
             v = b["instructions_per_event"] * b.get("events", req) / req
@@ -205,11 +212,25 @@ def _targets_by_body(prof: dict) -> dict[str, float]:
     return out
 
 
+def _d1_targets_by_body(prof: dict) -> dict[str, float]:
+    """The original's D1 misses per request of each body's threads over the profile's pool
+    (profiles since session 12; empty before: one D1 knob for all bodies)."""
+    pooled = prof["valgrind"].get("body_D1_misses_per_request") or {}
+    out: dict[str, float] = {}
+    for ci, b in prof["body"].items():
+        v = pooled.get(ci)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
+            out[_body_name(ci, b["role"])] = out.get(_body_name(ci, b["role"]), 0.0) + float(v)
+    return out
+
+
 def _clamp(x: float, lo: float, hi: float) -> float:
     return min(hi, max(lo, x))
 
 
-def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: dict) -> dict:
+def update_knobs(
+    knobs: dict, m: dict, target: dict, split: dict, body_targets: dict, d1_targets: dict | None = None
+) -> dict:
     """One tuning step; each metric moves its own knob (see the module docstring)."""
     k = dict(knobs)
     # instructions: per body, a Newton step on the measured body share (the response is linear)
@@ -259,7 +280,7 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
         k["icode_far_scale"] = _clamp(k["icode_far_scale"] * 2, 0.001, 50.0)
     if "DL_misses_per_request" in target and "DL_misses_per_request" in m:
         _ll_by_side(k, m, target, far, split.get("llc") or {})
-        _l1_steps(k, m, target, split.get("brx"))
+        _l1_steps(k, m, target, split.get("brx"), d1_targets, split)
         return k
     # LL (profiles before session 10): the far-data loop's misses are linear in its rate
     t_ll = target.get("LL_miss_rate", 0.0) * refs
@@ -272,7 +293,7 @@ def update_knobs(knobs: dict, m: dict, target: dict, split: dict, body_targets: 
         k["data_ll_scale"] = _clamp(k["data_ll_scale"] * step, 1e-4, 50.0)
     elif t_ll > c_ll:  # the walkers beyond the LL missed nothing in this window: no slope to use
         k["data_ll_scale"] = _clamp(k["data_ll_scale"] * 2.0, 1e-4, 50.0)
-    _l1_steps(k, m, target, split.get("brx"))
+    _l1_steps(k, m, target, split.get("brx"), d1_targets, split)
     return k
 
 
@@ -335,9 +356,21 @@ def _branch_unit_step(k: dict, m: dict, target: dict, brx: dict | None) -> bool:
     return True
 
 
-def _l1_steps(k: dict, m: dict, target: dict, brx: dict | None = None) -> None:
+def _l1_steps(
+    k: dict, m: dict, target: dict, brx: dict | None = None, d1_targets: dict | None = None, split: dict | None = None
+) -> None:
     # D1 and branches: damped multiplicative steps (monotone, sub-linear responses)
     steps = [("D1_miss_rate", "data_far_scale", 0.7)]
+    if d1_targets and split:
+        # per body (session 12): one factor for all bodies matched memcached's total at A with
+        # its timer thread 41% over the original's timer and its workers 10% under theirs, and
+        # the two drop differently at another D1 (B: 32% over)
+        steps = []
+        for name, t in d1_targets.items():
+            c = split["threads"].get(name, {}).get("D1m", 0.0)
+            key = f"data_far_scale:{name}"
+            if c > 0:
+                k[key] = _clamp(k.get(key, k["data_far_scale"]) * _clamp((t / c) ** 0.7, 0.33, 3.0), 0.01, 20.0)
     if not _branch_unit_step(k, m, target, brx):
         steps.append(("branch_mispredict_rate", "branch_r_scale", 0.7))
     for key, knob, power in steps:
@@ -365,6 +398,7 @@ def tune(
     vgp = prof["valgrind"]
     knobs = dict(gen.DEFAULT_KNOBS)
     body_targets = _targets_by_body(prof)
+    d1_targets = _d1_targets_by_body(prof)
     history = []
     best = None
     for it in range(1, max_iter + 1):
@@ -396,7 +430,7 @@ def tune(
             best = (sc, dict(knobs), it)
         if all(errs[k] <= tol for k, tol in TOLERANCE.items()):
             break
-        knobs = update_knobs(knobs, m, target, split, body_targets)
+        knobs = update_knobs(knobs, m, target, split, body_targets, d1_targets)
     # regenerate the best
     _, bk, bit = best
     if bit != history[-1]["iteration"]:
