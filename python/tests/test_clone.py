@@ -638,7 +638,8 @@ def test_tuning_step_per_metric():
     }
     k = tune.update_knobs(knobs, m, target, split, {"worker": 6000})
     # conditional branches: the skeleton's 300 stay, the bodies must give 700 instead of 400
-    assert abs(k["cond_scale"] - 1.75) < 1e-9
+    # (half that Newton step, geometrically: LAYOUT_DAMPING)
+    assert abs(k["cond_scale"] - 1.75**tune.LAYOUT_DAMPING) < 1e-9
     # the skeleton's 3000 stay: the body must do 3000 instead of 4000
     assert abs(k["instr_scale:worker"] - 0.75) < 1e-9
     # I1: the target rate at the clone's instructions (0.001 x 7000 = 7 misses/request); 3.5
@@ -677,12 +678,14 @@ def test_data_references_tuning_step():
         "far": {},
     }
     target = {"data_refs_per_request": 3400}
-    # 2,400 measured, 1,000 of them the blocks': the blocks must give 2,000
+    # 2,400 measured, 1,000 of them the blocks': the blocks must give 2,000 (a Newton step of
+    # 2, taken by half, geometrically: LAYOUT_DAMPING)
+    assert tune.LAYOUT_DAMPING == 0.5
     k = tune.update_knobs(knobs, {"data_refs_per_request": 2400}, target, split, {})
-    assert abs(k["mem_scale"] - 2.0) < 1e-9
-    # too many: a step down, clamped at 0.5
+    assert abs(k["mem_scale"] - 2.0**0.5) < 1e-9
+    # too many: a step down, clamped at 0.5 before the damping
     k = tune.update_knobs(knobs, {"data_refs_per_request": 6000}, target, split, {})
-    assert abs(k["mem_scale"] - 0.5) < 1e-9
+    assert abs(k["mem_scale"] - 0.5**0.5) < 1e-9
     # within the dead band (each step of this knob is a new code layout): no step, and none of
     # the conditional-branch knob either
     target["cond_branches_per_request"] = 1000
