@@ -454,6 +454,26 @@ def test_rep_unit_round_trip(tmp_path, rate, iters, width):
     assert rep["cond_branches"] >= rate * iters * calls
 
 
+@needs_valgrind
+@needs_gcc
+def test_cold_rep_unit_misses_the_d1_at_both_sizes(tmp_path):
+    """A rep whose lines missed the profiled D1 in the original (redis's memset: all ~150 lines,
+    every time, at A and B alike) rotates over regions that fill REP_COLD_SPAN: its lines miss a
+    32 KiB and a 48 KiB D1; one region, as before, hits both. Instruction count exact either way."""
+    got = {}
+    for cold in (False, True):
+        spec = _spec(instructions=4000, chunk_insns=5, rep_per_event=1.5, rep_iters=4096, rep_width=1, rep_cold=cold)
+        d = tmp_path / f"c{int(cold)}"
+        asmgen.write_standalone(spec, d, seed=3, calls=300)
+        for d1 in ("32768,8,64", "49152,12,64"):
+            tc = _cg_run(d, d / "harness", 300, f"d1{d1[:2]}", ("--cache-sim=yes", f"--D1={d1}"))
+            ir = sum(tc.fn_total("Ir", f"clone_{f}_t") for f in ("body", "far", "rep")) / 300
+            assert abs(ir - spec.expected) <= 0.01 * spec.expected, (cold, ir, spec.expected)
+            got[cold, d1] = tc.fn_total("D1mw", "clone_rep_t") / (300 * 1.5 * 64)  # per line written
+    assert all(got[True, d1] > 0.9 for d1 in ("32768,8,64", "49152,12,64")), got
+    assert all(got[False, d1] < 0.2 for d1 in ("32768,8,64", "49152,12,64")), got
+
+
 def test_body_rep_from_profile_and_skeleton():
     """generate._body_rep: the rep unit of a body is the original's rep string work less the
     skeleton's; old profiles have none; a near-cancellation of executions keeps the original's
@@ -479,6 +499,11 @@ def test_body_rep_from_profile_and_skeleton():
     assert ex == generate.REP_MAX_EXECUTIONS and iters * width <= generate.REP_MAX_BYTES
     ex, iters, width = generate._body_rep({"rep": rep(1.0, 1 << 30)}, None)
     assert iters * width <= generate.REP_MAX_BYTES
+    # the cold flag (its lines missed the profiled D1) reaches the spec
+    body = {"rep": rep(0.25, 3000) | {"d1_miss_fraction": 0.97}, "instructions_per_event": 8000, "mix": {}}
+    assert generate.body_spec("w", body, None).rep_cold
+    body["rep"]["d1_miss_fraction"] = 0.1
+    assert not generate.body_spec("w", body, None).rep_cold
     for bad in ("x", [1], {"executions_per_event": "a"}, {"executions_per_event": float("nan")}, rep(-1.0, 5)):
         with pytest.raises(CloneError, match="corrupt profile"):
             generate._body_rep({"rep": bad}, None)

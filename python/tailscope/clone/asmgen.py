@@ -91,6 +91,7 @@ class BodySpec:
     rep_per_event: float = 0.0
     rep_iters: int = 0
     rep_width: int = 1
+    rep_cold: bool = False  # its lines miss the profiled D1: it rotates over regions (rep_function)
     chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
     expected: float = 0.0  # set by generate_body: the body's exact instructions per event
     cold_bin: int = 0  # the data bin of accesses that miss at the largest swept size (0: none)
@@ -748,16 +749,29 @@ def rep_bytes(spec: BodySpec) -> int:
     return spec.rep_iters * spec.rep_width
 
 
+REP_COLD_SPAN = 128 << 10  # a cold rep rotates over regions of this much in all (4x A's D1)
+
+
+def _rep_layout(spec: BodySpec) -> tuple[int, int]:
+    """(stride, count) of the rep unit's regions: one, or for a cold rep as many as fill
+    REP_COLD_SPAN, so that each comes back after beyond any D1 swept, within the LL."""
+    stride = (rep_bytes(spec) + 63) // 64 * 64
+    if not stride:
+        return 0, 0
+    return stride, (max(2, -(-REP_COLD_SPAN // stride)) if spec.rep_cold else 1)
+
+
 def rep_region_bytes(spec: BodySpec) -> int:
-    nb = rep_bytes(spec)
-    return (nb + 63) // 64 * 64 + 64 if nb else 0
+    stride, count = _rep_layout(spec)
+    return stride * count + 64 if stride else 0  # and a line for its accumulator and cursor
 
 
 def rep_function(spec: BodySpec, region_off: int) -> tuple[list[str], float, float]:
     """clone_rep_<name> (called by clone_far_<name>): the original's rep string instructions, as
     many executions per event as it made (`rep_per_event`: the whole ones unconditionally, the
     fraction by a 16.16 accumulator and a branch, as real code decides to copy) of its mean
-    length, each writing the same region from its start. Callgrind counts a rep of n iterations
+    length, each writing one region from its start (the next of several when the original's
+    missed the profiled D1: `rep_cold`, a buffer per connection say). Callgrind counts a rep of n iterations
     as n + 1 instructions and conditional branches and n data writes; its exit mispredicts about
     once per execution, as the original's did. Up to session 11 `rep` was a class of the mix,
     32 iterations a draw, in the hot loop blocks: redis's rep is a ~6,000-iteration memset
@@ -771,7 +785,20 @@ def rep_function(spec: BodySpec, region_off: int) -> tuple[list[str], float, flo
     op = REP_OP.get(spec.rep_width, "stosb")
     whole = int(spec.rep_per_event)
     frac = round((spec.rep_per_event - whole) * 65536)
-    acc = region_off + rep_region_bytes(spec) - 64  # its own line after the region
+    acc = region_off + rep_region_bytes(spec) - 64  # its own line after the regions
+    stride, count = _rep_layout(spec)
+    if count > 1:  # a cold rep: the next region each execution (rax is 0: the wrap)
+        dest = [
+            f"    mov rdi, qword ptr [r15 + {acc + 8}]",
+            f"    add rdi, {stride}",
+            f"    cmp rdi, {stride * count}",
+            "    cmovae rdi, rax",
+            f"    mov qword ptr [r15 + {acc + 8}], rdi",
+            f"    lea rdi, [r15 + rdi + {region_off}]",
+        ]
+        d_ins, d_refs = 6, 2
+    else:
+        dest, d_ins, d_refs = [f"    lea rdi, [r15 + {region_off}]"], 1, 0
     out = [
         f"    .type clone_rep_{name}, @function",
         "    .p2align 6",
@@ -782,9 +809,9 @@ def rep_function(spec: BodySpec, region_off: int) -> tuple[list[str], float, flo
     ]
     ins, refs = 1 + 2 + 1 + 2 + 1, 1 + 2 + 2 + 1.0  # call, pushes, xor, pops, ret
     for _ in range(whole):
-        out += [f"    lea rdi, [r15 + {region_off}]", f"    mov ecx, {n}", f"    rep {op}"]
-        ins += 2 + n + 1
-        refs += n
+        out += [*dest, f"    mov ecx, {n}", f"    rep {op}"]
+        ins += d_ins + 1 + n + 1
+        refs += d_refs + n
     if frac > 0:
         out += [
             f"    mov rcx, qword ptr [r15 + {acc}]",
@@ -795,12 +822,12 @@ def rep_function(spec: BodySpec, region_off: int) -> tuple[list[str], float, flo
             "    shr rcx, 16",
             f"    jz .L{name}_rep_skip",
             f"    imul rcx, rcx, {n}",
-            f"    lea rdi, [r15 + {region_off}]",
+            *dest,
             f"    rep {op}",
             f".L{name}_rep_skip:",
         ]
-        ins += 7 + frac / 65536 * (n + 3)
-        refs += 2 + frac / 65536 * n
+        ins += 7 + frac / 65536 * (n + 2 + d_ins)
+        refs += 2 + frac / 65536 * (n + d_refs)
     out += ["    pop rdi", "    pop rcx", "    ret", f"    .size clone_rep_{name}, .-clone_rep_{name}"]
     return out, ins, refs
 

@@ -143,6 +143,8 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         rep_per_event=rep[0],
         rep_iters=rep[1],
         rep_width=rep[2],
+        # (its lines missed the profiled D1 in the original: they come back from beyond it)
+        rep_cold=rep[0] > 0 and _rep_fields("profile body", b["rep"])["d1_miss_fraction"] > 0.5,
     )
 
 
@@ -156,7 +158,7 @@ def _rep_fields(what: str, r) -> dict[str, float]:
     if not isinstance(r, dict):
         raise CloneError(f"{what} rep is {type(r).__name__}, not an object: corrupt profile")
     out = {}
-    for k in ("executions_per_event", "instructions_per_event", "bytes_per_execution"):
+    for k in ("executions_per_event", "instructions_per_event", "bytes_per_execution", "d1_miss_fraction"):
         v = r.get(k, 0.0)
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
             raise CloneError(f"{what} rep.{k} is {v!r}, not a finite number >= 0: corrupt profile")

@@ -319,7 +319,9 @@ def analyse(costs: list[ThreadCosts]) -> dict:
     i_ir = ev.index("Ir")
     i_bc = ev.index("Bc") if "Bc" in ev else None
     i_bcm = ev.index("Bcm") if "Bcm" in ev else None
+    i_d1 = [ev.index(e) for e in ("D1mr", "D1mw") if e in ev]
     per_instr: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # Ir, Bc, Bcm
+    d1: dict[tuple[str, int], int] = defaultdict(int)  # D1 misses (the rep instructions' are kept)
     taken: dict[tuple[str, int], int] = defaultdict(int)
     for tc in costs:
         for key, c in tc.instr.items():
@@ -328,6 +330,7 @@ def analyse(costs: list[ThreadCosts]) -> dict:
             if i_bc is not None and len(c) > i_bcm:
                 slot[1] += c[i_bc]
                 slot[2] += c[i_bcm]
+            d1[key] += sum(c[i] for i in i_d1 if len(c) > i)
         for key, (t, _e) in tc.jcnd.items():
             taken[key] += t
     mix = {f"{c}/{m}": 0 for c in CLASSES for m in MEMFLAGS}
@@ -335,7 +338,7 @@ def analyse(costs: list[ThreadCosts]) -> dict:
     total = 0
     size_sum = 0
     branches = []  # [p, r_est, executed, mispredict_rate]
-    rep_iters = rep_execs = rep_bytes = rep_bc = rep_bcm = 0
+    rep_iters = rep_execs = rep_bytes = rep_bc = rep_bcm = rep_d1 = 0
     decoded: dict[str, list[tuple[int, int, object]]] = defaultdict(list)
     for (obj, addr), (ir, bc, bcm) in per_instr.items():
         if ir <= 0:
@@ -369,6 +372,7 @@ def analyse(costs: list[ThreadCosts]) -> dict:
             rep_bytes += (ir - execs) * _REP_WIDTH.get(insn.mnemonic[-1:], 1)
             rep_bc += bc
             rep_bcm += bcm
+            rep_d1 += d1.get((obj, addr), 0)
             continue
         if bc > 0:
             t = min(taken.get((obj, addr), 0), bc)
@@ -397,6 +401,7 @@ def analyse(costs: list[ThreadCosts]) -> dict:
             "bytes": int(rep_bytes),
             "cond_branches": int(rep_bc),
             "mispredicts": int(rep_bcm),
+            "d1_misses": int(rep_d1),  # at the window's D1 (the profile's: A)
         },
         "raw_dep_hist": deps,
         "code_footprint_bytes": 64 * len(lines),
