@@ -472,6 +472,11 @@ def test_cold_rep_unit_misses_the_d1_at_both_sizes(tmp_path):
             got[cold, d1] = tc.fn_total("D1mw", "clone_rep_t") / (300 * 1.5 * 64)  # per line written
     assert all(got[True, d1] > 0.9 for d1 in ("32768,8,64", "49152,12,64")), got
     assert all(got[False, d1] < 0.2 for d1 in ("32768,8,64", "49152,12,64")), got
+    # a rare cold rep keeps one region: rotated, its lines would come back from beyond the LL
+    rare = _spec(instructions=4000, rep_per_event=0.0025, rep_iters=1104, rep_cold=True, events_per_request=3.0)
+    assert asmgen._rep_layout(rare) == (1152, 1)
+    often = _spec(instructions=4000, rep_per_event=0.25, rep_iters=6000, rep_cold=True)
+    assert asmgen._rep_layout(often) == (6016, 22)  # 128 KiB of regions, each back within ~88 requests
 
 
 def test_body_rep_from_profile_and_skeleton():

@@ -750,15 +750,24 @@ def rep_bytes(spec: BodySpec) -> int:
 
 
 REP_COLD_SPAN = 128 << 10  # a cold rep rotates over regions of this much in all (4x A's D1)
+REP_REVISIT_REQUESTS = 100  # ... and each region comes back within this many requests
 
 
 def _rep_layout(spec: BodySpec) -> tuple[int, int]:
     """(stride, count) of the rep unit's regions: one, or for a cold rep as many as fill
-    REP_COLD_SPAN, so that each comes back after beyond any D1 swept, within the LL."""
+    REP_COLD_SPAN, so that each comes back after beyond any D1 swept, within the LL. A rare
+    rep's one region already comes back from beyond the D1; rotating it too would bring its
+    lines back from beyond the LL (memcached's timer: one 1,104-byte copy every ~130 requests,
+    114 regions, each back after ~15,000 requests, longer than a window): at most as many
+    regions as it runs executions in REP_REVISIT_REQUESTS requests."""
     stride = (rep_bytes(spec) + 63) // 64 * 64
     if not stride:
         return 0, 0
-    return stride, (max(2, -(-REP_COLD_SPAN // stride)) if spec.rep_cold else 1)
+    if not spec.rep_cold:
+        return stride, 1
+    per_request = spec.rep_per_event * spec.events_per_request
+    count = min(-(-REP_COLD_SPAN // stride), int(per_request * REP_REVISIT_REQUESTS))
+    return stride, max(1, count)
 
 
 def rep_region_bytes(spec: BodySpec) -> int:
