@@ -377,7 +377,7 @@ static NOINST __attribute__((noinline)) void held_log(const struct ts_held *e, u
 	uint64_t hold = ticks_ns(released - e->acquired, mult);
 	uint64_t thresh = ts_mutex_thresh_ns();
 	if (wait <= thresh && hold <= thresh)
-		return; /* held_long's tick limit rounds down: the exact test is here */
+		return; /* the unlock's deadline rounds down: the exact test is here */
 	uint64_t w = e->wait_start, a = e->acquired, r = released;
 	if (e->tsc) {
 		r = anchor_ns(r, mult);

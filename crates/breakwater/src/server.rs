@@ -268,6 +268,7 @@ impl Buckets {
             p90_us: q(0.9),
             p99_us: q(0.99),
             over_1ms: over,
+            at_range_end: counts[Self::N - 1],
         }
     }
 }
@@ -282,6 +283,9 @@ pub struct LatencyBuckets {
     pub p99_us: f64,
     /// Values of 1 ms or more.
     pub over_1ms: u64,
+    /// Values in the last bucket, at or past 9.98 ms: the histogram ends
+    /// there, so a quantile of 10,000 µs says "at least that" (review L11).
+    pub at_range_end: u64,
 }
 
 impl Counters {
@@ -1232,5 +1236,7 @@ mod tests {
         assert_eq!(s.p99_us, 1520.0, "the 99th value is the 1.5 ms one");
         assert_eq!(s.over_1ms, 2);
         assert_eq!(b.summary(2_000_000).over_1ms, 1);
+        // the clamped value is counted as such: a quantile there is a floor
+        assert_eq!((s.at_range_end, empty.at_range_end), (1, 0));
     }
 }
