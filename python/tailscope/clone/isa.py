@@ -320,8 +320,8 @@ def analyse(costs: list[ThreadCosts]) -> dict:
     i_bc = ev.index("Bc") if "Bc" in ev else None
     i_bcm = ev.index("Bcm") if "Bcm" in ev else None
     i_d1 = [ev.index(e) for e in ("D1mr", "D1mw") if e in ev]
-    per_instr: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0])  # Ir, Bc, Bcm
-    d1: dict[tuple[str, int], int] = defaultdict(int)  # D1 misses (the rep instructions' are kept)
+    # Ir, Bc, Bcm, D1 misses (the last used for the rep instructions)
+    per_instr: dict[tuple[str, int], list[int]] = defaultdict(lambda: [0, 0, 0, 0])
     taken: dict[tuple[str, int], int] = defaultdict(int)
     for tc in costs:
         for key, c in tc.instr.items():
@@ -330,7 +330,7 @@ def analyse(costs: list[ThreadCosts]) -> dict:
             if i_bc is not None and len(c) > i_bcm:
                 slot[1] += c[i_bc]
                 slot[2] += c[i_bcm]
-            d1[key] += sum(c[i] for i in i_d1 if len(c) > i)
+            slot[3] += sum(c[i] for i in i_d1 if len(c) > i)
         for key, (t, _e) in tc.jcnd.items():
             taken[key] += t
     mix = {f"{c}/{m}": 0 for c in CLASSES for m in MEMFLAGS}
@@ -340,7 +340,7 @@ def analyse(costs: list[ThreadCosts]) -> dict:
     branches = []  # [p, r_est, executed, mispredict_rate]
     rep_iters = rep_execs = rep_bytes = rep_bc = rep_bcm = rep_d1 = 0
     decoded: dict[str, list[tuple[int, int, object]]] = defaultdict(list)
-    for (obj, addr), (ir, bc, bcm) in per_instr.items():
+    for (obj, addr), (ir, bc, bcm, d1m) in per_instr.items():
         if ir <= 0:
             continue
         total += ir
@@ -372,7 +372,7 @@ def analyse(costs: list[ThreadCosts]) -> dict:
             rep_bytes += (ir - execs) * _REP_WIDTH.get(insn.mnemonic[-1:], 1)
             rep_bc += bc
             rep_bcm += bcm
-            rep_d1 += d1.get((obj, addr), 0)
+            rep_d1 += d1m
             continue
         if bc > 0:
             t = min(taken.get((obj, addr), 0), bc)
