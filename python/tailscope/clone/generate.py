@@ -53,6 +53,12 @@ def _c_ident_ok(v) -> int:
     return int(v)
 
 
+def body_name(ci, role: str) -> str:
+    """The body's name in the clone (clone_body_<name>, its threads' name in clone.json): one per
+    role, a background cluster by its index."""
+    return {"worker": "worker", "acceptor+worker": "worker", "acceptor": "acceptor"}.get(role, f"bg{ci}")
+
+
 def _body_cond(b: dict, skel: dict | None, body_ir: float) -> float:
     """Conditional branches per body instruction: the original's per event less the skeleton's."""
     cond = b.get("cond_per_insn", 0.0)
@@ -304,7 +310,7 @@ def generate(
         b = bodies.get(str(ci))
         if c["role"] not in BODY_ROLES or b is None:
             continue
-        name = {"worker": "worker", "acceptor+worker": "worker", "acceptor": "acceptor"}.get(c["role"], f"bg{ci}")
+        name = body_name(ci, c["role"])
         specs[ci] = body_spec(name, b, (skeleton or {}).get(name))
         specs[ci].walk_base = len(specs) - 1
         req = max(1, (prof.get("valgrind") or {}).get("requests") or 1)

@@ -198,10 +198,6 @@ def _split(win: vg.Window, meta: dict) -> dict:
     return out
 
 
-def _body_name(ci: str, role: str) -> str:
-    return {"worker": "worker", "acceptor+worker": "worker", "acceptor": "acceptor"}.get(role, f"bg{ci}")
-
-
 def _targets_by_body(prof: dict) -> dict[str, float]:
     """The original's instructions per request of each body's threads: over the profile's pool of
     windows where it has one (session 9), else its detail window."""
@@ -209,7 +205,7 @@ def _targets_by_body(prof: dict) -> dict[str, float]:
     pooled = prof["valgrind"].get("body_instructions_per_request") or {}
     out: dict[str, float] = {}
     for ci, b in prof["body"].items():
-        name = _body_name(ci, b["role"])
+        name = gen.body_name(ci, b["role"])
         v = pooled.get(ci)
         if v is None:
             v = b["instructions_per_event"] * b.get("events", req) / req
@@ -225,7 +221,8 @@ def _d1_targets_by_body(prof: dict) -> dict[str, float]:
     for ci, b in prof["body"].items():
         v = pooled.get(ci)
         if isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0:
-            out[_body_name(ci, b["role"])] = out.get(_body_name(ci, b["role"]), 0.0) + float(v)
+            name = gen.body_name(ci, b["role"])
+            out[name] = out.get(name, 0.0) + float(v)
     return out
 
 
