@@ -639,6 +639,77 @@ def test_a_knob_changes_only_what_it_tunes():
     assert all(re.match(r"\s*mov r1[01], ", x) for x, _ in diff), diff[:5]
 
 
+def _layout_spec():
+    return _spec(
+        instructions=6000,
+        chunk_insns=6,
+        mix={"arith/reg": 0.5, "mov/load": 0.3, "mov/store": 0.2},
+        mem_per_insn=0.5,
+        main_fraction=0.5,
+        icode_bins=[(256, 0.2), (1024, 0.2), (2048, 0.3), (8192, 0.3)],
+        data_bins=[(128, 0.1), (256, 0.1), (512, 0.1), (1024, 0.1), (8192, 0.2), (16384, 0.2), (65536, 0.2)],
+    )
+
+
+def test_regions_are_placed_in_cache_colour():
+    """The blocks' and the walkers' regions follow one another in cache colour (place_colored):
+    their lines spread evenly over a 32 KiB 8-way D1's 64 sets. Each on a 4 KiB boundary (up
+    to session 12), every region began in set 0, the first sets of each 64 held most of the
+    small regions' lines, and memcached's slowly walked regions lost lines from the LL between
+    two passes (DL 190-330% over) and its D1 misses started 5x over."""
+    assert asmgen.place_colored(8192, 0) == 8192
+    assert asmgen.place_colored(8193, 0) == 8192 + 4096
+    assert asmgen.place_colored(8192, 5) == 8192 + 5 * 64
+    assert asmgen.place_colored(8192 + 6 * 64, 5) == 8192 + 4096 + 5 * 64
+    spec = _layout_spec()
+    _, blocks, _ = asmgen.generate_body(spec, np.random.default_rng(1), {})
+    regions = [(b.region_off, b.region_bytes) for b in blocks if b.region_bytes]
+    regions += [(o, n) for o, n, rank in spec.touch if rank > 0]  # the walkers' regions
+    assert len(regions) >= 8, regions
+    # each starts where the one before ended, in colour: no two start in the same D1 set
+    starts = [off // 64 % 64 for off, _ in regions]
+    assert len(set(starts)) == len(starts), regions
+    per_set = [0] * 64
+    for off, n in regions:
+        for line in range(off // 64, (off + n) // 64):
+            per_set[line % 64] += 1
+    mean = sum(per_set) / 64
+    assert max(per_set) <= 1.5 * mean + 1, per_set
+    assert min(per_set) >= 0.5 * mean - 1, per_set
+
+
+def test_walkers_are_sized_at_the_rate_they_run():
+    """layer_walkers sizes a region for the reuse distance its bin wants at the rate the knobs
+    give its walker (session 13). Sized at the profiled rate, a walker the D1 knob slowed came
+    round after everything else had walked more lines, so its reuse distance grew with the
+    knob; at the rate it runs, a slowed body's regions shrink instead and keep the distance."""
+
+    def sizes(knobs):
+        a, b = _layout_spec(), _layout_spec()
+        a.name, b.name = "worker", "timer"
+        b.walk_base = 1
+        asmgen.layer_walkers([a, b], knobs)
+        return sum(b.walk_sizes.values()), sum(a.walk_sizes.values())
+
+    slow, other = sizes({"data_far_scale:timer": 0.1})
+    base, other0 = sizes({})
+    assert slow < 0.8 * base, (slow, base)
+    # and the other body's regions grow: the slowed one brings fewer lines between their passes
+    assert other > 1.2 * other0, (other, other0)
+
+
+@needs_gcc
+def test_a_body_whose_conflict_rings_are_all_off_builds(tmp_path):
+    """A body with LL sweep bins whose rings the knobs turned off (rate x scale below the least)
+    still has its start-up warm function and no call of a missing clone_llc_<name>: up to
+    session 13 this failed to link."""
+    spec = _spec(instructions=3000, chunk_insns=5, llc_code=[(4 << 20, 0.3)], llc_data=[(8 << 20, 0.25)])
+    out = asmgen.write_standalone(spec, tmp_path, seed=1, calls=10, knobs={"code_llc_scale": 0, "data_llc_scale": 0})
+    text = "\n".join(out["lines"])
+    assert "clone_llc_warm_t:" in text and "call clone_llc_t" not in text
+    assert (tmp_path / "harness").exists()
+
+
 def test_tuning_step_per_metric():
     """One tuning step: the per-body instruction knob is a Newton step on the measured body share
     (exact for a linear response), the far-data and far-code rates too, the others damped."""
@@ -1137,6 +1208,16 @@ def test_ll_sweep_bins_and_the_split_tuning_step():
     # data: rest 0.004; walkers want 0.2 x 0.010 - 0.004 < 0 -> their floor step; rings 0.006
     assert k["data_ll_scale"] == pytest.approx(0.05)
     assert k["data_llc_scale"] == pytest.approx(0.006 / 0.004)
+    # session 13: with the walkers beyond the LL at their floor, clone_far_'s misses are those of
+    # the walkers within it and stay: the rings give what is left (0.010 - 0.001 - 0.003), not
+    # what the walkers were asked for (memcached's DL sat 20-30% over with the rings at 1.0)
+    floor = dict(knobs, data_ll_scale=tune.DATA_LL_FLOOR)
+    m = {"IL_misses_per_request": 0.014, "DL_misses_per_request": 0.013}
+    split["far"] = {"I1mr": 0.0, "DLmr": 0.003, "DLmw": 0.0}
+    split["llc"] = {"ILmr": 0.006, "DLmr": 0.009, "DLmw": 0.0}
+    k = tune.update_knobs(floor, m, target, split, {})
+    assert k["data_ll_scale"] == tune.DATA_LL_FLOOR
+    assert k["data_llc_scale"] == pytest.approx(0.006 / 0.009)
 
 
 @needs_valgrind

@@ -377,6 +377,7 @@ def _emit(cls: str, mem: str, regs: _Regs, mema: _Mem, rng, rep_len: int) -> lis
 BLOCK_MIN_MASS = 0.15  # blocks lighter than this merge into a neighbour (_merge_small)
 NEAR_MAX = 1024  # data bins up to this size are walked inside the blocks; larger ones by walkers
 COLD_BYTES = 8 << 20  # every arena ends with a region never touched before the body walks it
+COLOR_LINES = 64  # lines of a 4 KiB page: the sets a D1 of 32 KiB and 8 ways spans (place_colored)
 WALK_LINES = 8  # lines per pass of a walker (fewer when it walks fewer lines per event)
 BLOCK_SLOTS = 4096  # arena offset of the blocks' shared region cursors (8 B each, 32 per body)
 BODY_SLOTS = 48  # walker/ring slots per body (16 B each)
@@ -397,6 +398,14 @@ def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:
     return float(knobs.get(f"{key}:{name}", knobs.get(key, default)))
 
 
+def body_instructions(spec: BodySpec, knobs: dict) -> float:
+    """A body's instructions per event as generated: the rep unit's are the profile's, not
+    scaled; `instr_scale` scales the rest, so the blocks' share stays proportional to it (tune.py's
+    Newton step on the body's share)."""
+    rep_fixed = rep_function(spec, 0)[1]
+    return max(0.0, spec.instructions - rep_fixed) * body_knob(knobs, "instr_scale", spec.name) + rep_fixed
+
+
 def _walk_split(lines: float) -> tuple[int, float]:
     """A walker's lines per event as whole lines and a fraction (at most 256 whole lines)."""
     whole = min(256, int(lines))
@@ -412,7 +421,24 @@ def walker_cost(w: dict) -> tuple[int, int]:
     return 13 + whole + (1 if whole else 0) + (5 if f else 0), 4 + whole + (1 if whole else 0) + (2 if f else 0)
 
 
-def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, off: int) -> tuple[list[dict], int]:
+def place_colored(off: int, color: int) -> int:
+    """The first line-aligned offset at or after `off` whose line is `color` modulo COLOR_LINES.
+
+    Regions are placed one after another in colour: each starts in the set after the last line
+    of the one before (session 13). Up to session 12 every region started on a 4 KiB boundary, so
+    every region began in D1 set 0 (32 KiB, 8 ways: 64 sets span 4 KiB) and in one of the LL's
+    4 KiB-aligned sets, and the small hot regions of all three of memcached's arenas piled into
+    the first sets of each 64: a slowly walked worker region lost 4-8% of its lines from a 2 MiB
+    LL between two passes (its data-side LL misses 190-330% over the original's whatever the
+    knobs said; 0.024 -> 0.0075 misses per request with colour, target 0.0058), and the D1 knobs
+    started 5x over the original's D1 misses."""
+    x = (off + 63) // 64
+    return 64 * (x + (color - x) % COLOR_LINES)
+
+
+def plan_walkers(
+    spec: BodySpec, instructions: float, knobs: dict, below: int, off: int, color: int = 0
+) -> tuple[list[dict], int]:
     """The data working-set bins beyond NEAR_MAX: one walker per bin (Ditto's per-bin regions).
 
     A walker touches `lines` new lines of its own region per event (a fractional number of passes
@@ -479,9 +505,10 @@ def plan_walkers(spec: BodySpec, instructions: float, knobs: dict, below: int, o
             out.append({"bin": s, "lines": lh, "per_pass": pp, "bytes": size, "cold": False, "slot": 2 * i + h})
     for w in out:
         if not w["cold"]:
-            w["off"] = off
-            off = (off + w["bytes"] + 4095) // 4096 * 4096
-    return out, off
+            w["off"] = place_colored(off, color)
+            off = w["off"] + w["bytes"]
+            color += w["bytes"] // 64
+    return out, (off + 4095) // 4096 * 4096
 
 
 def _near_blocks(spec: BodySpec, ll: int, i1: int = 32768) -> list[Block]:
@@ -901,7 +928,11 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     items = []  # [spec index, kind, key, lines, accesses per request, target bytes]
     for i, sp in enumerate(specs):
         tot = sum(m for _, m in sp.data_bins) or 1.0
-        main = sp.mem_per_insn * sp.main_fraction * sp.instructions * sp.events_per_request
+        # the walkers at the rate they run at (plan_walkers: the knobs scale it; session 13). At
+        # the profiled rate, a walker that the D1 knob slowed went round its region less often
+        # than sized, everything else walked meanwhile pushed its lines beyond the LL, and
+        # memcached's data-side LL misses went from 32% to 160-200% over as the D1 knobs fell
+        main_now = sp.mem_per_insn * sp.main_fraction * body_instructions(sp, knobs) * sp.events_per_request
         for bi, b in enumerate(_near_blocks(sp, ll, knobs.get("i1_bytes", 32768))):
             if b.region_bytes and b.weight > 0:
                 a = b.weight * b.main_per_insn * sp.instructions * sp.events_per_request
@@ -915,8 +946,9 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
                     fixed_lines = WALK_MID * s / 64
                     items.append([i, "fixed", s, fixed_lines, fixed_lines * sp.events_per_request, 0.0])
                     continue
+                rate = body_knob(knobs, "data_ll_scale" if s >= ll else "data_far_scale", sp.name)
                 for h, q in enumerate(WALK_QUARTILES):  # plan_walkers: two walkers per bin
-                    items.append([i, "walk", (s, h), q * s / 64, max(1e-6, m / tot * main / 2), q * s])
+                    items.append([i, "walk", (s, h), q * s / 64, max(1e-6, m / tot * main_now * rate / 2), q * s])
     # the code: per body, its blocks and the skeleton run every event (fixed), rings (solved);
     # the L1 caches are split, so code and data are separate stacks
     code = []
@@ -999,21 +1031,22 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     """
     i1 = knobs.get("i1_bytes", 32768)
     ll = knobs.get("ll_bytes", 2 << 20)
-    # the rep unit's instructions are the profile's, not scaled: `instr_scale` scales the rest, so
-    # the blocks' share stays proportional to it (tune.py's Newton step on the body's share)
     _, rep_fixed, rep_fixed_refs = rep_function(spec, 0)
-    instructions = max(0.0, spec.instructions - rep_fixed) * body_knob(knobs, "instr_scale", spec.name) + rep_fixed
+    instructions = body_instructions(spec, knobs)
     # data bins up to NEAR_MAX: the blocks' regions (coupled with the code bins); beyond: walkers
     blocks = _near_blocks(spec, ll, i1)
-    # layout of the arena: tiny region and the walkers' slots, each block's region (4 KiB
-    # aligned), the walkers' regions, and the cold region at the end
+    # layout of the arena: tiny region and the walkers' slots, each block's region, the walkers'
+    # regions (one after another in cache colour: place_colored; each body's arena starts at a
+    # colour of its own), and the cold region at the end
     off = 8192
+    color = 16 * spec.walk_base
     for b in blocks:
         if b.region_bytes:
-            b.region_off = off
-            off += 2 * b.region_bytes + 64 * 64 + 4096  # the walk reaches one step past the region
-            off = (off + 4095) // 4096 * 4096
-    walkers, off = plan_walkers(spec, instructions, knobs, sum(b.region_bytes for b in blocks), off)
+            b.region_off = place_colored(off, color)
+            color += b.region_bytes // 64 + 1
+            # the walk reaches one step past the region
+            off = b.region_off + 2 * b.region_bytes + 64 * 64 + 4096
+    walkers, off = plan_walkers(spec, instructions, knobs, sum(b.region_bytes for b in blocks), off, color)
     llc = llc_rings(spec, knobs)
     llc_off = off
     off = (off + llc_region_bytes(llc) + 4095) // 4096 * 4096
@@ -1239,7 +1272,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         mixp,
         cond,
         leaf,
-        bool(llc_lines),
+        bool(llc),  # (not llc_lines: they hold clone_llc_warm_ even when no ring is left)
         bool(brx_lines),
         bool(rep_lines),
     )
