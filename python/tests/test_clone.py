@@ -651,6 +651,25 @@ def _layout_spec():
     )
 
 
+def test_each_block_rotates_its_patterns_by_its_own_passes():
+    """A block's patterns start rotated by its own passes so far and its rare branches test its
+    own pass counter (session 13): with one counter that every block's passes advanced, a block
+    run once per event read its pattern's bits D apart (D, all blocks' passes per event), so its
+    branches' transition rates were not the profile's."""
+    spec = _layout_spec()
+    spec.branches = [[0.5, 0.2, 1], [0.01, 0.005, 1]]
+    lines, blocks, _ = asmgen.generate_body(spec, np.random.default_rng(2), {})
+    text = "\n".join(lines)
+    rot = re.findall(r"mov ecx, dword ptr \[rdi \+ (\d+)\]", text)
+    inc = re.findall(r"inc qword ptr \[rdi \+ (\d+)\]", text)
+    masks = set(re.findall(r"test dword ptr \[rdi \+ (\d+)\], \d+", text))
+    assert len(rot) == sum(1 for b in blocks if b.weight > 0) >= 3, rot
+    assert len(set(rot)) == len(rot), rot  # a counter per block
+    assert set(rot) <= set(inc) and str(asmgen.STATE_ITER) in inc  # (st->iter: once per event)
+    assert masks and masks <= set(rot), (masks, rot)
+    assert all(int(x) >= asmgen.STATE_BLOCK_PASSES for x in rot)
+
+
 def test_regions_are_placed_in_cache_colour():
     """The blocks' and the walkers' regions follow one another in cache colour (place_colored):
     their lines spread evenly over a 32 KiB 8-way D1's 64 sets. Each on a 4 KiB boundary (up
@@ -1247,7 +1266,9 @@ def test_random_branch_unit_mispredicts_linearly_in_its_knob(tmp_path):
 
 def test_branch_unit_tuning_step():
     """Mispredictions: a Newton step on the unit's share at the clone's own branch count; a rest
-    that alone mispredicts too much sends the unit to its floor and steps the patterns down."""
+    that alone mispredicts too much sends the unit to its floor and moves the excess's share of
+    the patterns to the counter-mask form (session 13); once nearly all have, the transition
+    rates step down."""
     from tailscope.clone import tune
 
     knobs = {**generate.DEFAULT_KNOBS, "branch_x": 4.0}
@@ -1261,7 +1282,48 @@ def test_branch_unit_tuning_step():
     m2 = {"branch_mispredict_rate": 0.03, "cond_branches_per_request": 1000}
     split2 = {"threads": {}, "far": {}, "brx": {"Bc": 9.0, "Bcm": 3.0}}
     k2 = tune.update_knobs(knobs, m2, target, split2, {})
-    assert k2["branch_x"] == pytest.approx(0.2) and k2["branch_r_scale"] < knobs["branch_r_scale"]
+    # 30 mispredicted, 27 by the rest against 20 wanted: 7 / 27 of the patterns to the mask form
+    assert k2["branch_x"] == pytest.approx(0.2)
+    assert k2["branch_mask_frac"] == pytest.approx(7 / 27)
+    assert k2["branch_r_scale"] == knobs["branch_r_scale"]
+    k3 = tune.update_knobs(k2, m2, target, split2, {})
+    assert k3["branch_mask_frac"] == pytest.approx(7 / 27 + (1 - 7 / 27) * 7 / 27)
+    full = {**knobs, "branch_mask_frac": tune.MASK_FRAC_MAX}
+    k4 = tune.update_knobs(full, m2, target, split2, {})
+    assert k4["branch_mask_frac"] == tune.MASK_FRAC_MAX and k4["branch_r_scale"] < knobs["branch_r_scale"]
+
+
+@needs_valgrind
+@needs_gcc
+def test_counter_mask_share_lowers_the_mispredictions(tmp_path):
+    """branch_mask_frac moves a share of the patterns to the counter-mask form, which callgrind's
+    predictor (7 global history bits, 7 address bits) mispredicts far less than the rotating
+    patterns of the same taken rate: the lever the tuning loop needs when the rest of the clone
+    alone mispredicts too much (redis: branch_r_scale from 0.5 to 0.2 moved its rate by 7%)."""
+    import capstone
+
+    def rate(frac: float, r: float) -> float:
+        d = tmp_path / f"f{frac}_r{r}"
+        bins = [(512, 0.2), (1024, 0.2), (2048, 0.2), (4096, 0.2), (8192, 0.2)]
+        spec = _spec(instructions=3000, branches=[[0.5, r, 1]], icode_bins=bins)
+        asmgen.write_standalone(spec, d, seed=1, calls=1000, knobs={"branch_mask_frac": frac})
+        exe = d / "harness"
+        out = d / "cg.out"
+        cg = ["valgrind", "--tool=callgrind", "--branch-sim=yes", "--dump-instr=yes", f"--callgrind-out-file={out}"]
+        subprocess.run([*cg, str(exe), "1000"], check=True, capture_output=True)
+        tc = callgrind.parse(out)
+        lo, size = _body_range(exe, "t")
+        ins = list(capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64).disasm(isa.ElfImage(exe).read(lo, size), lo))
+        tests = {b.address for a, b in itertools.pairwise(ins) if a.mnemonic in ("bt", "test") and b.mnemonic[0] == "j"}
+        ib, im = tc.events.index("Bc"), tc.events.index("Bcm")
+        bc = sum(c[ib] for (_, a), c in tc.instr.items() if a in tests)
+        assert bc > 50_000
+        return sum(c[im] for (_, a), c in tc.instr.items() if a in tests) / bc
+
+    for r in (0.05, 0.45):
+        none, half, full = rate(0.0, r), rate(0.5, r), rate(1.0, r)
+        assert full < none / 5, (r, none, full)
+        assert full < half < none, (r, none, half, full)
 
 
 @needs_valgrind

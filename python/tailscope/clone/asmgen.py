@@ -15,13 +15,19 @@ the remainder across events). Each block has
     read-after-write distances follow the profiled histogram (§4.4.6);
   * conditional branches whose outcome is a bit of a rotating 64-bit pattern register, so a
     branch's taken rate p and transition rate r are those of the pattern (§4.4.3); rare or
-    near-certain branches (p < 1/64 or > 63/64) test low bits of the iteration counter.
+    near-certain branches (p < 1/64 or > 63/64) test low bits of the block's pass counter.
+    The pattern is rotated by the block's own passes so far, so a branch reads consecutive bits
+    from one pass to the next, across events too (session 13: rotated by a counter that every
+    block's passes advanced, a block run once per event read bits ~D apart, D the passes of
+    all blocks per event: its branches' outcomes were all but random and mispredicted 40-60%,
+    redis's worker 23% over its 66 pattern branches against the profiled ~5%).
 
 Registers: r15 data base, r13 region cursor, r12 loop count, r11/r10 the branch patterns' start
 values, rdi the state; rax rbx rcx rdx rsi rbp r8 r9 and xmm0-7 carry the mix. The branch state
-is in memory (session 11, `STATE_PATTERNS`): the iteration counter is `st->iter`, incremented
-in place, and the rotating patterns are two per-thread qwords of the state, so every conditional
-branch's test reads memory (`bt qword ptr [rdi + P], k` / `test dword ptr [rdi + 8], M`) and
+is in memory (session 11, `STATE_PATTERNS`): each block's pass counter is a per-thread qword
+of the state (`STATE_BLOCK_PASSES`), incremented in place, and the rotating patterns are two
+more, so every conditional branch's test reads memory (`bt qword ptr [rdi + P], k` /
+`test dword ptr [rdi + C], M`) and
 the loop's rotations and counter are read-modify-writes. With the pattern and counter in
 registers, a block's scaffolding (a test per conditional branch, the loop control) was all
 register-only, and with the original's short cache-line chunks it left too little room for
@@ -54,6 +60,7 @@ ZERO_OFF = 112  # a qword the mix never writes (its tiny-region slots end below 
 SINK_OFF = 0  # where the walkers store the sum of their loads (a tiny-region slot the mix writes too)
 STATE_DATA, STATE_ITER, STATE_BLOCKS = 0, 8, 16  # struct body_state offsets
 STATE_PATTERNS = (STATE_BLOCKS, STATE_BLOCKS + 8)  # the two rotating branch patterns (per thread)
+STATE_BLOCK_PASSES = STATE_BLOCKS + 16  # + 8 b: block b's passes so far (per thread, session 13)
 EST_INSN_BYTES = 4.6  # average encoded size of the generated instructions (measured)
 
 
@@ -163,14 +170,17 @@ def _merge_small(segs: list[tuple[float, int, int]], min_mass: float = 0.05) -> 
     return [tuple(x) for x in out]
 
 
-def _pattern(p: float, r: float, rng: np.random.Generator | None = None) -> int | None:
+def _pattern(p: float, r: float, rng: np.random.Generator | None = None, form_r: float | None = None) -> int | None:
     """A 64-bit cyclic pattern with round(64p) ones and about 64r transitions (even, feasible).
 
     Run lengths are split at random (seeded), so the sequence is irregular like a two-state
-    Markov chain rather than a strictly periodic one a history predictor would learn.
+    Markov chain rather than a strictly periodic one a history predictor would learn. `form_r`
+    (default r) decides between this and the counter-mask form: the profiled rate, so that a
+    tuning step on r (branch_r_scale) changes the patterns' bits and not the code's layout
+    (session 13: redis's rate fell from 0.0146 to 0.0046 in one step as patterns crossed over).
     """
     ones = round(64 * p)
-    if ones <= 1 or ones >= 63 or r < 3 / 64:
+    if ones <= 1 or ones >= 63 or (r if form_r is None else form_r) < 3 / 64:
         return None  # too coarse for a 64-bit pattern: the counter-mask form (_mask_branch)
     maxt = 2 * min(ones, 64 - ones)
     t = max(2, min(maxt, 2 * round(64 * r / 2)))
@@ -187,19 +197,34 @@ def _pattern(p: float, r: float, rng: np.random.Generator | None = None) -> int 
 
 
 def _branch_patterns(spec, bw, knobs, rng) -> list:
-    """Two branch patterns drawn from the body's profiled (taken, transition) pairs."""
+    """Two branch patterns drawn from the body's profiled (taken, transition) pairs.
+
+    A pattern whose draw u is below `branch_mask_frac` takes the counter-mask form whatever its
+    rates (session 13). callgrind's predictor indexes its counters by 7 global history bits and
+    7 address bits; a block's pattern branches read bits of one rotating register, and their
+    mispredictions hardly follow r (0.13 at r = 0.05, 0.18 at 0.5 in a standalone body), while
+    the counter masks' periodic outcomes are predicted well. redis's worker: 23-30% of its pattern
+    branches mispredicted against a profiled 1.06% overall, and branch_r_scale from 0.5 to 0.2
+    left the rate at 0.0128-0.0139 (target 0.0106), until the patterns crossed to the mask form
+    all at once (0.0054). The fraction is the tuning loop's lever on the patterns' share."""
     pats = []
-    for _ in range(2):
-        bsel = int(rng.choice(len(bw), p=bw)) if spec.branches else 0
+    frac = body_knob(knobs, "branch_mask_frac", spec.name, 0.0)
+    # every draw first, and each pattern's run lengths from a generator of its own: a knob that
+    # changes one pattern's runs (branch_r_scale) must not change which pair the next one draws
+    draws = [
+        (int(rng.choice(len(bw), p=bw)) if spec.branches else 0, float(rng.random()), int(rng.integers(0, 2**62)))
+        for _ in range(2)
+    ]
+    for bsel, u, seed in draws:
         p, r = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
-        r = min(1.0, r * body_knob(knobs, "branch_r_scale", spec.name))
-        pats.append((p, r, _pattern(p, r, rng)))
+        r0, r = r, min(1.0, r * body_knob(knobs, "branch_r_scale", spec.name))
+        pats.append((p, r, None if u < frac else _pattern(p, r, np.random.default_rng(seed), form_r=r0)))
     return pats
 
 
-def _mask_branch(p: float, r: float, target: str) -> list[str]:
-    """`test dword ptr [rdi + 8], M; jz/jnz` on the iteration counter (`st->iter`, in memory since
-    session 11): M = j ones shifted left by s.
+def _mask_branch(p: float, r: float, target: str, ctr: int = STATE_ITER) -> list[str]:
+    """`test dword ptr [rdi + ctr], M; jz/jnz` on a pass counter in the state (the block's own
+    since session 13, `st->iter` for the rings' variants): M = j ones shifted left by s.
 
     The outcome is "counter bits s..s+j-1 all zero" for 2^s iterations in every 2^(s+j): the
     rare outcome has probability 2^-j and there are two transitions per 2^(s+j) iterations,
@@ -211,7 +236,7 @@ def _mask_branch(p: float, r: float, target: str) -> list[str]:
     sh = max(0, min(31 - j, round(1 - j - math.log2(rr))))
     mask = ((1 << j) - 1) << sh
     jcc = "jz" if p < 0.5 else "jnz"
-    return [f"    test dword ptr [rdi + {STATE_ITER}], {mask}", f"    {jcc} {target}"]
+    return [f"    test dword ptr [rdi + {ctr}], {mask}", f"    {jcc} {target}"]
 
 
 def _split(n: int, k: int, rng: np.random.Generator | None = None) -> list[int]:
@@ -1145,7 +1170,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             fb = Block(weight=0.0, code_bytes=64 * r["v"], region_bytes=0, main_per_insn=0.0)
             vr = sub(1, r["slot"], 1, j)
             regs.rng = vr
-            body, count = _block_body(spec, fb, f"{lab}_v{j}", pats, regs, _Mem(vr), vr, keys, mixr, cond, leaf)
+            body, count = _block_body(
+                spec, fb, f"{lab}_v{j}", pats, regs, _Mem(vr), vr, keys, mixr, cond, leaf, STATE_ITER
+            )
             r["text"] += [f"    .p2align 6\n{lab}_v{j}:", *body, "    ret"]
             counts.append(count + 1)
         fixed = max(1, round(r["calls"] * 65536))
@@ -1163,7 +1190,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     out = [
         f"    .globl clone_body_{spec.name}",
         f"    .type clone_body_{spec.name}, @function",
-        "    .p2align 6",
+        "    .p2align 12",  # (a page of its own: its I1 sets do not depend on the code before it)
         f"clone_body_{spec.name}:",
         "    push rbx",
         "    push rbp",
@@ -1172,9 +1199,12 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         "    push r14",
         "    push r15",
         f"    mov r15, [rdi + {STATE_DATA}]",
+        # st->iter: once per event, for the rare branches of the rings' variants (the blocks count
+        # their own passes)
+        f"    inc qword ptr [rdi + {STATE_ITER}]",
     ]
     out += [f"    pxor {x}, {x}" for x in XMM[:4]]
-    expected = 11.0 + 4 + 7  # prologue above; epilogue: 6 pops, ret
+    expected = 12.0 + 4 + 7  # prologue above; epilogue: 6 pops, ret
     carry = 0.0
     code_scale = knobs.get("code_scale", 1.0) * _code_fit(spec, blocks, block_budget, i1)
     for bi, b in enumerate(blocks):
@@ -1195,7 +1225,8 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         regs.rng = br
         mema = _Mem(br)
         mixb = _draw_mix(keys, mixf, cost, cond, spec.chunk_insns, max(1, b.code_bytes // 64), looped=True)
-        body, count = _block_body(spec, b, lab, pats, regs, mema, br, keys, mixb, cond, leaf)
+        passes_slot = STATE_BLOCK_PASSES + 8 * bi
+        body, count = _block_body(spec, b, lab, pats, regs, mema, br, keys, mixb, cond, leaf, passes_slot)
         # per iteration: the body, two pattern rotations, the region cursor, the iteration counter
         k_iter = count + 2 + (4 if b.region_bytes else 0) + 1
         passes_f = b.weight * block_budget / max(1, k_iter + 2)
@@ -1223,7 +1254,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             f"    mov r11, {pats[0][2] or 0x5555555555555555}",
             f"    mov r10, {pats[1][2] or 0x3333333333333333}",
             "    push rcx",
-            f"    mov ecx, dword ptr [rdi + {STATE_ITER}]",
+            f"    mov ecx, dword ptr [rdi + {passes_slot}]",
             "    ror r11, cl",
             "    ror r10, cl",
             "    pop rcx",
@@ -1251,7 +1282,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
                 f"    lea rax, [r13 - {limit}]",
                 "    cmovae r13, rax",
             ]
-        out.append(f"    inc qword ptr [rdi + {STATE_ITER}]")
+        out.append(f"    inc qword ptr [rdi + {passes_slot}]")
         if mode != "once":
             out += ["    dec r12", f"    jnz {lab}"]
         if b.region_bytes:
@@ -1418,7 +1449,23 @@ def _far_function(
         out.append(f"    call clone_brx_{name}")
     if rep:  # the rep unit (rep_function)
         out.append(f"    call clone_rep_{name}")
-    out += ["    ret", *variants, f"    .size clone_far_{name}, .-clone_far_{name}"]
+    out += ["    ret", f"    .size clone_far_{name}, .-clone_far_{name}"]
+    if variants:
+        # the code rings' variants in a section of their own, page aligned (session 13): after
+        # the far function's code, every step of a knob that changes its size or a body's (the
+        # walkers' whole lines, cond_scale, mem_scale) moved them to other I1 sets, and memcached's
+        # I1 misses went from 0.0004 to 0.0013 per instruction with the ring knob steady. Named
+        # clone_far_<name>_rings: callgrind's costs stay the far function's (tune._split)
+        rings = f"clone_far_{name}_rings"
+        out += [
+            f'    .section .text.{rings},"ax",@progbits',
+            "    .p2align 12",
+            f"    .type {rings}, @function",
+            f"{rings}:",
+            *variants,
+            f"    .size {rings}, .-{rings}",
+            "    .text",
+        ]
     if tables:
         out += ["    .section .rodata", *tables, "    .text"]
     return out, expected
@@ -1511,9 +1558,11 @@ def _draw_mix(
     return p / p.sum() if p.sum() > 0 else np.full(len(keys), 1 / len(keys))
 
 
-def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> tuple[list[str], int]:
+def _block_body(
+    spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf, ctr: int = STATE_ITER
+) -> tuple[list[str], int]:
     """One iteration's instructions of block b and their dynamic count (rep iterations and the
-    leaf's ret included)."""
+    leaf's ret included). `ctr`: the state's pass counter its rare branches test (_mask_branch)."""
     body: list[str] = []
     state = {"count": 0, "skipped": 0.0}
     # each chunk draws from its own generator (keyed by its index): a knob that changes how many
@@ -1597,7 +1646,7 @@ def _block_body(spec, b, lab, pats, regs, mema, rng, keys, mixp, cond, leaf) -> 
         reg = f"qword ptr [rdi + {STATE_PATTERNS[which]}]"
         skip = target or f"{lab}_s{state['count']}"
         if pat is None:
-            body.extend(_mask_branch(p, _r, skip))
+            body.extend(_mask_branch(p, _r, skip, ctr))
         else:
             body.extend([f"    bt {reg}, {int(g[0].integers(0, 64))}", f"    jc {skip}"])
         state["count"] += 2

@@ -38,6 +38,7 @@ DEFAULT_KNOBS = {
     "code_llc_scale": 1.0,
     "data_llc_scale": 1.0,
     "branch_r_scale": 1.0,
+    "branch_mask_frac": 0.0,  # the share of branch patterns in the counter-mask form (asmgen._branch_patterns)
     "cond_scale": 1.0,
     "mem_scale": 1.0,  # a factor on the bodies' data references (tune.py: data references per request)
     "branch_x": 2.0,  # the random-branch unit's branches per event (asmgen.brx_function)

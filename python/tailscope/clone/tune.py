@@ -16,7 +16,8 @@ orthogonal, as the paper observes):
     LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses)
                                  data_llc_scale    (the data conflict rings: what a larger LL keeps)
     branch mispredictions     -> branch_x          (the random-branch unit, asmgen.brx_function;
-                                 branch_r_scale, the patterns' transition rates, only downwards)
+                                 branch_mask_frac, the patterns' share in the counter-mask form,
+                                 only upwards; then branch_r_scale, the transition rates, down)
 
 Each knob is one factor on a whole group, so it moves the level of a cache curve, not its shape:
 the shape (which bins, how many lines per event, region and ring sizes, the hot code footprint)
@@ -343,12 +344,17 @@ def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict) -> None:
     _newton(k, "data_llc_scale", t_dl - rest - stays, llc_dl)
 
 
+MASK_FRAC_MAX = 0.95  # beyond it the transition rates take the steps down (branch_r_scale)
+
+
 def _branch_unit_step(k: dict, m: dict, target: dict, brx: dict | None) -> bool:
     """Mispredictions per request from the random-branch unit (asmgen.brx_function, linear in
     `branch_x`): a Newton step on what the rest of the clone mispredicts, at the clone's own
     conditional branch count (the cond_scale step moves that count to the original's). When
-    the rest alone mispredicts more than the target, the unit goes to its floor and the patterns'
-    transition rates take a damped step down. False when the clone has no unit."""
+    the rest alone mispredicts more than the target, the unit goes to its floor and the excess's
+    share of the patterns moves to the counter-mask form (`branch_mask_frac`, session 13); once
+    nearly all have, the patterns' transition rates take a damped step down. False when the
+    clone has no unit, or when the rates are to step."""
     if not brx or brx.get("Bc", 0.0) <= 0:
         return False
     bc = m.get("cond_branches_per_request", 0.0)
@@ -357,6 +363,13 @@ def _branch_unit_step(k: dict, m: dict, target: dict, brx: dict | None) -> bool:
     want = target.get("branch_mispredict_rate", 0.0) * bc - (total - unit)
     if want <= 0:
         k["branch_x"] = _clamp(k.get("branch_x", 1.0) * 0.05, 0.01, 400.0)
+        # the rest over the target: move that share of the patterns not yet in the counter-mask
+        # form to it (asmgen._branch_patterns; they mispredict ~1% where the patterns do 12-17%)
+        frac = k.get("branch_mask_frac", 0.0)
+        rest = total - unit
+        if frac < MASK_FRAC_MAX and rest > 0:
+            k["branch_mask_frac"] = min(MASK_FRAC_MAX, frac + (1.0 - frac) * _clamp(-want / rest, 0.05, 0.5))
+            return True  # (the transition rates stay: one lever at a time)
         return False
     if unit > 0:
         k["branch_x"] = _clamp(k.get("branch_x", 1.0) * _clamp(want / unit, 0.1, 4.0), 0.01, 400.0)
