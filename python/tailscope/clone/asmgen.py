@@ -199,14 +199,15 @@ def _pattern(p: float, r: float, rng: np.random.Generator | None = None, form_r:
 def _branch_patterns(spec, bw, knobs, rng) -> list:
     """Two branch patterns drawn from the body's profiled (taken, transition) pairs.
 
-    A pattern whose draw u is below `branch_mask_frac` takes the counter-mask form whatever its
-    rates (session 13). callgrind's predictor indexes its counters by 7 global history bits and
-    7 address bits; a block's pattern branches read bits of one rotating register, and their
-    mispredictions hardly follow r (0.13 at r = 0.05, 0.18 at 0.5 in a standalone body), while
-    the counter masks' periodic outcomes are predicted well. redis's worker: 23-30% of its pattern
-    branches mispredicted against a profiled 1.06% overall, and branch_r_scale from 0.5 to 0.2
-    left the rate at 0.0128-0.0139 (target 0.0106), until the patterns crossed to the mask form
-    all at once (0.0054). The fraction is the tuning loop's lever on the patterns' share."""
+    A pattern whose draw u is below `branch_mask_frac` takes a counter form whatever its rates
+    (session 13; `_threshold_branch`, which keeps its taken rate). callgrind's predictor indexes
+    its counters by 7 global history bits and 7 address bits; a block's pattern branches read
+    bits of one rotating register, and their mispredictions hardly follow r (0.13 at r = 0.05,
+    0.18 at 0.5 in a standalone body), while a counter's periodic outcomes are predicted well.
+    redis's worker: 23-30% of its pattern branches mispredicted against a profiled 1.06%
+    overall, and branch_r_scale from 0.5 to 0.2 left the rate at 0.0128-0.0139 (target 0.0106),
+    until the patterns crossed to the mask form all at once (0.0054). The fraction is the tuning
+    loop's lever on the patterns' share."""
     pats = []
     frac = body_knob(knobs, "branch_mask_frac", spec.name, 0.0)
     # every draw first, and each pattern's run lengths from a generator of its own: a knob that
@@ -218,8 +219,20 @@ def _branch_patterns(spec, bw, knobs, rng) -> list:
     for bsel, u, seed in draws:
         p, r = (spec.branches[bsel][0], spec.branches[bsel][1]) if spec.branches else (0.5, 0.1)
         r0, r = r, min(1.0, r * body_knob(knobs, "branch_r_scale", spec.name))
-        pats.append((p, r, None if u < frac else _pattern(p, r, np.random.default_rng(seed), form_r=r0)))
+        pats.append((p, r, FORCED if u < frac else _pattern(p, r, np.random.default_rng(seed), form_r=r0)))
     return pats
+
+
+FORCED = -1  # a pattern the tuning loop moved to the counter form (_branch_patterns, _threshold_branch)
+
+
+def _threshold_branch(p: float, target: str, ctr: int) -> tuple[list[str], float]:
+    """`cmp byte ptr [rdi + ctr], T; jb`: taken while the pass counter's low byte is below
+    T = round(256 p), so the taken rate is p to 1/256 with two transitions per 256 passes (the
+    form `branch_mask_frac` gives a pattern; the mask form would round p to a power of two:
+    0.36 to 0.5). Returns the lines and the taken rate they give."""
+    t = max(1, min(255, round(256 * p)))
+    return [f"    cmp byte ptr [rdi + {ctr}], {t}", f"    jb {target}"], t / 256
 
 
 def _mask_branch(p: float, r: float, target: str, ctr: int = STATE_ITER) -> list[str]:
@@ -960,13 +973,13 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
         main_now = sp.mem_per_insn * sp.main_fraction * body_instructions(sp, knobs) * sp.events_per_request
         for bi, b in enumerate(_near_blocks(sp, ll, knobs.get("i1_bytes", 32768))):
             if b.region_bytes and b.weight > 0:
-                a = b.weight * b.main_per_insn * sp.instructions * sp.events_per_request
+                a = b.weight * b.main_per_insn * body_instructions(sp, knobs) * sp.events_per_request
                 if a / sp.events_per_request >= b.region_bytes / 64:
                     continue  # cycled within one run of its block: reused at its own size (as sized)
                 items.append([i, "near", bi, b.region_bytes / 64, max(1e-6, a), b.region_bytes])
         for s, m in sp.data_bins:
             if s > NEAR_MAX and m > 0 and s != sp.cold_bin:
-                lines_ev = m / tot * sp.mem_per_insn * sp.main_fraction * sp.instructions
+                lines_ev = m / tot * sp.mem_per_insn * sp.main_fraction * body_instructions(sp, knobs)
                 if lines_ev >= WALK_MID * s / 64:  # a static walker (plan_walkers): fixed, every event
                     fixed_lines = WALK_MID * s / 64
                     items.append([i, "fixed", s, fixed_lines, fixed_lines * sp.events_per_request, 0.0])
@@ -978,7 +991,7 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     # the L1 caches are split, so code and data are separate stacks
     code = []
     for i, sp in enumerate(specs):
-        ins = sp.instructions * body_knob(knobs, "instr_scale", sp.name)
+        ins = body_instructions(sp, knobs)
         if sp.hot_code_bytes > 0:  # the footprint _code_fit gives the blocks
             blocks_lines = sp.hot_code_bytes * knobs.get("code_scale", 1.0) / 64
         else:
@@ -1251,8 +1264,8 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         if b.region_bytes:
             out.append(f"    mov r13, [r15 + {cur_slot}]")
         out += [
-            f"    mov r11, {pats[0][2] or 0x5555555555555555}",
-            f"    mov r10, {pats[1][2] or 0x3333333333333333}",
+            f"    mov r11, {pats[0][2] if (pats[0][2] or 0) > 0 else 0x5555555555555555}",
+            f"    mov r10, {pats[1][2] if (pats[1][2] or 0) > 0 else 0x3333333333333333}",
             "    push rcx",
             f"    mov ecx, dword ptr [rdi + {passes_slot}]",
             "    ror r11, cl",
@@ -1645,10 +1658,14 @@ def _block_body(
         p, _r, pat = pats[which]
         reg = f"qword ptr [rdi + {STATE_PATTERNS[which]}]"
         skip = target or f"{lab}_s{state['count']}"
-        if pat is None:
+        bit = int(g[0].integers(0, 64))  # drawn whatever the form: a form change moves nothing else
+        if pat == FORCED:
+            lines, p = _threshold_branch(p, skip, ctr)
+            body.extend(lines)
+        elif pat is None:
             body.extend(_mask_branch(p, _r, skip, ctr))
         else:
-            body.extend([f"    bt {reg}, {int(g[0].integers(0, 64))}", f"    jc {skip}"])
+            body.extend([f"    bt {reg}, {bit}", f"    jc {skip}"])
         state["count"] += 2
         regs.tick(2)
         # the instruction a taken branch skips: one drawn from the mix (single-instruction

@@ -335,16 +335,19 @@ def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict) -> None:
     rest = max(0.0, c_dl - far_dl - llc_dl)
     p = _clamp(target.get("DL_persistent_fraction", 1.0), 0.0, 1.0)
     want_far = max(0.0, p * t_dl - rest)
+    # (judged at the knob these misses were measured at, before this step)
+    at_floor = k.get("data_ll_scale", 1.0) <= 2 * DATA_LL_FLOOR
     if far_dl > 0 or want_far > 0:
         _newton(k, "data_ll_scale", want_far, far_dl)
     # at its floor, what clone_far_ still misses is not the walkers beyond the LL but those within
     # it (a few lines per window): they stay, and the rings make up only the rest (session 13:
     # memcached's DL sat 20-30% over with the rings' knob at 1.0, 9 of 44 misses from those)
-    stays = far_dl if k["data_ll_scale"] <= 2 * DATA_LL_FLOOR else want_far
+    stays = far_dl if at_floor else want_far
     _newton(k, "data_llc_scale", t_dl - rest - stays, llc_dl)
 
 
-MASK_FRAC_MAX = 0.95  # beyond it the transition rates take the steps down (branch_r_scale)
+MASK_FRAC_MAX = 0.95  # the largest share of patterns in the counter form
+MASK_FRAC_R_FROM = 0.5  # from this share on, the transition rates step down too (branch_r_scale)
 
 
 def _branch_unit_step(k: dict, m: dict, target: dict, brx: dict | None) -> bool:
@@ -352,9 +355,9 @@ def _branch_unit_step(k: dict, m: dict, target: dict, brx: dict | None) -> bool:
     `branch_x`): a Newton step on what the rest of the clone mispredicts, at the clone's own
     conditional branch count (the cond_scale step moves that count to the original's). When
     the rest alone mispredicts more than the target, the unit goes to its floor and the excess's
-    share of the patterns moves to the counter-mask form (`branch_mask_frac`, session 13); once
-    nearly all have, the patterns' transition rates take a damped step down. False when the
-    clone has no unit, or when the rates are to step."""
+    share of the patterns moves to the counter form (`branch_mask_frac`, session 13); once half
+    have, the patterns' transition rates take a damped step down as well. False when the clone
+    has no unit, or when the rates are to step."""
     if not brx or brx.get("Bc", 0.0) <= 0:
         return False
     bc = m.get("cond_branches_per_request", 0.0)
@@ -369,10 +372,13 @@ def _branch_unit_step(k: dict, m: dict, target: dict, brx: dict | None) -> bool:
         rest = total - unit
         if frac < MASK_FRAC_MAX and rest > 0:
             k["branch_mask_frac"] = min(MASK_FRAC_MAX, frac + (1.0 - frac) * _clamp(-want / rest, 0.05, 0.5))
-            return True  # (the transition rates stay: one lever at a time)
+            # below half the patterns, one lever at a time; from there the transition rates step
+            # down too (a small excess would take tens of share steps to reach MASK_FRAC_MAX)
+            return frac < MASK_FRAC_R_FROM
         return False
     if unit > 0:
-        k["branch_x"] = _clamp(k.get("branch_x", 1.0) * _clamp(want / unit, 0.1, 4.0), 0.01, 400.0)
+        # (up to x10: from its floor the unit took five x4 steps to reach memcached's level, 0.01 to 15)
+        k["branch_x"] = _clamp(k.get("branch_x", 1.0) * _clamp(want / unit, 0.1, 10.0), 0.01, 400.0)
     else:
         k["branch_x"] = _clamp(k.get("branch_x", 1.0) * 2.0, 0.01, 400.0)
     return True
