@@ -19,8 +19,9 @@ the remainder across events). Each block has
     The pattern is rotated by the block's own passes so far, so a branch reads consecutive bits
     from one pass to the next, across events too (session 13: rotated by a counter that every
     block's passes advanced, a block run once per event read bits ~D apart, D the passes of
-    all blocks per event: its branches' outcomes were all but random and mispredicted 40-60%,
-    redis's worker 23% over its 66 pattern branches against the profiled ~5%).
+    all blocks per event, so its transition rate was the stride's, not the profile's. This
+    alone did not lower the mispredictions: redis's 66 once-per-event pattern branches
+    mispredicted 23% before and 30% after; see _branch_patterns for the lever that does).
 
 Registers: r15 data base, r13 region cursor, r12 loop count, r11/r10 the branch patterns' start
 values, rdi the state; rax rbx rcx rdx rsi rbp r8 r9 and xmm0-7 carry the mix. The branch state

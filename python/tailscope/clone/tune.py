@@ -16,8 +16,8 @@ orthogonal, as the paper observes):
     LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses)
                                  data_llc_scale    (the data conflict rings: what a larger LL keeps)
     branch mispredictions     -> branch_x          (the random-branch unit, asmgen.brx_function;
-                                 branch_mask_frac, the patterns' share in the counter-mask form,
-                                 only upwards; then branch_r_scale, the transition rates, down)
+                                 branch_mask_frac, the patterns' share in a counter form, only
+                                 upwards; from half, branch_r_scale, the transition rates, down)
 
 Each knob is one factor on a whole group, so it moves the level of a cache curve, not its shape:
 the shape (which bins, how many lines per event, region and ring sizes, the hot code footprint)
@@ -366,8 +366,8 @@ def _branch_unit_step(k: dict, m: dict, target: dict, brx: dict | None) -> bool:
     want = target.get("branch_mispredict_rate", 0.0) * bc - (total - unit)
     if want <= 0:
         k["branch_x"] = _clamp(k.get("branch_x", 1.0) * 0.05, 0.01, 400.0)
-        # the rest over the target: move that share of the patterns not yet in the counter-mask
-        # form to it (asmgen._branch_patterns; they mispredict ~1% where the patterns do 12-17%)
+        # the rest over the target: move that share of the patterns not yet in the counter form
+        # to it (asmgen._threshold_branch; it mispredicts ~1% where the patterns do 12-23%)
         frac = k.get("branch_mask_frac", 0.0)
         rest = total - unit
         if frac < MASK_FRAC_MAX and rest > 0:
