@@ -1305,6 +1305,20 @@ def test_branch_unit_tuning_step():
     assert k4["branch_mask_frac"] == tune.MASK_FRAC_MAX and k4["branch_r_scale"] < knobs["branch_r_scale"]
 
 
+def test_layout_knobs_freeze_at_the_best_iteration():
+    """From LAYOUT_FREEZE_AFTER on, the knobs that change the blocks' code take the best
+    iteration's values and the others keep their step (session 13: memcached's branch error
+    moved 4-26% while cond_scale and mem_scale stepped, 0.7-5.8% once they stayed)."""
+    from tailscope.clone import tune
+
+    best = {**generate.DEFAULT_KNOBS, "cond_scale": 1.19, "mem_scale": 0.9, "branch_mask_frac": 0.06}
+    new = {**best, "cond_scale": 1.23, "mem_scale": 0.85, "branch_mask_frac": 0.3, "branch_x": 7.0}
+    assert tune.freeze_layout(new, best, tune.LAYOUT_FREEZE_AFTER - 1) == new
+    frozen = tune.freeze_layout(new, best, tune.LAYOUT_FREEZE_AFTER)
+    assert {k: frozen[k] for k in tune.LAYOUT_KNOBS} == {k: best[k] for k in tune.LAYOUT_KNOBS}
+    assert frozen["branch_x"] == 7.0 and new["cond_scale"] == 1.23  # (the step's dict is not changed)
+
+
 @needs_valgrind
 @needs_gcc
 def test_counter_mask_share_lowers_the_mispredictions(tmp_path):
