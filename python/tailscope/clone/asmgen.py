@@ -971,16 +971,17 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
         # the profiled rate, a walker that the D1 knob slowed went round its region less often
         # than sized, everything else walked meanwhile pushed its lines beyond the LL, and
         # memcached's data-side LL misses went from 32% to 160-200% over as the D1 knobs fell
-        main_now = sp.mem_per_insn * sp.main_fraction * body_instructions(sp, knobs) * sp.events_per_request
+        ins = body_instructions(sp, knobs)  # (once per body: it builds the rep unit's text)
+        main_now = sp.mem_per_insn * sp.main_fraction * ins * sp.events_per_request
         for bi, b in enumerate(_near_blocks(sp, ll, knobs.get("i1_bytes", 32768))):
             if b.region_bytes and b.weight > 0:
-                a = b.weight * b.main_per_insn * body_instructions(sp, knobs) * sp.events_per_request
+                a = b.weight * b.main_per_insn * ins * sp.events_per_request
                 if a / sp.events_per_request >= b.region_bytes / 64:
                     continue  # cycled within one run of its block: reused at its own size (as sized)
                 items.append([i, "near", bi, b.region_bytes / 64, max(1e-6, a), b.region_bytes])
         for s, m in sp.data_bins:
             if s > NEAR_MAX and m > 0 and s != sp.cold_bin:
-                lines_ev = m / tot * sp.mem_per_insn * sp.main_fraction * body_instructions(sp, knobs)
+                lines_ev = m / tot * sp.mem_per_insn * sp.main_fraction * ins
                 if lines_ev >= WALK_MID * s / 64:  # a static walker (plan_walkers): fixed, every event
                     fixed_lines = WALK_MID * s / 64
                     items.append([i, "fixed", s, fixed_lines, fixed_lines * sp.events_per_request, 0.0])
