@@ -46,7 +46,7 @@ def test_null_run_blames_nothing(suite):
 
 
 def test_short_null_run_blames_only_platform_interrupts(suite):
-    """The matched control: the injected runs' 100 µs requests, nothing
+    """The matched control: the lock and fault runs' 100 µs requests, nothing
     injected. The VM's timer ticks and reply softirqs may make its p99 (they
     do: 9-12%), but no scheduler, blocking or fault event may pass 10%."""
     c = suite["causes"]["none-short"]
