@@ -1419,3 +1419,33 @@ def test_ll_conflict_rings_are_warm_at_a_larger_ll_from_their_first_use(tmp_path
     assert abs(got[2][0] - 0.02 * calls) <= 3, got
     assert 0.03 * calls - 16 <= got[2][1] <= 0.03 * calls + 3, got
     assert got[8][0] <= 3 and got[8][1] <= 3, got
+
+
+@needs_valgrind
+@needs_gcc
+def test_a_bin_reused_within_the_event_hits(tmp_path):
+    """A bin whose walkers take more lines per event than the region its reuse distance allows
+    is cycled within the event (a static walker, session 14). Up to session 13 a walker's region
+    held at least two events' loads, so its lines came back after two events' traffic: here the
+    16 KiB bin (160 lines per event) beside a 256 KiB bin (100) missed a 32 KiB D1 on nearly
+    every access, where its reuse distance says it hits."""
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=[(16384, 160 / 260), (262144, 100 / 260)],
+        mem_per_insn=0.4,
+        main_fraction=260 / 1600,
+        icode_bins=[(512, 1.0)],
+    )
+    asmgen.layer_walkers([spec], {})
+    walkers, _ = asmgen.plan_walkers(spec, 4000, {}, 0, 1 << 16)
+    small = [w for w in walkers if w["bin"] == 16384]
+    assert small and all(w.get("static") and w["bytes"] < 64 * w["per_pass"] for w in small), small
+    asmgen.write_standalone(spec, tmp_path, seed=1, calls=300)
+    tc = _cg_run(tmp_path, tmp_path / "harness", 300, "h", ("--cache-sim=yes", "--D1=32768,8,64", "--I1=32768,8,64"))
+    got = tc.fn_total("D1mr", "clone_far_t") / 300
+    # the 256 KiB bin's 100 lines miss; of the 16 KiB bin's 160, at most a quarter
+    assert got <= 100 + 0.25 * 160, got
+    assert got >= 0.9 * 100, got  # (and the far bin's lines do miss: the walkers ran)
