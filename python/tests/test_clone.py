@@ -1449,3 +1449,27 @@ def test_a_bin_reused_within_the_event_hits(tmp_path):
     # the 256 KiB bin's 100 lines miss; of the 16 KiB bin's 160, at most a quarter
     assert got <= 100 + 0.25 * 160, got
     assert got >= 0.9 * 100, got  # (and the far bin's lines do miss: the walkers ran)
+
+
+def test_the_static_walker_mode_does_not_flip_with_the_knob():
+    """Whether a bin's walkers cycle within the event is decided at the profiled rate (review of
+    session 14): the layer model's region sizes do not move with a uniform rate, so a test at
+    the knob's rate made the 16 KiB bin's walkers cursor walkers at 0.5x and static at 2x, and
+    the misses fell as the rate rose (the loop's D1 step assumes they rise)."""
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=[(16384, 160 / 260), (262144, 100 / 260)],
+        mem_per_insn=0.4,
+        main_fraction=260 / 1600,
+        icode_bins=[(512, 1.0)],
+    )
+    modes = []
+    for scale in (0.3, 0.5, 0.8, 1.0, 1.2, 2.0):
+        knobs = {"data_far_scale": scale}
+        asmgen.layer_walkers([spec], knobs)
+        walkers, _ = asmgen.plan_walkers(spec, 4000, knobs, 0, 1 << 16)
+        modes.append(tuple(bool(w.get("static")) for w in walkers if w["bin"] == 16384))
+    assert len(set(modes)) == 1 and all(modes[0]), modes

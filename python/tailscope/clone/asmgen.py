@@ -540,13 +540,18 @@ def plan_walkers(
             else:
                 size = max(2 * 64 * pp, (int(q * s) - below) // 64 * 64)
                 below += size
-            if size < 64 * pp and lh >= 1:
+            # (decided at the profiled rate, as the mode above: the layer model's sizes do not
+            # move with a uniform rate, so a knob-scaled test flipped the mode with the knob)
+            if size < 64 * (_walk_split(lines0 / 2)[0] + 1):
                 # reused within the event: a region smaller than one event's loads, cycled
                 # (static, like the bins above). A cursor walker touches each line once per
                 # event at most, so its lines come back after at least one event's traffic:
                 # redis's 16 KiB-bin walkers (73 lines per event) missed a 16 KiB D1 every
                 # time and a 32 KiB one 18% of the time (up to session 13: at least two events'
-                # loads per cycle), where the original's accesses of that bin hit at 16 KiB
+                # loads per cycle), where the original's accesses of that bin hit at 16 KiB.
+                # The price: after the region's first pass in an event its loads come back at
+                # the region's own size, a hit in caches smaller than the bin too (the curve is
+                # kept at the validated hierarchies' sizes, not below the bin)
                 out.append(
                     {
                         "bin": s,
