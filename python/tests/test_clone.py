@@ -1421,15 +1421,10 @@ def test_ll_conflict_rings_are_warm_at_a_larger_ll_from_their_first_use(tmp_path
     assert got[8][0] <= 3 and got[8][1] <= 3, got
 
 
-@needs_valgrind
-@needs_gcc
-def test_a_bin_reused_within_the_event_hits(tmp_path):
-    """A bin whose walkers take more lines per event than the region its reuse distance allows
-    is cycled within the event (a static walker, session 14). Up to session 13 a walker's region
-    held at least two events' loads, so its lines came back after two events' traffic: here the
-    16 KiB bin (160 lines per event) beside a 256 KiB bin (100) missed a 32 KiB D1 on nearly
-    every access, where its reuse distance says it hits."""
-    spec = _spec(
+def _in_event_spec():
+    """A 16 KiB bin of 160 lines per event beside a 256 KiB bin of 100 (4,000 instructions):
+    the 16 KiB bin's walkers take more lines per event than their region allows."""
+    return _spec(
         instructions=4000,
         mix={"arith/reg": 0.6, "mov/load": 0.4},
         cond_per_insn=0.0,
@@ -1439,6 +1434,17 @@ def test_a_bin_reused_within_the_event_hits(tmp_path):
         main_fraction=260 / 1600,
         icode_bins=[(512, 1.0)],
     )
+
+
+@needs_valgrind
+@needs_gcc
+def test_a_bin_reused_within_the_event_hits(tmp_path):
+    """A bin whose walkers take more lines per event than the region its reuse distance allows
+    is cycled within the event (a static walker, session 14). Up to session 13 a walker's region
+    held at least two events' loads, so its lines came back after two events' traffic: here the
+    16 KiB bin (160 lines per event) beside a 256 KiB bin (100) missed a 32 KiB D1 on nearly
+    every access, where its reuse distance says it hits."""
+    spec = _in_event_spec()
     asmgen.layer_walkers([spec], {})
     walkers, _ = asmgen.plan_walkers(spec, 4000, {}, 0, 1 << 16)
     small = [w for w in walkers if w["bin"] == 16384]
@@ -1456,16 +1462,7 @@ def test_the_static_walker_mode_does_not_flip_with_the_knob():
     session 14): the layer model's region sizes do not move with a uniform rate, so a test at
     the knob's rate made the 16 KiB bin's walkers cursor walkers at 0.5x and static at 2x, and
     the misses fell as the rate rose (the loop's D1 step assumes they rise)."""
-    spec = _spec(
-        instructions=4000,
-        mix={"arith/reg": 0.6, "mov/load": 0.4},
-        cond_per_insn=0.0,
-        branches=[],
-        data_bins=[(16384, 160 / 260), (262144, 100 / 260)],
-        mem_per_insn=0.4,
-        main_fraction=260 / 1600,
-        icode_bins=[(512, 1.0)],
-    )
+    spec = _in_event_spec()
     modes = []
     for scale in (0.3, 0.5, 0.8, 1.0, 1.2, 2.0):
         knobs = {"data_far_scale": scale}
