@@ -59,7 +59,7 @@ PLATFORM_EVENTS = ("irq_ns", "softirq_ns", "irq_count", "softirq_count")
 # ~20 µs and a loopback reply's softirq 10-30 µs (session 6, bpftrace). With
 # 100 µs requests those events ARE the cause of the p99 (irq or softirq at
 # 9-12% of p99 in 5 seeds, correctly reported); at 500 µs they are 1-4%.
-# `none-short` keeps the 100 µs requests of the injected runs as a matched
+# `none-short` keeps the 100 µs requests of the lock and fault runs as a matched
 # control: there only the platform's interrupt events may pass 10%.
 # The ipi requests are 200 µs: an injected IPI costs ~5 µs of handler time
 # (32 INVLPGs), and a request inside a burst takes one every ~10 µs of its
