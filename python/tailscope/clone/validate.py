@@ -10,9 +10,10 @@ profiling nor tuning used.
 
 The original is measured twice, and its own spread decides whether a row can be judged at all
 (session 7). Native: per load level the original runs before and after the clone (A, B, A
-order, so that a drift of the host falls on both sides), REPEATS runs each; the original's
-figure is the median of both sessions' runs, its spread the relative difference between the two
-sessions' medians. Simulated: SIM_RUNS callgrind windows per side and hierarchy, interleaved;
+order, so that a drift of the host falls on both sides; since session 15 A, B, A, B, the clone
+in two sessions as well), REPEATS runs each; each side's figure is the median of both its
+sessions' runs, the original's spread the relative difference between its two sessions' medians.
+Simulated: SIM_RUNS callgrind windows per side and hierarchy, interleaved;
 each side's rates come from the summed counts of its windows, the original's spread is
 |run 2 - run 1| / their mean. A row whose original spread exceeds the metric's limit cannot be
 judged: no clone can be shown within 10% of a figure that moves more than 10% between two runs
@@ -224,18 +225,25 @@ def validate(
         rate = medium * f
         res["rates"][lvl] = rate
         got = {}
-        # A, B, A: the original before and after the clone (a drift of the host falls on both)
+        # A, B, A, B: each side in two sessions, interleaved, so that a drift or a burst of the
+        # host's noise falls on both sides and no side's figure rests on one stretch of time
+        # (session 15: one clone session gave p99 0.86-1.6 ms at medium in all three of its runs
+        # while the same clone, rerun, matched the original's 0.32-0.58 ms)
         for side, lch, tag, trace_on in (
             ("original", launch, "original", True),
             ("clone", cl, "clone", True),
             ("original again", launch, "original2", False),
+            ("clone again", cl, "clone2", False),
         ):
             progress(f"validate {lvl} load ({rate:g} req/s): {side}")
             with runner.NetNs() as ns:
                 got[tag] = _native_level(
                     ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload, syscalls=trace_on
                 )
-        res["levels"][lvl] = {"original": pool_sessions(got["original"], got["original2"]), "clone": got["clone"]}
+        res["levels"][lvl] = {
+            "original": pool_sessions(got["original"], got["original2"]),
+            "clone": pool_sessions(got["clone"], got["clone2"]),
+        }
     if part == "native":
         (clone_dir / "private" / "validation-native.json").write_text(json.dumps(res, indent=1))
         return res
@@ -296,8 +304,9 @@ def validate(
 
 
 def pool_sessions(first: dict, second: dict) -> dict:
-    """The original's two native sessions as one: medians over both sessions' runs (the syscall
-    figures come from the first, the only one traced); `sessions` keeps each session's medians."""
+    """One side's two native sessions as one: medians over both sessions' runs (the syscall
+    figures come from the first, the only one traced); `sessions` keeps each session's medians
+    (the original's spread is taken from them; the clone's are kept for the report)."""
     runs = first["runs"] + second["runs"]
     out = dict(first)
     out.update({k: statistics.median(r[k] for r in runs) for k in runs[0]})
