@@ -1470,3 +1470,55 @@ def test_the_static_walker_mode_does_not_flip_with_the_knob():
         walkers, _ = asmgen.plan_walkers(spec, 4000, knobs, 0, 1 << 16)
         modes.append(tuple(bool(w.get("static")) for w in walkers if w["bin"] == 16384))
     assert len(set(modes)) == 1 and all(modes[0]), modes
+
+
+def test_the_blocks_order_follows_the_originals_miss_curve():
+    """asmgen.zigzag_order (session 15): a body's parts run in a zig-zag when the original's own
+    sweep falls smoothly between I1/4 and I1/2 (memcached's worker: 254 misses per event at 8 KiB,
+    108 at 16 KiB), in one order when it is a step there (redis: 445, 364); a spec without the
+    original's curve keeps one order. A corrupt curve is a one-line error."""
+    mc = [(128, 2468.6), (4096, 53.6), (8192, 52.5), (16384, 146.6), (32768, 102.5), (65536, 5.1)]
+    rd = [(128, 7001.8), (4096, 104.7), (8192, 56.1), (16384, 80.8), (32768, 261.0), (65536, 89.2), (131072, 13.6)]
+    assert asmgen.zigzag_order(_spec(code_curve=mc), 32768)
+    assert not asmgen.zigzag_order(_spec(code_curve=rd), 32768)
+    assert not asmgen.zigzag_order(_spec(), 32768)
+    # the sizes are the knob's I1's quarter and half: at a 16 KiB I1 they are 4 and 8 KiB, where
+    # memcached's curve is nearly flat (360 and 307)
+    assert not asmgen.zigzag_order(_spec(code_curve=mc), 16384)
+    body = {"instructions_per_event": 1000, "mix": {"arith/reg": 1.0}, "I_bins": [[128, 1.0], ["x", 2]]}
+    with pytest.raises(CloneError, match=r"I_bins entry .* corrupt profile"):
+        generate.body_spec("worker", body, None)
+
+
+@needs_valgrind
+@needs_gcc
+def test_a_zigzag_body_misses_half_its_code_at_half_the_i1(tmp_path):
+    """Two blocks of ~12 KiB run once per event: in one order every line comes back after both
+    (~24 KiB) and misses a 16 KiB I1 on every event; in the zig-zag each line comes back after
+    one block on every other event, so about half the fetches hit. Same instructions per event
+    (the parity, its branch and the calls come out of the blocks' budget); both hit a 32 KiB I1."""
+    smooth = [(128, 1000.0), (8192, 300.0), (16384, 150.0), (32768, 100.0)]
+    got = {}
+    for name, curve in (("one", None), ("zig", smooth)):
+        spec = _spec(
+            instructions=6000,
+            chunk_insns=16,
+            cond_per_insn=0.0,
+            branches=[],
+            icode_bins=[(16384, 0.5), (32768, 0.5)],
+            code_curve=curve,
+        )
+        d = tmp_path / name
+        asmgen.write_standalone(spec, d, seed=3, calls=400)
+        assert ("_rev:" in (d / "body.S").read_text()) == (curve is not None)
+        for i1 in (16384, 32768):
+            tc = _cg_run(d, d / "harness", 400, f"i{i1}", ("--cache-sim=yes", f"--I1={i1},8,64"))
+            fns = ("clone_body_t", "clone_far_t")
+            got[name, i1] = sum(tc.fn_total("I1mr", f) for f in fns) / 400
+            got[name, "ir"] = sum(tc.fn_total("Ir", f) for f in fns) / 400
+    lines = 6000 / 16  # line entries per event
+    assert got["one", 16384] >= 0.85 * lines, got
+    assert got["zig", 16384] <= 0.65 * got["one", 16384], got
+    assert got["zig", 16384] >= 0.3 * got["one", 16384], got  # (the lines do come back from beyond)
+    assert got["one", 32768] <= 0.05 * lines and got["zig", 32768] <= 0.05 * lines, got
+    assert abs(got["zig", "ir"] - 6000) <= 60 and abs(got["one", "ir"] - 6000) <= 60, got

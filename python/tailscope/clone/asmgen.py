@@ -117,6 +117,9 @@ class BodySpec:
     llc_code: list | None = None
     llc_data: list | None = None
     branch_unit: bool = False  # the random-branch unit (brx_function, knob branch_x): one body has it
+    # the original's own I-side working-set bins for this cluster (the profile's I_bins, skeleton
+    # included: the curve the whole thread shows), for the blocks' order (zigzag_order)
+    code_curve: list | None = None
 
 
 def couple(icode_bins, data_bins, min_mass: float = 0.05) -> list[tuple[float, int, int]]:
@@ -780,8 +783,36 @@ def _llc_slot_lines(rings: list[dict]) -> int:
     return (16 * len(rings) + 63) // 64
 
 
+# the original's misses at I1/2 over those at I1/4, below which a body's parts run in a zig-zag
+# (zigzag_order): the midpoint of what the two orders give the clone's own code, measured on
+# session 14's memcached and redis profiles: one order 0.90-0.99 (every line the event runs once
+# misses at both sizes), the zig-zag 0.49-0.56
+ZIGZAG_BELOW = 0.75
+ORDER_SLOT = 29  # the event counter whose parity picks the blocks' order: block cursor slot 29 of its body
 BRX_SLOT = 30  # the random-branch unit's accumulator and state: block cursor slots 30 and 31 of its body
 BRX_A, BRX_C = 6364136223846793005, 1442695040888963407  # the 64-bit LCG (Knuth's MMIX constants)
+
+
+def zigzag_order(spec: BodySpec, i1: int) -> bool:
+    """Whether the body's parts (its blocks and its far function) run in a zig-zag, one order on
+    even events and the reverse on odd ones (generate_body), rather than in one order.
+
+    In one order every line an event runs once comes back after everything the event runs, so
+    between I1/4 and I1/2 the clone's miss curve is flat when an event's code is larger than
+    I1/2: a step. The zig-zag spreads those lines' reuse distances evenly from the skeleton's code
+    up to the whole event's, and the curve falls to about half. Which one the original looks like
+    is in its own sweep: its misses at I1/2 over those at I1/4 (memcached's worker 0.42-0.44, its
+    acceptor 0.30-0.34: a smooth curve; redis 0.81-0.82: a step between 16 and 32 KiB). The
+    order nearer to that ratio is taken (ZIGZAG_BELOW). I1/4 and I1/2 are swept sizes of the
+    profile; the held-out hierarchy is not used. No curve (a synthetic spec): one order."""
+    if not spec.code_curve:
+        return False
+
+    def misses(size: float) -> float:
+        return sum(n for s, n in spec.code_curve if s > size)
+
+    quarter = misses(i1 / 4)
+    return quarter > 0 and misses(i1 / 2) / quarter < ZIGZAG_BELOW
 
 
 def brx_function(spec: BodySpec, knobs: dict) -> tuple[list[str], float]:
@@ -1246,7 +1277,13 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     if spec.llc_code or spec.llc_data:  # (clone_warm calls it: defined even when no ring is left)
         llc_lines = llc_lines + llc_warm(spec, llc, llc_off)
     brx_lines, brx_ins = brx_function(spec, knobs) if len(blocks) < BRX_SLOT else ([], 0.0)
-    block_budget = max(0.0, instructions - walk_ins - ring_ins - llc_ins - brx_ins)
+    # the blocks' calls and rets, the order's parity (below), the prologue and epilogue, the far
+    # function's call and each block's setup come out of their budget too (before session 15 only
+    # the filler made up for what whole passes left: these ~35 instructions went over the target)
+    nb = sum(1 for b in blocks if b.weight > 0)
+    zig = nb > 0 and len(blocks) < ORDER_SLOT and zigzag_order(spec, i1)
+    fixed_ins = 2 * nb + (4 if zig else 0) + 24 + sum(11 + (2 if b.region_bytes else 0) for b in blocks if b.weight > 0)
+    block_budget = max(0.0, instructions - walk_ins - ring_ins - llc_ins - brx_ins - fixed_ins)
     # the blocks carry all the near-data accesses in what is left of the instructions
     for b in blocks:
         b.main_per_insn = min(1.0, b.main_per_insn * instructions / max(1.0, block_budget))
@@ -1270,6 +1307,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     expected = 12.0 + 4 + 7  # prologue above; epilogue: 6 pops, ret
     carry = 0.0
     code_scale = knobs.get("code_scale", 1.0) * _code_fit(spec, blocks, block_budget, i1)
+    block_fns: list[tuple[str, list[str]]] = []
     for bi, b in enumerate(blocks):
         if b.weight <= 0:
             continue
@@ -1310,10 +1348,12 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         else:
             head = []
             expected += setup + k_iter
-        out += head
+        # each block is a function of its own, called from the body's two call sequences (below)
+        fn = [f"{lab}_fn:", *head]
+        expected += 2  # its call and its ret
         if b.region_bytes:
-            out.append(f"    mov r13, [r15 + {cur_slot}]")
-        out += [
+            fn.append(f"    mov r13, [r15 + {cur_slot}]")
+        fn += [
             f"    mov r11, {pats[0][2] if (pats[0][2] or 0) > 0 else 0x5555555555555555}",
             f"    mov r10, {pats[1][2] if (pats[1][2] or 0) > 0 else 0x3333333333333333}",
             "    push rcx",
@@ -1327,9 +1367,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         # enter the loop head by a jump, so each pass starts a superblock there (the generator
         # test rebuilds branch outcome sequences per pass from lackey's superblock trace)
         # (aligned like its first chunk: padding between the head and the chunk would execute)
-        out.append(f"    jmp {lab}\n    .p2align {6 if spec.chunk_insns > 0 else 4}\n{lab}:")
-        out += body
-        out += [
+        fn.append(f"    jmp {lab}\n    .p2align {6 if spec.chunk_insns > 0 else 4}\n{lab}:")
+        fn += body
+        fn += [
             f"    ror qword ptr [rdi + {STATE_PATTERNS[0]}], 1",
             f"    ror qword ptr [rdi + {STATE_PATTERNS[1]}], 1",
         ]
@@ -1339,18 +1379,19 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             limit = max(step * 2, b.region_bytes)
             # cmp/jb + (rarely) sub: counted as 3 per iteration
             # branchless wrap (a short region would make a wrap branch alternate and mispredict)
-            out += [
+            fn += [
                 f"    add r13, {step}",
                 f"    cmp r13, {limit}",
                 f"    lea rax, [r13 - {limit}]",
                 "    cmovae r13, rax",
             ]
-        out.append(f"    inc qword ptr [rdi + {passes_slot}]")
+        fn.append(f"    inc qword ptr [rdi + {passes_slot}]")
         if mode != "once":
-            out += ["    dec r12", f"    jnz {lab}"]
+            fn += ["    dec r12", f"    jnz {lab}"]
         if b.region_bytes:
-            out.append(f"    mov [r15 + {cur_slot}], r13")
-        out.append(f"{lab}_done:")
+            fn.append(f"    mov [r15 + {cur_slot}], r13")
+        fn += [f"{lab}_done:", "    ret"]
+        block_fns.append((f"{lab}_fn", fn))
         b.insns = round(k_iter)
     regs.rng = sub(3)
     far_lines, far_expected = _far_function(
@@ -1372,7 +1413,32 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     )
     far_lines += llc_lines + brx_lines + rep_lines
     far_expected += llc_ins + brx_ins + rep_ins
-    out.append(f"    call clone_far_{spec.name}")
+    # the blocks and the far function run in one order on even events and in the reverse order on
+    # odd ones (a zig-zag; the parity is an arena counter shared by the threads that run this
+    # body, so consecutive events of any of them alternate). In one fixed order every line the
+    # event runs once came back after everything the event runs, and the clone's I1 miss curve
+    # was a step at one event's code (~20 KiB on memcached: 162 worker misses per request at 4,
+    # 8 and 16 KiB alike), where the original's falls smoothly (307, 254, 109 at 4, 8, 16 KiB;
+    # session 15). Reversed every other event, a part's lines come back after the parts on one
+    # side of it: reuse distances spread evenly from the skeleton's code up to the whole event's.
+    seq = [lab for lab, _ in block_fns] + [f"clone_far_{spec.name}"]
+    if zig:
+        order_off = BLOCK_SLOTS + 8 * (ORDER_SLOT + 32 * spec.walk_base)
+        out += [
+            f"    inc qword ptr [r15 + {order_off}]",
+            f"    test byte ptr [r15 + {order_off}], 1",
+            f"    jnz .L{spec.name}_rev",
+            *[f"    call {x}" for x in seq],
+            f"    jmp .L{spec.name}_seq_done",
+            f".L{spec.name}_rev:",
+            *[f"    call {x}" for x in reversed(seq)],
+            # (a jump here too, to the next line: both orders run the same count, a whole number)
+            f"    jmp .L{spec.name}_seq_done",
+            f".L{spec.name}_seq_done:",
+        ]
+        expected += 4  # the parity, its branch, a jump
+    else:
+        out += [f"    call {x}" for x in seq]
     expected += 1 + far_expected
     # the filler: straight-line register arithmetic for what whole passes left over
     fill = round(instructions - expected)
@@ -1392,6 +1458,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         "    ret",
         f"{leaf}:",
         "    ret",
+        *[ln for _, fn in block_fns for ln in fn],
         f"    .size clone_body_{spec.name}, .-clone_body_{spec.name}",
         *far_lines,
     ]

@@ -79,6 +79,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         tot = sum(mix.values()) or 1.0
         mix = {k: v / tot for k, v in mix.items()}
     ibins, dbins, main_frac, chunk, cold_bin, cold_code = [(256, 1.0)], [(0, 1.0)], 0.0, 0, 0, 0.0
+    curve = _code_curve(name, b["I_bins"]) if b.get("I_bins") else None
     skel_lines, hot_bytes = 0.0, 0.0
     dref = b.get("data_refs_per_event", 0.0)
     if b.get("I_bins"):
@@ -152,7 +153,21 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         rep_width=rep[2],
         # (its lines missed the profiled D1 in the original: they come back from beyond it)
         rep_cold=rep[0] > 0 and _rep_fields("profile body", b["rep"])["d1_miss_fraction"] > 0.5,
+        code_curve=curve,
     )
+
+
+def _code_curve(name: str, bins) -> list[tuple[int, float]]:
+    """A body's I_bins checked: [size, fetches] pairs of finite numbers >= 0 (a one-line error
+    otherwise, like _rep_fields: the profile is input the user may have edited or truncated)."""
+    out = []
+    for x in bins if isinstance(bins, list) else [None]:
+        ok = isinstance(x, (list, tuple)) and len(x) == 2
+        ok = ok and all(not isinstance(v, bool) and isinstance(v, (int, float)) for v in x)
+        if not ok or not all(math.isfinite(v) and v >= 0 for v in x):
+            raise CloneError(f"profile body {name} I_bins entry {x!r} is not a [size, fetches] pair: corrupt profile")
+        out.append((int(x[0]), float(x[1])))
+    return out
 
 
 REP_MAX_EXECUTIONS = 64.0  # rep executions per event the unit unrolls; more are merged (longer reps)
