@@ -1522,3 +1522,31 @@ def test_a_zigzag_body_misses_half_its_code_at_half_the_i1(tmp_path):
     assert got["zig", 16384] >= 0.3 * got["one", 16384], got  # (the lines do come back from beyond)
     assert got["one", 32768] <= 0.05 * lines and got["zig", 32768] <= 0.05 * lines, got
     assert abs(got["zig", "ir"] - 6000) <= 60 and abs(got["one", "ir"] - 6000) <= 60, got
+
+
+def test_the_i1_step_is_a_secant_over_the_far_rate():
+    """tune.i1_secant (session 15): the misses outside the far function grow with its rate too
+    (each far pass flushes the I1), so the Newton step on the far function's share overshot and
+    the loop swung 0.63 <-> 2.1. On a response total = 2 + 6 s (far's own 3 s, the flushes 3 s)
+    with the target at 8, the secant over two iterations lands on s = 1 exactly; it keeps the
+    Newton step when code_scale or the layout moved, or the two rates are too close."""
+    from tailscope.clone import tune
+
+    def it(s, code=1.0, mask=0.2):
+        total = 2 + 6 * s
+        return {
+            "knobs": {"icode_far_scale": s, "code_scale": code, "branch_mask_frac": mask},
+            "metrics": {"I1_miss_rate": total / 1000, "instructions_per_request": 1000},
+        }
+
+    target = {"I1_miss_rate": 8 / 1000}
+    newton = {"icode_far_scale": 1.8, "code_scale": 1.0, "branch_mask_frac": 0.2}
+    k = tune.i1_secant(newton, [it(0.5), it(1.6)], target)
+    assert k["icode_far_scale"] == pytest.approx(1.0)
+    assert k["code_scale"] == 1.0 and k["branch_mask_frac"] == 0.2
+    # not a clean pair: the Newton step stays
+    assert tune.i1_secant(newton, [it(0.5, code=0.8), it(1.6)], target) == newton
+    assert tune.i1_secant(newton, [it(0.5, mask=0.3), it(1.6)], target) == newton
+    assert tune.i1_secant(newton, [it(1.55), it(1.6)], target) == newton
+    assert tune.i1_secant({**newton, "code_scale": 0.7}, [it(0.5), it(1.6)], target)["icode_far_scale"] == 1.8
+    assert tune.i1_secant(newton, [it(1.6)], target) == newton
