@@ -638,8 +638,12 @@ def merge_earlier(workload: str, new: dict) -> dict:
         old = {}
     measured = set(new["runs"])
     old_runs = old.get("runs", {})
+    dropped = []
     for s, rs in old_runs.items():
-        if s in measured or baseline_of(s, list(old_runs)) in measured:
+        if s in measured:
+            continue
+        if baseline_of(s, list(old_runs)) in measured:
+            dropped.append(s)
             continue
         new["runs"][s] = rs
         base = baseline_of(s, list(old_runs))
@@ -648,6 +652,13 @@ def merge_earlier(workload: str, new: dict) -> dict:
         if base in old.get("rate80", {}) and base not in measured:
             # the open-loop rate the kept rows ran at
             new["rate80"][base] = old["rate80"][base]
+    dropped = [s for s in dropped if s not in new["runs"]]  # (a kept row's baseline came back)
+    if dropped:
+        # (said, not silent: the results file loses these rows until they are measured again)
+        log(
+            f"bench: {workload}: earlier rows not kept, their baseline was measured again now "
+            f"(add them to --setups to measure them with it): {', '.join(sorted(dropped))}"
+        )
     for s, a in old.get("attach", {}).items():
         new["attach"].setdefault(s, a)
     new["runs"] = {s: new["runs"][s] for s in SETUPS[workload] if s in new["runs"]}
