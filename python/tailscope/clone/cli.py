@@ -51,7 +51,7 @@ def register(sub) -> None:
     c.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
     r = sub.add_parser("clone-report", help="validate a clone against its original, metric by metric")
     r.add_argument("dir", metavar="DIR", help="clone directory written by `tailscope clone`")
-    r.add_argument("--duration", type=float, default=4.0, help="seconds per load run (default 4)")
+    r.add_argument("--duration", type=float, default=8.0, help="seconds per load run (default 8)")
     r.add_argument("--out", help="HTML report path (default DIR/report.html)")
     r.add_argument("--json", action="store_true", help="print the validation as JSON")
     r.add_argument(

@@ -198,7 +198,7 @@ def load_native_part(clone_dir: Path) -> dict:
 
 
 def validate(
-    prof: dict, clone_dir: Path, progress, duration: float = 4.0, levels: dict | None = None, part: str = "all"
+    prof: dict, clone_dir: Path, progress, duration: float = 8.0, levels: dict | None = None, part: str = "all"
 ) -> dict:
     """part: "all"; "native" (the load levels only, written to private/validation-native.json,
     so that the timed runs can hold an exclusive lock on a shared machine); "simulated" (the
