@@ -1413,14 +1413,9 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     )
     far_lines += llc_lines + brx_lines + rep_lines
     far_expected += llc_ins + brx_ins + rep_ins
-    # the blocks and the far function run in one order on even events and in the reverse order on
-    # odd ones (a zig-zag; the parity is an arena counter shared by the threads that run this
-    # body, so consecutive events of any of them alternate). In one fixed order every line the
-    # event runs once came back after everything the event runs, and the clone's I1 miss curve
-    # was a step at one event's code (~20 KiB on memcached: 162 worker misses per request at 4,
-    # 8 and 16 KiB alike), where the original's falls smoothly (307, 254, 109 at 4, 8, 16 KiB;
-    # session 15). Reversed every other event, a part's lines come back after the parts on one
-    # side of it: reuse distances spread evenly from the skeleton's code up to the whole event's.
+    # the blocks, then the far function; with `zig` (zigzag_order: why and when) the reverse on
+    # odd events, by the parity of an arena counter shared by the threads that run this body, so
+    # consecutive events of any of them alternate
     seq = [lab for lab, _ in block_fns] + [f"clone_far_{spec.name}"]
     if zig:
         order_off = BLOCK_SLOTS + 8 * (ORDER_SLOT + 32 * spec.walk_base)
