@@ -1030,6 +1030,53 @@ def test_rows_whose_original_varies_more_than_the_limit_are_not_judged():
     assert t["I1_miss_rate"]["holds"] is True
 
 
+def test_the_syscall_mix_is_pooled_over_both_sessions_with_its_own_spread():
+    """validate.pool_sessions / errors (session 16): every native session is traced; a side's
+    syscalls per request are the request-weighted mean of its two sessions' (bytes per call
+    weighted by calls), and the original's two sessions give the syscall mix and the network bytes
+    an own spread, so a row where one traced run of the original is off is not a clone's failure."""
+    from tailscope.clone import report, validate
+
+    native = {k: 100.0 for k in validate.NATIVE_KEYS} | {"throughput_rps": 1000.0}
+
+    def session(ew: float, n: int, read_bytes: float) -> dict:
+        return native | {
+            "runs": [native],
+            "traced_requests": n,
+            "syscalls_per_request": {"read": 1.0, "write": 1.0, "epoll_wait": ew},
+            "bytes_per_call": {"read": read_bytes, "write": 40.0},
+            "net_bytes_in_per_request": 30.0,
+            "net_bytes_out_per_request": 40.0,
+        }
+
+    orig = validate.pool_sessions(session(0.70, 1000, 30.0), session(0.80, 3000, 34.0))
+    # (0.70 * 1000 + 0.80 * 3000) / 4000; a call type one session lacks counts as 0 there
+    assert orig["syscalls_per_request"]["epoll_wait"] == pytest.approx(0.775)
+    assert orig["bytes_per_call"]["read"] == pytest.approx(33.0)
+    assert orig["traced_requests"] == 4000 and len(orig["sessions"]) == 2
+    assert orig["sessions"][1]["syscalls_per_request"]["epoll_wait"] == 0.80
+    # the original's own spread: the total variation between its sessions, 0.10 / 2.70
+    res = {"rates": {"medium": 1000.0}, "levels": {"medium": {"original": orig}}, "simulated": {}}
+    clone = validate.pool_sessions(session(0.85, 2000, 32.0), session(0.85, 2000, 32.0))
+    res["levels"]["medium"]["clone"] = clone
+    err = validate.errors(res)
+    sp = err["original_spread"]["levels"]["medium"]
+    assert sp["syscall_mix"] == pytest.approx(0.10 / 2.70)
+    assert sp["net_bytes_per_request"] == 0.0
+    # the clone 0.075 / 2.775 = 2.7% off: within the limit plus the original's 3.7% spread, not judged
+    assert err["levels"]["medium"]["syscall_mix"] == pytest.approx(0.075 / 2.775)
+    assert err["targets"]["syscall_mix"]["holds"] is None
+    assert "3.7%" in report.detail_table_md(res | {"errors": err}).split("syscall mix (total variation) | medium")[1]
+    # with the original steady (both sessions at 0.775), the same clone is judged and fails
+    steady = validate.pool_sessions(session(0.775, 2000, 33.0), session(0.775, 2000, 33.0))
+    res["levels"]["medium"]["original"] = steady
+    assert validate.errors(res)["targets"]["syscall_mix"]["holds"] is False
+    # results from before session 16 (one traced session): no spread, judged as before
+    old = validate.pool_sessions(session(0.775, 2000, 33.0), native | {"runs": [native]})
+    assert old["syscalls_per_request"]["epoll_wait"] == 0.775
+    assert validate.original_spread(old, "syscall_mix") is None
+
+
 def _fake_window(requests: int, per_thread: dict[int, dict]) -> "object":
     from tailscope.clone import valgrind as vg
 

@@ -109,12 +109,13 @@ def detail_table_md(res: dict) -> str:
                 f"| {lab} | {lvl} | {_fmt(row['original'][k])} | {_fmt(row['clone'][k])} | {100 * e[k]:.1f}% "
                 f"| {_pct(sp.get(k))} |"
             )
-        lines.append(f"| syscall mix (total variation) | {lvl} | | | {100 * e['syscall_mix']:.1f}% | – |")
+        mix = f"{100 * e['syscall_mix']:.1f}%"
+        lines.append(f"| syscall mix (total variation) | {lvl} | | | {mix} | {_pct(sp.get('syscall_mix'))} |")
         ob = row["original"]["net_bytes_in_per_request"] + row["original"]["net_bytes_out_per_request"]
         cb = row["clone"]["net_bytes_in_per_request"] + row["clone"]["net_bytes_out_per_request"]
         lines.append(
             f"| network bytes per request | {lvl} | {_fmt(ob)} | {_fmt(cb)} | {100 * e['net_bytes_per_request']:.1f}% "
-            "| – |"
+            f"| {_pct(sp.get('net_bytes_per_request'))} |"
         )
     for cfg, sides in res["simulated"].items():
         e = res["errors"]["simulated"][cfg]

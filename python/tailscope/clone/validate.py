@@ -4,8 +4,9 @@ Both run natively in their own network namespace, the server pinned to CPU 0 and
 generator to CPU 1, driven by the same open-loop load (tailscope-loadgen, same seed). Per
 load level: REPEATS clean runs (throughput, latency, CPU, context switches, page faults; the
 median is kept) and one run with the eBPF syscall trace (syscalls by type and size, network
-bytes). Under valgrind: simulated I1/D1/LL miss rates, branch mispredictions and instructions
-per request at the profiled hierarchy (CONFIG_A) and at a held-out one (CONFIG_B) that neither
+bytes; in every session since session 16, so that the syscall mix has an own spread too).
+Under valgrind: simulated I1/D1/LL miss rates, branch mispredictions and instructions per
+request at the profiled hierarchy (CONFIG_A) and at a held-out one (CONFIG_B) that neither
 profiling nor tuning used.
 
 The original is measured twice, and its own spread decides whether a row can be judged at all
@@ -37,6 +38,10 @@ from .tune import clone_launch, rel_err
 
 LEVELS = {"low": 0.3, "medium": 1.0, "high": 1.6}
 REPEATS = 3
+# the syscall run of each native session (eBPF attached). Every session is traced since session 16:
+# redis's epoll_waits per request (how many requests one wait returns) moved 0.74-0.79 between
+# 2-s runs of the same server, 1.4% of its whole mix, and one run per side gave a 2.9% error
+TRACE_SECONDS = 2.0
 SIM_RUNS = 3  # callgrind windows per side and hierarchy (the original's spread needs two; 3 since session 9)
 NATIVE_KEYS = (
     "throughput_rps",
@@ -71,9 +76,7 @@ TARGETS = {  # metric -> largest allowed relative error (the issue's table)
 }
 
 
-def _native_level(
-    ns, launch, port, load_args, rate, duration, workdir: Path, tag: str, preload: bool, syscalls: bool = True
-) -> dict:
+def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, tag: str, preload: bool) -> dict:
     srv = runner.start(ns, launch, port, workdir / f"{tag}.log", cpu=0)
     try:
         if preload:
@@ -107,8 +110,6 @@ def _native_level(
             )
         out = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
         out["runs"] = runs
-        if not syscalls:
-            return out
         # the syscall run (eBPF attached: its latencies are not used)
         tools = need("bpftrace")
         info = target.inspect(srv.pid)
@@ -126,7 +127,7 @@ def _native_level(
                     workdir / tag,
                     gate_conns=True,
                 )
-                lg = runner.loadgen(ns, port, load_args, rate, min(duration, 2.0), cpu=1)
+                lg = runner.loadgen(ns, port, load_args, rate, min(duration, TRACE_SECONDS), cpu=1)
                 maps = st.stop()
                 break
             except CloneError as exc:
@@ -146,6 +147,7 @@ def _native_level(
         for (nr, _c, _size), v in maps.get("ret", {}).items():
             name = trace.SYSCALLS.get(nr, f"sys{nr}")
             calls_data[name] = calls_data.get(name, 0) + v
+        out["traced_requests"] = n
         out["syscalls_per_request"] = by_type
         out["bytes_per_call"] = {k: sizes[k] / calls_data[k] for k in sizes if calls_data.get(k)}
         out["net_bytes_in_per_request"] = sum(maps.get("bytes_in", {}).values()) / n
@@ -229,17 +231,15 @@ def validate(
         # host's noise falls on both sides and no side's figure rests on one stretch of time
         # (session 15: one clone session gave p99 0.86-1.6 ms at medium in all three of its runs
         # while the same clone, rerun, matched the original's 0.32-0.58 ms)
-        for side, lch, tag, trace_on in (
-            ("original", launch, "original", True),
-            ("clone", cl, "clone", True),
-            ("original again", launch, "original2", False),
-            ("clone again", cl, "clone2", False),
+        for side, lch, tag in (
+            ("original", launch, "original"),
+            ("clone", cl, "clone"),
+            ("original again", launch, "original2"),
+            ("clone again", cl, "clone2"),
         ):
             progress(f"validate {lvl} load ({rate:g} req/s): {side}")
             with runner.NetNs() as ns:
-                got[tag] = _native_level(
-                    ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload, syscalls=trace_on
-                )
+                got[tag] = _native_level(ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload)
         res["levels"][lvl] = {
             "original": pool_sessions(got["original"], got["original2"]),
             "clone": pool_sessions(got["clone"], got["clone2"]),
@@ -303,15 +303,35 @@ def validate(
     return res
 
 
+TRACED_KEYS = ("syscalls_per_request", "bytes_per_call", "net_bytes_in_per_request", "net_bytes_out_per_request")
+
+
 def pool_sessions(first: dict, second: dict) -> dict:
-    """One side's two native sessions as one: medians over both sessions' runs (the syscall
-    figures come from the first, the only one traced); `sessions` keeps each session's medians
-    (the original's spread is taken from them; the clone's are kept for the report)."""
+    """One side's two native sessions as one: medians over both sessions' runs; the syscall
+    figures are the per-request means over both sessions' traced runs (weighted by their
+    requests; a session without a trace, from before session 16, leaves the first's); `sessions`
+    keeps each session's figures (the original's spread is taken from them; the clone's are kept
+    for the report)."""
     runs = first["runs"] + second["runs"]
     out = dict(first)
     out.update({k: statistics.median(r[k] for r in runs) for k in runs[0]})
     out["runs"] = runs
-    out["sessions"] = [{k: s[k] for k in NATIVE_KEYS} for s in (first, second)]
+    traced = [(max(1, s.get("traced_requests", 1)), s) for s in (first, second) if "syscalls_per_request" in s]
+    if len(traced) == 2:
+        tot = sum(w for w, _ in traced)
+        calls = {k for _, s in traced for k in s["syscalls_per_request"]}
+        out["syscalls_per_request"] = {
+            k: sum(w * s["syscalls_per_request"].get(k, 0.0) for w, s in traced) / tot for k in sorted(calls)
+        }
+        # bytes per call: each session's mean weighted by its calls of that type
+        out["bytes_per_call"] = {}
+        for k in sorted({k for _, s in traced for k in s["bytes_per_call"]}):
+            n_k = [(w * s["syscalls_per_request"].get(k, 0.0), s["bytes_per_call"].get(k, 0.0)) for w, s in traced]
+            out["bytes_per_call"][k] = sum(n * b for n, b in n_k) / max(1e-12, sum(n for n, _ in n_k))
+        for k in ("net_bytes_in_per_request", "net_bytes_out_per_request"):
+            out[k] = sum(w * s[k] for w, s in traced) / tot
+        out["traced_requests"] = tot
+    out["sessions"] = [{k: s[k] for k in (*NATIVE_KEYS, *TRACED_KEYS) if k in s} for s in (first, second)]
     return out
 
 
@@ -338,7 +358,16 @@ def original_spread(side: dict, key: str) -> float | None:
     windows, the deviation over those and, at A, the profile's windows too: `mean_spread`); None
     when it was measured once (results from before session 7)."""
     if "sessions" in side and len(side["sessions"]) >= 2:
-        return spread(side["sessions"][0].get(key, 0), side["sessions"][1].get(key, 0))
+        s0, s1 = side["sessions"][:2]
+        if key == "syscall_mix":  # the mix's total variation between the two sessions (session 16)
+            if "syscalls_per_request" not in s0 or "syscalls_per_request" not in s1:
+                return None
+            return syscall_mix_error(s0["syscalls_per_request"], s1["syscalls_per_request"])
+        if key == "net_bytes_per_request":
+            if "net_bytes_in_per_request" not in s0 or "net_bytes_in_per_request" not in s1:
+                return None
+            return spread(*(s["net_bytes_in_per_request"] + s["net_bytes_out_per_request"] for s in (s0, s1)))
+        return spread(s0.get(key, 0), s1.get(key, 0))
     if "runs" in side and len(side["runs"]) >= 2 and key in side["runs"][0] and key in SIM_KEYS:
         extra = [r[key] for r in side.get("profile_runs", []) if key in r]
         return mean_spread([r[key] for r in side["runs"]] + extra, len(side["runs"]))
@@ -360,7 +389,9 @@ def errors(res: dict) -> dict:
             o["throughput_rps"] < 0.95 * res["rates"][lvl] or c["throughput_rps"] < 0.95 * res["rates"][lvl]
         )
         out["levels"][lvl] = e
-        out["original_spread"]["levels"][lvl] = {k: original_spread(o, k) for k in NATIVE_KEYS}
+        out["original_spread"]["levels"][lvl] = {
+            k: original_spread(o, k) for k in (*NATIVE_KEYS, "syscall_mix", "net_bytes_per_request")
+        }
     for cfg, sides in res.get("simulated", {}).items():
         o, c = sides["original"], sides["clone"]
         out["simulated"][cfg] = {k: rel_err(c.get(k, 0), o.get(k, 0)) for k in SIM_KEYS}
