@@ -1282,12 +1282,12 @@ def test_ll_sweep_bins_and_the_split_tuning_step():
     # session 13: with the walkers beyond the LL at their floor, clone_far_'s misses are those of
     # the walkers within it and stay: the rings give what is left (0.010 - 0.001 - 0.003), not
     # what the walkers were asked for (memcached's DL sat 20-30% over with the rings at 1.0)
-    floor = dict(knobs, data_ll_scale=tune.DATA_LL_FLOOR)
+    floor = dict(knobs, data_ll_scale=tune.LL_KNOB_FLOOR)
     m = {"IL_misses_per_request": 0.014, "DL_misses_per_request": 0.013}
     split["far"] = {"I1mr": 0.0, "DLmr": 0.003, "DLmw": 0.0}
     split["llc"] = {"ILmr": 0.006, "DLmr": 0.009, "DLmw": 0.0}
     k = tune.update_knobs(floor, m, target, split, {})
-    assert k["data_ll_scale"] == tune.DATA_LL_FLOOR
+    assert k["data_ll_scale"] == tune.LL_KNOB_FLOOR
     assert k["data_llc_scale"] == pytest.approx(0.006 / 0.009)
 
 

@@ -517,18 +517,7 @@ def plan_walkers(
             # 2 events' lines and land far beyond the bin (memcached's 2 KiB bin: 77 accesses
             # per event in a 22-line region). These are reuses within the event: a static walker
             # cycles a region of the bin's size (fixed addresses, no cursor) round(lines) times
-            size = max(128, int(WALK_MID * s) // 64 * 64)
-            out.append(
-                {
-                    "bin": s,
-                    "lines": lines,
-                    "per_pass": max(1, round(lines)),
-                    "bytes": size,
-                    "cold": False,
-                    "slot": 2 * i,
-                    "static": True,
-                }
-            )
+            out.append(_static_walker(s, lines, int(WALK_MID * s), 2 * i))
             continue
         if cold:
             out.append(
@@ -555,17 +544,7 @@ def plan_walkers(
                 # The price: after the region's first pass in an event its loads come back at
                 # the region's own size, a hit in caches smaller than the bin too (the curve is
                 # kept at the validated hierarchies' sizes, not below the bin)
-                out.append(
-                    {
-                        "bin": s,
-                        "lines": lh,
-                        "per_pass": max(1, round(lh)),
-                        "bytes": max(128, size // 64 * 64),
-                        "cold": False,
-                        "slot": 2 * i + h,
-                        "static": True,
-                    }
-                )
+                out.append(_static_walker(s, lh, size, 2 * i + h))
                 continue
             # a whole number of events' loads per cycle, at least two: one event's traffic is
             # the least reuse distance a cursor gives, and rounding down to it fell short of
@@ -578,6 +557,20 @@ def plan_walkers(
             off = w["off"] + w["bytes"]
             color += w["bytes"] // 64
     return out, (off + 4095) // 4096 * 4096
+
+
+def _static_walker(bin_bytes: int, lines: float, size: int, slot: int) -> dict:
+    """A walker reused within the event (plan_walkers): a region of `size` bytes (whole lines, at
+    least two) that its round(lines) loads per event cycle over at fixed addresses."""
+    return {
+        "bin": bin_bytes,
+        "lines": lines,
+        "per_pass": max(1, round(lines)),
+        "bytes": max(128, size // 64 * 64),
+        "cold": False,
+        "slot": slot,
+        "static": True,
+    }
 
 
 def _near_blocks(spec: BodySpec, ll: int, i1: int = 32768) -> list[Block]:

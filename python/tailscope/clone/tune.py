@@ -303,10 +303,11 @@ def update_knobs(
     return k
 
 
-DATA_LL_FLOOR = 1e-4  # the smallest data_ll_scale (_newton's floor)
+# the smallest value of an LL knob (data_ll_scale, data_llc_scale, code_llc_scale): _newton's floor
+LL_KNOB_FLOOR = 1e-4
 
 
-def _newton(k: dict, knob: str, want: float, have: float, lo: float = DATA_LL_FLOOR, hi: float = 50.0) -> None:
+def _newton(k: dict, knob: str, want: float, have: float, lo: float = LL_KNOB_FLOOR, hi: float = 50.0) -> None:
     """A knob whose misses are linear in it: scale it by want / have (steps 0.05..4)."""
     if have > 0:
         k[knob] = _clamp(k.get(knob, 1.0) * _clamp(max(0.0, want) / have, 0.05, 4.0), lo, hi)
@@ -339,7 +340,7 @@ def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict) -> None:
     p = _clamp(target.get("DL_persistent_fraction", 1.0), 0.0, 1.0)
     want_far = max(0.0, p * t_dl - rest)
     # (judged at the knob these misses were measured at, before this step)
-    at_floor = k.get("data_ll_scale", 1.0) <= 2 * DATA_LL_FLOOR
+    at_floor = k.get("data_ll_scale", 1.0) <= 2 * LL_KNOB_FLOOR
     if far_dl > 0 or want_far > 0:
         _newton(k, "data_ll_scale", want_far, far_dl)
     # at its floor, what clone_far_ still misses is not the walkers beyond the LL but those within
