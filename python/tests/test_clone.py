@@ -454,6 +454,40 @@ def test_rep_unit_round_trip(tmp_path, rate, iters, width):
     assert rep["cond_branches"] >= rate * iters * calls
 
 
+def test_a_cold_reps_lines_are_taken_out_of_the_walkers_bins():
+    """generate.take_rep_lines (session 16): a cold rep's lines are in the sweep's bins beyond the
+    profiled D1 and the rep unit makes their misses itself, so they leave the walkers' bins:
+    nearest first to where the clone's rep lines come back (2 x REP_COLD_SPAN), the cold bin last,
+    nothing at or under the D1. redis's worker: 0.245 memsets of 6,076 bytes per request, 99.8%
+    missed, 23.3 lines per request (its clone's rep unit missed 23.3 per request at A and B, and
+    the walkers made them again)."""
+    bins = [[128, 100.0], [16384, 50.0], [32768, 9.0], [65536, 10.0], [131072, 30.0], [262144, 20.0]]
+    bins += [[524288, 5.0], [1 << 26, 1.0]]
+    assert 2 * asmgen.REP_COLD_SPAN == 262144
+    out = generate.take_rep_lines(bins, 40.0)
+    assert [n for _, n in out] == [100, 50, 9, 10, 10, 0, 5, 1]  # 20 from 256 KiB, then 128 KiB
+    assert bins[5][1] == 20.0  # the input is not changed
+    out = generate.take_rep_lines(bins, 70.0)  # 256, 128 and 512 KiB, then 64 KiB, then the cold bin
+    assert [n for _, n in out] == [100, 50, 9, 0, 0, 0, 0, 0]
+    assert generate.take_rep_lines(bins, 0.0) == bins
+    # the lines: executions x lines per execution x the original's miss share
+    rep = {"executions_per_event": 0.2452, "instructions_per_event": 0.2452 * 6077, "bytes_per_execution": 6076}
+    rep["d1_miss_fraction"] = 0.998
+    lines = generate.rep_lines_per_event(generate._body_rep({"rep": rep}, None), rep)
+    assert lines == pytest.approx(0.2452 * 95 * 0.998)
+    # body_spec: a cold rep's lines leave the walkers' bins; a warm rep's stay (they hit the D1)
+    body = generate.neutral_profile()["body"]["0"] | {"rep": rep, "I_bins": [[128, 1900.0], [4096, 100.0]]}
+    body["D_bins"] = [[128, 500.0], [16384, 200.0], [262144, 80.0], [1 << 26, 20.0]]
+    cold = generate.body_spec("w", body, None)
+    body["rep"] = rep | {"d1_miss_fraction": 0.1}
+    warm = generate.body_spec("w", body, None)
+    mass = {s: m for s, m in warm.data_bins}
+    assert warm.main_fraction * 800 == pytest.approx(300.0)  # 200 + 80 + 20 of 800 references
+    assert cold.main_fraction * 800 == pytest.approx(300.0 - lines)
+    assert dict(cold.data_bins)[262144] * cold.main_fraction * 800 == pytest.approx(80.0 - lines)
+    assert dict(cold.data_bins)[16384] * cold.main_fraction * 800 == pytest.approx(mass[16384] * 300.0)
+
+
 @needs_valgrind
 @needs_gcc
 def test_cold_rep_unit_misses_the_d1_at_both_sizes(tmp_path):
@@ -1517,6 +1551,80 @@ def test_the_static_walker_mode_does_not_flip_with_the_knob():
         walkers, _ = asmgen.plan_walkers(spec, 4000, knobs, 0, 1 << 16)
         modes.append(tuple(bool(w.get("static")) for w in walkers if w["bin"] == 16384))
     assert len(set(modes)) == 1 and all(modes[0]), modes
+
+
+def test_static_first_passes_are_the_events_own_lines():
+    """plan_walkers (session 16): a static walker's first pass in an event comes back from one
+    event's traffic, as an original's once-per-event lines do; those are the accesses of the bins
+    within the D1, so the cursor walkers of those bins make only what the first passes do not
+    (redis: the 2-8 KiB bins' static regions, 157 lines, took the whole 16 KiB bin's 143 per
+    request and half the 32 KiB bin's; the clone's event touched ~500 lines where redis's ~250).
+    The credit is counted at the profiled rate, so no walker comes or goes with the knob; bins
+    beyond the D1 keep their lines."""
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        # per event: 120 accesses in the 4 KiB bin (static: more than its 45-line region), 60 in
+        # the 16 KiB bin, 30 in the 32 KiB bin, 40 in the 256 KiB bin
+        data_bins=[(4096, 120 / 250), (16384, 60 / 250), (32768, 30 / 250), (262144, 40 / 250)],
+        mem_per_insn=0.4,
+        main_fraction=250 / 1600,
+        icode_bins=[(512, 1.0)],
+    )
+
+    def lines_by_bin(knobs):
+        asmgen.layer_walkers([spec], knobs)
+        walkers, _ = asmgen.plan_walkers(spec, 4000, knobs, 0, 1 << 16)
+        out: dict[int, float] = {}
+        for w in walkers:
+            out[w["bin"]] = out.get(w["bin"], 0.0) + w["lines"]
+        return out, walkers
+
+    got, walkers = lines_by_bin({})
+    static = [w for w in walkers if w.get("static")]
+    assert [w["bin"] for w in static] == [4096] and static[0]["bytes"] // 64 == 45
+    # the first pass (45 lines) takes the 16 KiB bin's 60 down to 15; the 32 KiB bin keeps its 30
+    assert got[4096] == pytest.approx(120) and got[16384] == pytest.approx(15)
+    assert got[32768] == pytest.approx(30) and got[262144] == pytest.approx(40)
+    # a larger first pass takes the next bin within the D1 too, never a bin beyond it
+    # (the 8 KiB bin's region: 90 lines; 30 of them the 16 KiB bin's, 60 of the 32 KiB bin's 80)
+    spec.data_bins = [(8192, 150 / 300), (16384, 30 / 300), (32768, 80 / 300), (262144, 40 / 300)]
+    spec.main_fraction = 300 / 1600
+    got, _ = lines_by_bin({})
+    assert 16384 not in got and got[32768] == pytest.approx(20)
+    assert got[262144] == pytest.approx(40)
+    # at half and twice the rate: the same walkers, their lines scaled
+    base = [(w["bin"], w.get("static", False)) for w in lines_by_bin({})[1]]
+    for scale in (0.5, 2.0):
+        got_s, walkers_s = lines_by_bin({"data_far_scale": scale})
+        assert [(w["bin"], w.get("static", False)) for w in walkers_s] == base
+        assert got_s[32768] == pytest.approx(scale * 20) and 16384 not in got_s
+
+
+def test_walkers_within_the_d1_aim_low_in_their_bin():
+    """asmgen.walk_quartiles (session 16): the sweep's caches are 8-way, so a bin within the
+    profiled D1 is what hits an 8-way cache of its size; at 0.84 x 32 KiB (430 lines over 64
+    sets) a reuse misses a 32 KiB 8-way D1 about a third of the time. Walkers of those bins aim
+    at 0.55 and 0.65 of the bin (still inside it); bins beyond the D1 keep the quartiles."""
+    assert asmgen.walk_quartiles(32768, {}) == asmgen.WALK_QUARTILES_IN_D1
+    assert asmgen.walk_quartiles(65536, {}) == asmgen.WALK_QUARTILES
+    assert asmgen.walk_quartiles(65536, {"d1_bytes": 65536}) == asmgen.WALK_QUARTILES_IN_D1
+    assert all(0.5 < q < 1 for q in asmgen.WALK_QUARTILES_IN_D1)
+    spec = _in_event_spec()
+    spec.data_bins = [(32768, 20 / 120), (262144, 100 / 120)]
+    spec.main_fraction = 120 / 1600
+    asmgen.layer_walkers([spec], {})
+    near = [v for (s_, _h), v in spec.walk_sizes.items() if s_ == 32768]
+    # the region sizes the layer model solved for the lower aims are smaller than at the quartiles
+    asmgen.WALK_QUARTILES_IN_D1, saved = asmgen.WALK_QUARTILES, asmgen.WALK_QUARTILES_IN_D1
+    try:
+        asmgen.layer_walkers([spec], {})
+        at_quartiles = [v for (s_, _h), v in spec.walk_sizes.items() if s_ == 32768]
+    finally:
+        asmgen.WALK_QUARTILES_IN_D1 = saved
+    assert sum(near) < sum(at_quartiles), (near, at_quartiles)
 
 
 def test_the_blocks_order_follows_the_originals_miss_curve():

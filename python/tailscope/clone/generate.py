@@ -48,6 +48,7 @@ DEFAULT_KNOBS = {
     "ll_assoc": 16,
 }
 BODY_ROLES = ("worker", "acceptor+worker", "acceptor", "timer", "waiter")
+PROFILED_D1 = DEFAULT_KNOBS["d1_bytes"]  # the D1 a profile's rep miss share was measured at (CONFIG_A)
 
 
 def _c_ident_ok(v) -> int:
@@ -82,6 +83,9 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
     curve = _code_curve(name, b["I_bins"]) if b.get("I_bins") else None
     skel_lines, hot_bytes = 0.0, 0.0
     dref = b.get("data_refs_per_event", 0.0)
+    rep = _body_rep(b, skel, f"profile body {name}")
+    # (its lines missed the profiled D1 in the original: they come back from beyond it)
+    rep_cold = rep[0] > 0 and _rep_fields("profile body", b["rep"])["d1_miss_fraction"] > 0.5
     if b.get("I_bins"):
         i_bins = [list(x) for x in b["I_bins"]]
         d_bins = [list(x) for x in b["D_bins"]]
@@ -100,6 +104,8 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
             i_bins = _subtract(i_bins, [(s, n) for s, n in skel["I_bins"] if s <= 32768])
             d_bins = _subtract(d_bins, skel["D_bins"])
             dref = max(0.0, dref - skel.get("data_refs_per_event", 0.0))
+        if rep_cold:
+            d_bins = take_rep_lines(d_bins, rep_lines_per_event(rep, b["rep"]))
         # line entries: fetches that miss even a 128-byte cache; the clone starts a new line
         # every `chunk` instructions, and each working-set bin gets its share of line entries
         # fetches that miss even at the largest swept size (cold code, run once per window) are
@@ -127,7 +133,6 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         main_frac = min(1.0, mtot / dref) if dref > 0 else 0.0
         dbins = [(s, n / mtot) for s, n in main] if mtot > 0 else [(0, 1.0)]
     mem_per_insn = min(1.0, dref / body_ir) if body_ir > 0 else 0.0
-    rep = _body_rep(b, skel, f"profile body {name}")
     if rep[0] > 0:  # the rep unit makes the rep string instructions: the mix draws none
         mix = {k: (0.0 if k.startswith("rep/") else v) for k, v in mix.items()}
         tot = sum(mix.values()) or 1.0
@@ -151,8 +156,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         rep_per_event=rep[0],
         rep_iters=rep[1],
         rep_width=rep[2],
-        # (its lines missed the profiled D1 in the original: they come back from beyond it)
-        rep_cold=rep[0] > 0 and _rep_fields("profile body", b["rep"])["d1_miss_fraction"] > 0.5,
+        rep_cold=rep_cold,
         code_curve=curve,
     )
 
@@ -285,6 +289,36 @@ def _touch_rows(specs: dict, bg_ids: dict[int, int]) -> list[tuple[int, int, int
             rows += [(r, row + 1, o, n) for o, n, r in specs[ci].touch]
     rows.sort(key=lambda x: -x[0])
     return [(a, o, n) for _, a, o, n in rows if n > 0]
+
+
+def rep_lines_per_event(rep: tuple[float, int, int], prof_rep: dict) -> float:
+    """The lines a cold rep unit writes per event that the original's missed the profiled D1 with:
+    executions x lines per execution x the original's miss share."""
+    ex, iters, width = rep
+    return ex * math.ceil(iters * width / 64) * _rep_fields("profile body", prof_rep)["d1_miss_fraction"]
+
+
+def take_rep_lines(d_bins: list[list[float]], lines: float, d1: int = PROFILED_D1) -> list[list[float]]:
+    """The data bins less a cold rep unit's lines (session 16). The sweep's bins count every
+    access of the original, its rep string instructions' too, and a cold rep's lines are in the
+    bins beyond the profiled D1 (they missed it). The rep unit makes those misses itself, so the
+    walkers made them twice: redis's ~23 per request, at A and B alike, that the tuning loop took
+    back by slowing every walker (`data_far_scale` 0.56), and most of those walkers' misses hit at
+    B. They are taken from the bins beyond `d1`, nearest first to where the clone's own rep lines
+    come back (2 x REP_COLD_SPAN: its regions span REP_COLD_SPAN), the cold bin (the last) last;
+    every one of those bins misses both validated D1s, so which one does not move a D1 rate."""
+    out = [list(x) for x in d_bins]
+    home = 2 * asmgen.REP_COLD_SPAN
+    beyond = [i for i, (s_, _) in enumerate(out[:-1]) if s_ > d1]
+    beyond.sort(key=lambda i: abs(math.log2(out[i][0] / home)))
+    left = max(0.0, lines)
+    for i in [*beyond, len(out) - 1] if out and out[-1][0] > d1 else beyond:
+        take = min(left, out[i][1])
+        out[i][1] -= take
+        left -= take
+        if left <= 0:
+            break
+    return out
 
 
 def _subtract(a: list[list[float]], b: list) -> list[list[float]]:
