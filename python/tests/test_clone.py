@@ -473,7 +473,7 @@ def test_a_cold_reps_lines_are_taken_out_of_the_walkers_bins():
     # the lines: executions x lines per execution x the original's miss share
     rep = {"executions_per_event": 0.2452, "instructions_per_event": 0.2452 * 6077, "bytes_per_execution": 6076}
     rep["d1_miss_fraction"] = 0.998
-    lines = generate.rep_lines_per_event(generate._body_rep({"rep": rep}, None), rep)
+    lines = generate.rep_lines_per_event(generate._body_rep({"rep": rep}, None), 0.998)
     assert lines == pytest.approx(0.2452 * 95 * 0.998)
     # body_spec: a cold rep's lines leave the walkers' bins; a warm rep's stay (they hit the D1)
     body = generate.neutral_profile()["body"]["0"] | {"rep": rep, "I_bins": [[128, 1900.0], [4096, 100.0]]}

@@ -84,8 +84,10 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
     skel_lines, hot_bytes = 0.0, 0.0
     dref = b.get("data_refs_per_event", 0.0)
     rep = _body_rep(b, skel, f"profile body {name}")
-    # (its lines missed the profiled D1 in the original: they come back from beyond it)
-    rep_cold = rep[0] > 0 and _rep_fields("profile body", b["rep"])["d1_miss_fraction"] > 0.5
+    # the share of its lines that missed the profiled D1 in the original; over half: a cold rep,
+    # its lines come back from beyond the D1
+    rep_miss = _rep_fields("profile body", b["rep"])["d1_miss_fraction"] if rep[0] > 0 else 0.0
+    rep_cold = rep_miss > 0.5
     if b.get("I_bins"):
         i_bins = [list(x) for x in b["I_bins"]]
         d_bins = [list(x) for x in b["D_bins"]]
@@ -105,7 +107,7 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
             d_bins = _subtract(d_bins, skel["D_bins"])
             dref = max(0.0, dref - skel.get("data_refs_per_event", 0.0))
         if rep_cold:
-            d_bins = take_rep_lines(d_bins, rep_lines_per_event(rep, b["rep"]))
+            d_bins = take_rep_lines(d_bins, rep_lines_per_event(rep, rep_miss))
         # line entries: fetches that miss even a 128-byte cache; the clone starts a new line
         # every `chunk` instructions, and each working-set bin gets its share of line entries
         # fetches that miss even at the largest swept size (cold code, run once per window) are
@@ -291,11 +293,11 @@ def _touch_rows(specs: dict, bg_ids: dict[int, int]) -> list[tuple[int, int, int
     return [(a, o, n) for _, a, o, n in rows if n > 0]
 
 
-def rep_lines_per_event(rep: tuple[float, int, int], prof_rep: dict) -> float:
+def rep_lines_per_event(rep: tuple[float, int, int], miss_fraction: float) -> float:
     """The lines a cold rep unit writes per event that the original's missed the profiled D1 with:
     executions x lines per execution x the original's miss share."""
     ex, iters, width = rep
-    return ex * math.ceil(iters * width / 64) * _rep_fields("profile body", prof_rep)["d1_miss_fraction"]
+    return ex * math.ceil(iters * width / 64) * miss_fraction
 
 
 def take_rep_lines(d_bins: list[list[float]], lines: float, d1: int = PROFILED_D1) -> list[list[float]]:
@@ -311,8 +313,10 @@ def take_rep_lines(d_bins: list[list[float]], lines: float, d1: int = PROFILED_D
     home = 2 * asmgen.REP_COLD_SPAN
     beyond = [i for i, (s_, _) in enumerate(out[:-1]) if s_ > d1]
     beyond.sort(key=lambda i: abs(math.log2(out[i][0] / home)))
+    if out and out[-1][0] > d1:
+        beyond.append(len(out) - 1)  # the cold bin
     left = max(0.0, lines)
-    for i in [*beyond, len(out) - 1] if out and out[-1][0] > d1 else beyond:
+    for i in beyond:
         take = min(left, out[i][1])
         out[i][1] -= take
         left -= take
