@@ -1705,3 +1705,38 @@ def test_the_i1_step_is_a_secant_over_the_far_rate():
     assert tune.i1_secant(newton, [it(1.55), it(1.6)], target) == newton
     assert tune.i1_secant({**newton, "code_scale": 0.7}, [it(0.5), it(1.6)], target)["icode_far_scale"] == 1.8
     assert tune.i1_secant(newton, [it(1.6)], target) == newton
+
+
+def test_the_layer_model_counts_the_traffic_the_walkers_make():
+    """layer_walkers takes the walkers from walker_list, as plan_walkers does (session 17). Up to
+    session 16 the LRU stack counted every bin's accesses at the profile's rate, and the lines the
+    static walkers' first passes take from the cursor walkers within the D1 were counted twice:
+    here the 16 KiB bin's walkers were sized for 45 lines per event where they walk 22.5, so they
+    came round after twice the traffic, 1.59 x their reuse distance. Under the traffic the plan
+    makes (the model restated here: a region of L lines walked at a lines per event is reused
+    after everything else brings min(L_q, L / a x a_q) lines), every cursor walker's reuse
+    distance is its target."""
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=[(4096, 120 / 340), (16384, 90 / 340), (32768, 60 / 340), (65536, 30 / 340), (262144, 40 / 340)],
+        mem_per_insn=0.4,
+        main_fraction=340 / 1600,
+        icode_bins=[(512, 1.0)],
+    )
+    asmgen.layer_walkers([spec], {})
+    walkers, _ = asmgen.plan_walkers(spec, 4000, {}, 0, 1 << 16)
+    assert any(w.get("static") and "h" not in w for w in walkers)  # a first pass to credit
+
+    def lines(w):  # the region the model sees: a static walker's own, a cursor walker's solved
+        return w["bytes"] / 64 if w.get("static") else spec.walk_sizes[(w["bin"], w["h"])] / 64
+
+    cursor = [w for w in walkers if not w.get("static")]
+    assert {w["bin"] for w in cursor} >= {32768, 65536, 262144}, walkers
+    for w in cursor:
+        period = lines(w) / w["lines"]  # events between two passes over a line
+        d = sum(lines(q) if q.get("static") else min(lines(q), period * q["lines"]) for q in walkers)
+        target = asmgen.walk_quartiles(w["bin"], {})[w["h"]] * w["bin"]
+        assert abs(64 * d / target - 1) <= 0.03, (w, 64 * d / target)

@@ -427,6 +427,7 @@ RING_SLOT0 = 32  # per body, slots 0-31 are the data walkers', 32-46 the code ri
 COLD_RING_LINES = 4096  # the cold code ring's one-line variants (256 KiB of code)
 LLC_SLACK = 1  # a conflict ring leaves this many ways of its set free at the size where it must hit
 WALK_SLOTS = 128  # arena offset of the walkers' shared accumulators and cursors (16 B each)
+WALK_PLAN_ROUNDS = 4  # layer_walkers: plans of the walkers at most (it stops when one keeps its modes)
 WALK_MID = 0.71  # a region of 2^-0.5 S: the log-middle of the bin (S/2, S]
 # a cursor walker's bin is walked by two walkers, half the lines each, at the bin's quartiles
 # 2^-0.75 S and 2^-0.25 S (sizes log-uniform within the bin, as the blocks assume): one walker at
@@ -489,6 +490,18 @@ def place_colored(off: int, color: int) -> int:
 def plan_walkers(
     spec: BodySpec, instructions: float, knobs: dict, below: int, off: int, color: int = 0
 ) -> tuple[list[dict], int]:
+    """The walkers of walker_list, placed: each region one after another in cache colour
+    (place_colored) from `off`. Returns the walkers and the arena offset after their regions."""
+    out = walker_list(spec, instructions, knobs, below)
+    for w in out:
+        if not w["cold"]:
+            w["off"] = place_colored(off, color)
+            off = w["off"] + w["bytes"]
+            color += w["bytes"] // 64
+    return out, (off + 4095) // 4096 * 4096
+
+
+def walker_list(spec: BodySpec, instructions: float, knobs: dict, below: int) -> list[dict]:
     """The data working-set bins beyond NEAR_MAX: one walker per bin (Ditto's per-bin regions).
 
     A walker touches `lines` new lines of its own region per event (a fractional number of passes
@@ -503,11 +516,14 @@ def plan_walkers(
     miss at the largest swept size: cold data) walks the cold region at the arena's end, never
     touched before. `data_far_scale` scales the walkers within the LL the knobs name, and
     `data_ll_scale` those beyond it: the same factor for every bin, so the curve keeps its shape.
-    Returns the walkers and the arena offset after their regions."""
+    Both the code (plan_walkers) and the LRU stack that sizes the regions (layer_walkers) take
+    the walkers from here, so the stack counts the traffic the clone makes (session 17).
+    Returns the walkers, unplaced; a cursor walker (and a static one that replaced it) names its
+    half of the bin as `h`, the key of spec.walk_sizes."""
     ll = knobs.get("ll_bytes", 2 << 20)
     tot = sum(m for _, m in spec.data_bins)
     if tot <= 0 or not spec.data_bins:
-        return [], off
+        return []
     main_acc = spec.mem_per_insn * spec.main_fraction * instructions
     d1 = knobs.get("d1_bytes", 32768)
     out = []
@@ -571,20 +587,15 @@ def plan_walkers(
                 # The price: after the region's first pass in an event its loads come back at
                 # the region's own size, a hit in caches smaller than the bin too (the curve is
                 # kept at the validated hierarchies' sizes, not below the bin)
-                out.append(_static_walker(s, lh, size, 2 * i + h))
+                out.append({**_static_walker(s, lh, size, 2 * i + h), "h": h})
                 first_pass += min(lines0 / 2, out[-1]["bytes"] // 64)
                 continue
             # a whole number of events' loads per cycle, at least two: one event's traffic is
             # the least reuse distance a cursor gives, and rounding down to it fell short of
             # the bin (the working-set test's 64 KiB bin: 28% hit a 32 KiB D1)
             size = 64 * max(2, round(size / 64 / pp)) * pp
-            out.append({"bin": s, "lines": lh, "per_pass": pp, "bytes": size, "cold": False, "slot": 2 * i + h})
-    for w in out:
-        if not w["cold"]:
-            w["off"] = place_colored(off, color)
-            off = w["off"] + w["bytes"]
-            color += w["bytes"] // 64
-    return out, (off + 4095) // 4096 * 4096
+            out.append({"bin": s, "lines": lh, "per_pass": pp, "bytes": size, "cold": False, "slot": 2 * i + h, "h": h})
+    return out
 
 
 def _static_walker(bin_bytes: int, lines: float, size: int, slot: int) -> dict:
@@ -1064,31 +1075,61 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     beyond 32 KiB missed a 32 KiB D1 and together they exceeded a 2 MiB LL."""
     ll = knobs.get("ll_bytes", 2 << 20)
     items = []  # [spec index, kind, key, lines, accesses per request, target bytes]
+    bodies = []  # (spec index, instructions per event, the near regions' bytes)
     for i, sp in enumerate(specs):
-        tot = sum(m for _, m in sp.data_bins) or 1.0
         # the walkers at the rate they run at (plan_walkers: the knobs scale it; session 13). At
         # the profiled rate, a walker that the D1 knob slowed went round its region less often
         # than sized, everything else walked meanwhile pushed its lines beyond the LL, and
         # memcached's data-side LL misses went from 32% to 160-200% over as the D1 knobs fell
         ins = body_instructions(sp, knobs)  # (once per body: it builds the rep unit's text)
         main_now = sp.mem_per_insn * sp.main_fraction * ins * sp.events_per_request
-        for bi, b in enumerate(_near_blocks(sp, ll, knobs.get("i1_bytes", 32768))):
+        near = _near_blocks(sp, ll, knobs.get("i1_bytes", 32768))
+        for bi, b in enumerate(near):
             if b.region_bytes and b.weight > 0:
                 a = b.weight * b.main_per_insn * ins * sp.events_per_request
                 if a / sp.events_per_request >= b.region_bytes / 64:
                     continue  # cycled within one run of its block: reused at its own size (as sized)
                 items.append([i, "near", bi, b.region_bytes / 64, max(1e-6, a), b.region_bytes])
-        for s, m in sp.data_bins:
-            if s > NEAR_MAX and m > 0 and s != sp.cold_bin:
-                lines_ev = m / tot * sp.mem_per_insn * sp.main_fraction * ins
-                if lines_ev >= WALK_MID * s / 64:  # a static walker (plan_walkers): fixed, every event
-                    fixed_lines = WALK_MID * s / 64
-                    items.append([i, "fixed", s, fixed_lines, fixed_lines * sp.events_per_request, 0.0])
-                    continue
-                rate = body_knob(knobs, "data_ll_scale" if s >= ll else "data_far_scale", sp.name)
-                for h, q in enumerate(walk_quartiles(s, knobs)):  # plan_walkers: two walkers per bin
-                    items.append([i, "walk", (s, h), q * s / 64, max(1e-6, m / tot * main_now * rate / 2), q * s])
         items += _streams(sp, main_now, knobs)
+        bodies.append((i, ins, sum(b.region_bytes for b in near)))
+        sp.walk_sizes = None
+    # the walkers as the code makes them (walker_list), at the rate they run at. Which walkers are
+    # static and how many lines their first passes take from the cursor walkers within the D1
+    # depend on the sizes solved here, so: plan, solve, and plan again with the solved sizes
+    # until the plan keeps its modes (up to session 16 this stack counted the traffic of the
+    # cursor walkers the first passes replace, and redis's regions beyond the D1 came out 7-15%
+    # smaller than their bins' quartiles; session 17)
+    modes = None
+    for _ in range(WALK_PLAN_ROUNDS):
+        walks = []
+        for i, ins, below in bodies:
+            sp = specs[i]
+            plan = walker_list(sp, ins, knobs, below)
+            for w in plan:
+                if w["cold"]:
+                    continue  # a stream (_streams)
+                if "h" not in w:  # a bin reused within the event: its region, every event
+                    fixed = w["bytes"] / 64
+                    walks.append([i, "fixed", w["bin"], fixed, fixed * sp.events_per_request, 0.0])
+                    continue
+                key, q = (w["bin"], w["h"]), walk_quartiles(w["bin"], knobs)[w["h"]]
+                start = sp.walk_sizes[key] / 64 if sp.walk_sizes and key in sp.walk_sizes else q * w["bin"] / 64
+                a = max(1e-6, w["lines"] * sp.events_per_request)
+                walks.append([i, "walk", key, start, a, q * w["bin"]])
+        _solve(items + walks, rounds)
+        for i, _ins, _below in bodies:
+            specs[i].walk_sizes = {}
+        for i, kind, key, lines, _a, _t in walks:
+            if kind == "walk":
+                specs[i].walk_sizes[key] = max(2 * 64 * WALK_LINES, max(128, int(lines) * 64))
+        plan_modes = [
+            (i, w["bin"], w.get("h"), bool(w.get("static")), round(w["lines"], 6))
+            for i, ins, below in bodies
+            for w in walker_list(specs[i], ins, knobs, below)
+        ]
+        if plan_modes == modes:
+            break
+        modes = plan_modes
     # the code: per body, its blocks and the skeleton run every event (fixed), rings (solved);
     # the L1 caches are split, so code and data are separate stacks
     code = []
@@ -1108,24 +1149,27 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
         for r in plan_rings(sp, ins, {**knobs, "icode_far_scale": 1.0}):  # sized at the profiled rate
             a = r["lines"] * sp.events_per_request
             code.append([i, "ring", r["bin"], r["M"] * r["v"], max(1e-6, a), WALK_MID * r["bin"]])
-    for group in (items, code):
-        for _ in range(rounds):
-            for it in group:
-                if it[1] in ("hot", "fixed", "stream"):
-                    continue
-                period = it[3] / it[4]
-                d = 64 * sum(min(q[3], period * q[4]) for q in group)
-                it[3] = max(2.0, it[3] * (it[5] / max(64.0, d)) ** 0.5)
+    _solve(code, rounds)
     for sp in specs:
-        sp.walk_sizes, sp.near_sizes, sp.ring_sizes = {}, {}, {}
+        sp.near_sizes, sp.ring_sizes = {}, {}
     for i, kind, key, lines, _a, _t in items + code:
         size = max(128, int(lines) * 64)
-        if kind == "walk":
-            specs[i].walk_sizes[key] = max(2 * 64 * WALK_LINES, size)
-        elif kind == "near":
+        if kind == "near":
             specs[i].near_sizes[key] = size
         elif kind == "ring":
             specs[i].ring_sizes[key] = size
+
+
+def _solve(group: list[list], rounds: int) -> None:
+    """layer_walkers' damped fixed point: each solved item's lines move toward the size at which
+    everything else brings its target reuse distance between two of its passes."""
+    for _ in range(rounds):
+        for it in group:
+            if it[1] in ("hot", "fixed", "stream"):
+                continue
+            period = it[3] / it[4]
+            d = 64 * sum(min(q[3], period * q[4]) for q in group)
+            it[3] = max(2.0, it[3] * (it[5] / max(64.0, d)) ** 0.5)
 
 
 def _code_fit(spec: BodySpec, blocks: list[Block], budget: float, i1: int) -> float:
