@@ -718,14 +718,18 @@ def test_regions_are_placed_in_cache_colour():
     _, blocks, _ = asmgen.generate_body(spec, np.random.default_rng(1), {})
     regions = [(b.region_off, b.region_bytes) for b in blocks if b.region_bytes]
     regions += [(o, n) for o, n, rank in spec.touch if rank > 0]  # the walkers' regions
-    assert len(regions) >= 8, regions
+    assert len(regions) >= 7, regions  # (the 8 and 16 KiB bins' static regions nest: one)
     # none overlaps the next (a block's walk reaches one step past its region)
     reach = {b.region_off: 2 * b.region_bytes for b in blocks if b.region_bytes}
     spans = sorted((o, o + reach.get(o, n)) for o, n in regions)
     assert all(e0 <= s1 for (_, e0), (s1, _) in itertools.pairwise(spans)), spans
-    # each starts where the one before ended, in colour: no two start in the same D1 set
-    starts = [off // 64 % 64 for off, _ in regions]
+    # each starts where the one before ended, in colour: the small ones (the blocks') in sets of
+    # their own, and each walker's region in the set after the last line of the one before
+    starts = [off // 64 % 64 for off, n in regions if n <= 64 * 64]
     assert len(set(starts)) == len(starts), regions
+    walks = sorted((o, n) for o, n, rank in spec.touch if rank > 0)
+    for (o0, n0), (o1, _) in itertools.pairwise(walks):
+        assert o1 // 64 % 64 == (o0 + n0) // 64 % 64, walks
     per_set = [0] * 64
     for off, n in regions:
         for line in range(off // 64, (off + n) // 64):
@@ -1585,8 +1589,9 @@ def test_static_first_passes_are_the_events_own_lines():
     got, walkers = lines_by_bin({})
     static = [w for w in walkers if w.get("static")]
     assert [w["bin"] for w in static] == [4096] and static[0]["bytes"] // 64 == 45
-    # the first pass (45 lines) takes the 16 KiB bin's 60 down to 15; the 32 KiB bin keeps its 30
-    assert got[4096] == pytest.approx(120) and got[16384] == pytest.approx(15)
+    # the first pass (45 lines) takes the 16 KiB bin's 60 down to 15, which cycle the static
+    # region (a bin within half the D1: session 17); the 32 KiB bin keeps its 30
+    assert got[4096] == pytest.approx(120 + 15) and 16384 not in got
     assert got[32768] == pytest.approx(30) and got[262144] == pytest.approx(40)
     # a larger first pass takes the next bin within the D1 too, never a bin beyond it
     # (the 8 KiB bin's region: 90 lines; 30 of them the 16 KiB bin's, 60 of the 32 KiB bin's 80)
@@ -1740,3 +1745,45 @@ def test_the_layer_model_counts_the_traffic_the_walkers_make():
         d = sum(lines(q) if q.get("static") else min(lines(q), period * q["lines"]) for q in walkers)
         target = asmgen.walk_quartiles(w["bin"], {})[w["h"]] * w["bin"]
         assert abs(64 * d / target - 1) <= 0.03, (w, 64 * d / target)
+
+
+def test_the_static_regions_nest():
+    """walker_list (session 17): the static walkers of the bins share one region, each cycling its
+    first WALK_MID x S bytes, so the event's own lines are the largest region's, not the sum of
+    all (redis: 90 lines, not 157), and a larger bin's first pass over the smaller regions' lines
+    comes back from their distance. The first passes' credit and the layer model's fixed layer
+    are the union's lines; what is left of a bin within half the D1 cycles the region (no cursor
+    walker: new lines every event), a bin beyond half the D1 keeps its cursor walkers."""
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        # per event: 100 in the 2 KiB bin (22-line region), 100 in the 8 KiB bin (90 lines),
+        # 120 in the 16 KiB bin, 30 in the 32 KiB bin, 40 in the 256 KiB bin
+        data_bins=[(2048, 100 / 390), (8192, 100 / 390), (16384, 120 / 390), (32768, 30 / 390), (262144, 40 / 390)],
+        mem_per_insn=0.4,
+        main_fraction=390 / 1600,
+        icode_bins=[(512, 1.0)],
+    )
+    asmgen.layer_walkers([spec], {})
+    walkers, _ = asmgen.plan_walkers(spec, 4000, {}, 0, 1 << 16)
+    static = [w for w in walkers if w.get("static")]
+    assert [w["bin"] for w in static] == [2048, 8192], walkers
+    assert static[0]["off"] == static[1]["off"]  # one region
+    assert [w["bytes"] // 64 for w in static] == [22, 90] and [w["new_lines"] for w in static] == [22, 68]
+    # the credit is the union's 90 lines: the 16 KiB bin keeps 30, which cycle the region
+    assert 16384 not in {w["bin"] for w in walkers}
+    assert static[1]["lines"] == pytest.approx(100 + 30) and static[1]["per_pass"] == 130
+    # the 32 KiB bin (beyond half the D1) keeps its cursor walkers and all of its 30 lines
+    assert sum(w["lines"] for w in walkers if w["bin"] == 32768 and not w.get("static")) == pytest.approx(30)
+    # the regions after the nested one start past its largest member
+    others = [w for w in walkers if not w.get("static") and not w["cold"]]
+    assert min(w["off"] for w in others) >= static[0]["off"] + 90 * 64
+    # the code: the 8 KiB walker's loads cycle its 90 lines from the region's start
+    lines, _blocks, _ = asmgen.generate_body(spec, np.random.default_rng(1), {})
+    offs = [int(x) for x in re.findall(r"add r12, qword ptr \[r15 \+ (\d+)\]", "\n".join(lines))]
+    assert len(offs) == 100 + 130  # the static loads (a cursor walker's are r15 + r13 + ...)
+    base = min(offs)
+    assert offs.count(base) == 5 + 2, offs.count(base)  # 100 loads over 22 lines, 130 over 90
+    assert max(offs) == base + 89 * 64
