@@ -493,18 +493,20 @@ def plan_walkers(
     """The walkers of walker_list, placed: each region one after another in cache colour
     (place_colored) from `off`. Returns the walkers and the arena offset after their regions."""
     out = walker_list(spec, instructions, knobs, below)
+    nest_bytes = max((w["bytes"] for w in out if w.get("nested")), default=0)  # the nested region
     nest_off = None
     for w in out:
-        if w.get("nested") and nest_off is not None:
-            w["off"] = nest_off
+        if w["cold"]:
             continue
-        if not w["cold"]:
-            w["off"] = place_colored(off, color)
-            size = max((x["bytes"] for x in out if x.get("nested")), default=0) if w.get("nested") else w["bytes"]
-            if w.get("nested"):
-                nest_off = w["off"]
-            off = w["off"] + size
-            color += size // 64
+        if w.get("nested") and nest_off is not None:
+            w["off"] = nest_off  # (its members share the region the first one placed)
+            continue
+        w["off"] = place_colored(off, color)
+        size = nest_bytes if w.get("nested") else w["bytes"]
+        if w.get("nested"):
+            nest_off = w["off"]
+        off = w["off"] + size
+        color += size // 64
     return out, (off + 4095) // 4096 * 4096
 
 
