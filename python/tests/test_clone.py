@@ -828,6 +828,33 @@ def test_tuning_step_per_metric():
     assert tune.score(errs) == 22.0
 
 
+def test_the_score_counts_errors_beyond_the_targets_own_spread():
+    """tune.score (session 17): an error counts beyond the target's own spread over the profile's
+    windows only. redis's LL rows moved 20-30% between the profile's windows, and the loop kept an
+    iteration with I1 and branch 9-11% off over four within 0.4% because of one LL draw."""
+    from tailscope.clone import tune, validate
+
+    wins = [
+        {k: 1.0 for k in tune.TOLERANCE} | {"IL_misses_per_request": 0.020, "requests": 6000},
+        {k: 1.0 for k in tune.TOLERANCE} | {"IL_misses_per_request": 0.024, "requests": 6000},
+        {k: 1.0 for k in tune.TOLERANCE} | {"IL_misses_per_request": 0.026, "requests": 6000},
+    ]
+    sp = tune.target_spread({"windows": wins})
+    assert sp["I1_miss_rate"] == 0.0 and sp["IL_misses_per_request"] == pytest.approx(
+        validate.mean_spread([0.020, 0.024, 0.026], 3)
+    )
+    assert 0.1 < sp["IL_misses_per_request"] < 0.2
+    assert tune.target_spread({}) == {} and tune.target_spread({"windows": wins[:1]}) == {}
+    # redis's bench run: iteration 3 (LL within its spread, I1 and branch off) against 7
+    it3 = dict.fromkeys(tune.TOLERANCE, 0.0) | {"I1_miss_rate": 0.088, "branch_mispredict_rate": 0.108}
+    it7 = dict.fromkeys(tune.TOLERANCE, 0.0) | {"LL_miss_rate": 0.189, "IL_misses_per_request": 0.343}
+    spread = {"LL_miss_rate": 0.237, "IL_misses_per_request": 0.332}
+    assert tune.score(it3) < tune.score(it7)  # without the spread the LL draw decided
+    assert tune.score(it7, spread) < tune.score(it3, spread)
+    # beyond the spread the excess counts, in units of the tolerance
+    assert tune.score(it7, spread) == pytest.approx((0.343 - 0.332) / 0.10)
+
+
 def test_data_references_tuning_step():
     """Session 11: data references per request are a tuning target (every miss rate is per
     reference). `mem_scale` takes a Newton step on the blocks' references (clone_body_): the

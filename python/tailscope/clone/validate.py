@@ -34,7 +34,7 @@ from . import runner, target, trace
 from . import valgrind as vg
 from .errors import CloneError
 from .tools import need
-from .tune import clone_launch, rel_err
+from .tune import clone_launch, mean_spread, rel_err
 
 LEVELS = {"low": 0.3, "medium": 1.0, "high": 1.6}
 REPEATS = 3
@@ -339,17 +339,6 @@ def spread(a: float, b: float) -> float:
     """Two measurements of the same thing: |a - b| / their mean (0 when both are 0)."""
     m = (abs(a) + abs(b)) / 2
     return abs(a - b) / m if m else 0.0
-
-
-def mean_spread(values: list[float], n: int) -> float:
-    """How far a mean of n windows of the original can be from its true figure: two standard
-    errors, 2·sd/sqrt(n), relative to the mean of `values`, with the standard deviation taken over
-    `values` (windows of the original, possibly more than the n pooled). For two values and n = 2
-    this is |a - b| / their mean, the two-window spread of sessions 7-8 (`spread`)."""
-    if len(values) < 2:
-        return 0.0
-    m = abs(statistics.fmean(values))
-    return 2 * statistics.stdev(values) / n**0.5 / m if m else 0.0
 
 
 def original_spread(side: dict, key: str) -> float | None:
