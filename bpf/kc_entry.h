@@ -77,6 +77,28 @@ static __always_inline void count_collision(void)
 		__sync_fetch_and_add(&h->collisions, 1);
 }
 
+/* The thread's entry and its index, or NULL; never claims. */
+static __always_inline struct ts_kcounters *kc_find(__u32 tid, __u32 *idx_out)
+{
+	if (!tid)
+		return NULL;
+	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
+		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1);
+		struct ts_kcounters *e;
+
+		if (!idx)
+			continue;
+		e = bpf_map_lookup_elem(&kcounters, &idx);
+		if (!e)
+			return NULL;
+		if (e->tid == tid) {
+			*idx_out = idx;
+			return e;
+		}
+	}
+	return NULL;
+}
+
 /* The thread's entry, or NULL. With claim, take a free slot if the thread
  * has none (and count a collision when all TS_KC_PROBE slots are taken). */
 static __always_inline struct ts_kcounters *kc_entry(__u32 tid, __u32 tgid, bool claim)

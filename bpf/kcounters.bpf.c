@@ -69,27 +69,16 @@ static __always_inline struct ts_kcounters *accounted_current(void)
 static __always_inline struct ts_kcounters *accounted_current_idx(__u32 *idx_out)
 {
 	__u64 id = bpf_get_current_pid_tgid();
-	__u32 tid = (__u32)id;
+	struct ts_kcounters *e;
+	__u32 idx = 0;
 
-	if (!tid || !maybe_target_tgid(id >> 32))
+	if (!maybe_target_tgid(id >> 32))
 		return NULL;
-	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
-		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1);
-		struct ts_kcounters *e;
-
-		if (!idx)
-			continue;
-		e = bpf_map_lookup_elem(&kcounters, &idx);
-		if (!e)
-			return NULL;
-		if (e->tid == tid) {
-			if (!*(volatile __u32 *)&e->sampled_refs)
-				return NULL;
-			*idx_out = idx;
-			return e;
-		}
-	}
-	return NULL;
+	e = kc_find((__u32)id, &idx);
+	if (!e || !*(volatile __u32 *)&e->sampled_refs)
+		return NULL;
+	*idx_out = idx;
+	return e;
 }
 
 /* ---- scheduler ---------------------------------------------------------- */
