@@ -23,7 +23,8 @@ Each knob is one factor on a whole group, so it moves the level of a cache curve
 the shape (which bins, how many lines per event, region and ring sizes, the hot code footprint)
 comes from the profile's cache-size sweep (asmgen.layer_walkers, workingset.footprint_crossing).
 It stops when every metric is within TOLERANCE, and keeps the best iteration (smallest sum of
-errors, each capped at 10 tolerances). The held-out configuration (CONFIG_B) is never used here.
+errors beyond the target's own spread over the profile's windows, each capped at 10 tolerances:
+`score`). The held-out configuration (CONFIG_B) is never used here.
 """
 
 from __future__ import annotations
