@@ -103,10 +103,17 @@ static __always_inline struct ts_kcounters *kc_find(__u32 tid, __u32 *idx_out)
  * has none (and count a collision when all TS_KC_PROBE slots are taken). */
 static __always_inline struct ts_kcounters *kc_entry(__u32 tid, __u32 tgid, bool claim)
 {
-	struct ts_kcounters *free_e = NULL;
+	struct ts_kcounters *found;
+	__u32 found_idx;
 
 	if (!tid)
 		return NULL;
+	found = kc_find(tid, &found_idx);
+	if (found || !claim)
+		return found;
+	/* Claim the first free slot. A slot another thread takes first is
+	 * passed over; one the runtime claimed for this thread meanwhile
+	 * (old == tid) is this thread's. */
 	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
 		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1);
 		struct ts_kcounters *e;
@@ -118,35 +125,13 @@ static __always_inline struct ts_kcounters *kc_entry(__u32 tid, __u32 tgid, bool
 			return NULL;
 		if (e->tid == tid)
 			return e;
-		if (!e->tid && !free_e)
-			free_e = e;
-	}
-	if (!claim)
-		return NULL;
-	if (free_e) {
-		__u32 old = __sync_val_compare_and_swap(&free_e->tid, 0, tid);
+		if (!e->tid) {
+			__u32 old = __sync_val_compare_and_swap(&e->tid, 0, tid);
 
-		if (old == 0 || old == tid) {
-			free_e->tgid = tgid;
-			return free_e;
-		}
-	}
-	/* Lost the race for the only free slot, or none was free: probe again
-	 * in case the runtime claimed one for us meanwhile. */
-	for (__u32 i = 0; i < TS_KC_PROBE; i++) {
-		__u32 idx = (tid + i) & (TS_KC_ENTRIES - 1);
-		struct ts_kcounters *e;
-
-		if (!idx)
-			continue;
-		e = bpf_map_lookup_elem(&kcounters, &idx);
-		if (!e)
-			return NULL;
-		if (e->tid == tid)
-			return e;
-		if (!e->tid && __sync_val_compare_and_swap(&e->tid, 0, tid) == 0) {
-			e->tgid = tgid;
-			return e;
+			if (old == 0 || old == tid) {
+				e->tgid = tgid;
+				return e;
+			}
 		}
 	}
 	count_collision();
