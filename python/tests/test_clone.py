@@ -1533,19 +1533,26 @@ def test_ll_conflict_rings_are_warm_at_a_larger_ll_from_their_first_use(tmp_path
     assert got[8][0] <= 3 and got[8][1] <= 3, got
 
 
-def _in_event_spec():
-    """A 16 KiB bin of 160 lines per event beside a 256 KiB bin of 100 (4,000 instructions):
-    the 16 KiB bin's walkers take more lines per event than their region allows."""
+def _walker_spec(per_event: list[tuple[int, float]]):
+    """A body of 4,000 instructions (0.4 data references each) whose walker bins take the given
+    accesses per event: data_bins are their shares, main_fraction their total over the 1,600."""
+    total = sum(n for _, n in per_event)
     return _spec(
         instructions=4000,
         mix={"arith/reg": 0.6, "mov/load": 0.4},
         cond_per_insn=0.0,
         branches=[],
-        data_bins=[(16384, 160 / 260), (262144, 100 / 260)],
+        data_bins=[(s_, n / total) for s_, n in per_event],
         mem_per_insn=0.4,
-        main_fraction=260 / 1600,
+        main_fraction=total / 1600,
         icode_bins=[(512, 1.0)],
     )
+
+
+def _in_event_spec():
+    """A 16 KiB bin of 160 lines per event beside a 256 KiB bin of 100 (4,000 instructions):
+    the 16 KiB bin's walkers take more lines per event than their region allows."""
+    return _walker_spec([(16384, 160), (262144, 100)])
 
 
 @needs_valgrind
@@ -1592,18 +1599,9 @@ def test_static_first_passes_are_the_events_own_lines():
     request and half the 32 KiB bin's; the clone's event touched ~500 lines where redis's ~250).
     The credit is counted at the profiled rate, so no walker comes or goes with the knob; bins
     beyond the D1 keep their lines."""
-    spec = _spec(
-        instructions=4000,
-        mix={"arith/reg": 0.6, "mov/load": 0.4},
-        cond_per_insn=0.0,
-        branches=[],
-        # per event: 120 accesses in the 4 KiB bin (static: more than its 45-line region), 60 in
-        # the 16 KiB bin, 30 in the 32 KiB bin, 40 in the 256 KiB bin
-        data_bins=[(4096, 120 / 250), (16384, 60 / 250), (32768, 30 / 250), (262144, 40 / 250)],
-        mem_per_insn=0.4,
-        main_fraction=250 / 1600,
-        icode_bins=[(512, 1.0)],
-    )
+    # per event: 120 accesses in the 4 KiB bin (static: more than its 45-line region), 60 in
+    # the 16 KiB bin, 30 in the 32 KiB bin, 40 in the 256 KiB bin
+    spec = _walker_spec([(4096, 120), (16384, 60), (32768, 30), (262144, 40)])
 
     def lines_by_bin(knobs):
         asmgen.layer_walkers([spec], knobs)
@@ -1748,16 +1746,7 @@ def test_the_layer_model_counts_the_traffic_the_walkers_make():
     makes (the model restated here: a region of L lines walked at a lines per event is reused
     after everything else brings min(L_q, L / a x a_q) lines), every cursor walker's reuse
     distance is its target."""
-    spec = _spec(
-        instructions=4000,
-        mix={"arith/reg": 0.6, "mov/load": 0.4},
-        cond_per_insn=0.0,
-        branches=[],
-        data_bins=[(4096, 120 / 340), (16384, 90 / 340), (32768, 60 / 340), (65536, 30 / 340), (262144, 40 / 340)],
-        mem_per_insn=0.4,
-        main_fraction=340 / 1600,
-        icode_bins=[(512, 1.0)],
-    )
+    spec = _walker_spec([(4096, 120), (16384, 90), (32768, 60), (65536, 30), (262144, 40)])
     asmgen.layer_walkers([spec], {})
     walkers, _ = asmgen.plan_walkers(spec, 4000, {}, 0, 1 << 16)
     assert any(w.get("static") and "h" not in w for w in walkers)  # a first pass to credit
@@ -1781,18 +1770,9 @@ def test_the_static_regions_nest():
     comes back from their distance. The first passes' credit and the layer model's fixed layer
     are the union's lines; what is left of a bin within half the D1 cycles the region (no cursor
     walker: new lines every event), a bin beyond half the D1 keeps its cursor walkers."""
-    spec = _spec(
-        instructions=4000,
-        mix={"arith/reg": 0.6, "mov/load": 0.4},
-        cond_per_insn=0.0,
-        branches=[],
-        # per event: 100 in the 2 KiB bin (22-line region), 100 in the 8 KiB bin (90 lines),
-        # 120 in the 16 KiB bin, 30 in the 32 KiB bin, 40 in the 256 KiB bin
-        data_bins=[(2048, 100 / 390), (8192, 100 / 390), (16384, 120 / 390), (32768, 30 / 390), (262144, 40 / 390)],
-        mem_per_insn=0.4,
-        main_fraction=390 / 1600,
-        icode_bins=[(512, 1.0)],
-    )
+    # per event: 100 in the 2 KiB bin (22-line region), 100 in the 8 KiB bin (90 lines),
+    # 120 in the 16 KiB bin, 30 in the 32 KiB bin, 40 in the 256 KiB bin
+    spec = _walker_spec([(2048, 100), (8192, 100), (16384, 120), (32768, 30), (262144, 40)])
     asmgen.layer_walkers([spec], {})
     walkers, _ = asmgen.plan_walkers(spec, 4000, {}, 0, 1 << 16)
     static = [w for w in walkers if w.get("static")]
