@@ -8,6 +8,7 @@
 - generation is deterministic per seed, builds with plain gcc, and the clone serves the load.
 """
 
+import copy
 import itertools
 import re
 import shutil
@@ -395,7 +396,7 @@ def test_generated_instructions_per_event_are_exact(tmp_path, instructions, chun
     calls = 400
     asmgen.write_standalone(spec, tmp_path, seed=3, calls=calls)
     tc = _cg_run(tmp_path, tmp_path / "harness", calls, "ir")
-    got = (tc.fn_total("Ir", "clone_body_t") + tc.fn_total("Ir", "clone_far_t")) / calls
+    got = sum(tc.fn_total("Ir", f"clone_{f}_t") for f in ("body", "far", "fill")) / calls
     assert abs(got - spec.expected) <= 0.01 * spec.expected, (got, spec.expected)
     if chunk:  # cache-line chunks (what clones use): whole passes plus the filler hit the target
         assert abs(got - instructions) <= 0.01 * instructions, (got, spec.expected, instructions)
@@ -437,7 +438,7 @@ def test_rep_unit_round_trip(tmp_path, rate, iters, width):
         capture_output=True,
     )
     tc = callgrind.parse(out)
-    got = sum(tc.fn_total("Ir", f"clone_{f}_t") for f in ("body", "far", "rep")) / calls
+    got = sum(tc.fn_total("Ir", f"clone_{f}_t") for f in ("body", "far", "rep", "fill")) / calls
     assert abs(got - spec.expected) <= 0.01 * spec.expected, (got, spec.expected, text[:200])
     dw = tc.fn_total("Dw", "clone_rep_t") / calls
     assert abs(dw - rate * iters) <= 0.03 * rate * iters + 6, (dw, rate * iters)
@@ -501,7 +502,7 @@ def test_cold_rep_unit_misses_the_d1_at_both_sizes(tmp_path):
         asmgen.write_standalone(spec, d, seed=3, calls=300)
         for d1 in ("32768,8,64", "49152,12,64"):
             tc = _cg_run(d, d / "harness", 300, f"d1{d1[:2]}", ("--cache-sim=yes", f"--D1={d1}"))
-            ir = sum(tc.fn_total("Ir", f"clone_{f}_t") for f in ("body", "far", "rep")) / 300
+            ir = sum(tc.fn_total("Ir", f"clone_{f}_t") for f in ("body", "far", "rep", "fill")) / 300
             assert abs(ir - spec.expected) <= 0.01 * spec.expected, (cold, ir, spec.expected)
             got[cold, d1] = tc.fn_total("D1mw", "clone_rep_t") / (300 * 1.5 * 64)  # per line written
     assert all(got[True, d1] > 0.9 for d1 in ("32768,8,64", "49152,12,64")), got
@@ -671,6 +672,41 @@ def test_a_knob_changes_only_what_it_tunes():
     diff = [(x, y) for x, y in zip(a, b, strict=True) if x != y]
     assert diff, "the knob changed nothing"
     assert all(re.match(r"\s*mov r1[01], ", x) for x, _ in diff), diff[:5]
+
+
+def test_a_pinned_layout_keeps_the_blocks_code_while_other_units_step():
+    """The blocks' chunks and passes are sized on the pinned layout budget (tune.pin_layout), and
+    the one block with the most passes takes what the budget itself differs by: a step of the
+    random-branch unit or of the instructions changes how often that block runs, not any block's
+    code, and the instructions per event stay exact.
+    Unpinned, the same steps resize the blocks (session 17: memcached's I1 moved by half)."""
+    from tailscope.clone import tune
+
+    spec = _layout_spec()
+    spec.branch_unit = True
+
+    def gen(knobs):
+        sp = copy.deepcopy(spec)
+        lines, blocks, _ = asmgen.generate_body(sp, np.random.default_rng(3), knobs)
+        assert sp.expected == pytest.approx(asmgen.body_instructions(sp, knobs), abs=1.0)
+        # the filler (whose length moves with every step) comes after all the other code
+        if "clone_fill_t:" in lines:
+            assert lines.index("clone_fill_t:") > lines.index("clone_far_t:")
+        return [b.code_bytes for b in blocks], [b.iters_per_event for b in blocks], sp.block_budget
+
+    code0, passes0, budget0 = gen({"branch_x": 1.0})
+    meta = {"targets": {"t": {"block_budget": budget0}, "x": {"instructions_per_event": 1.0}}}
+    pinned = tune.pin_layout({"branch_x": 1.0}, meta)
+    assert pinned == {"branch_x": 1.0, "layout_budget:t": budget0}  # (only bodies that report one)
+    assert tune.pin_layout({**pinned, "layout_budget:t": 7.0}, meta)["layout_budget:t"] == 7.0  # kept
+    moved = 0
+    for step in ({"branch_x": 30.0}, {"instr_scale": 1.1}, {"instr_scale": 0.9}):
+        code, passes, _ = gen({**pinned, **step})
+        assert code == code0, step
+        # one block (the one with the most passes) takes the difference: the others run as before
+        assert sum(p != q for p, q in zip(passes, passes0, strict=True)) == 1, (step, passes, passes0)
+        moved += gen({"branch_x": 1.0, **step})[0] != code0
+    assert moved == 3, "unpinned, the steps did not resize the blocks: the test shows nothing"
 
 
 def _layout_spec():
@@ -916,7 +952,7 @@ def test_body_data_references_follow_the_profile_with_short_chunks(tmp_path):
         d = tmp_path / tag
         asmgen.write_standalone(spec, d, seed=5, calls=calls, knobs=knobs)
         tc = _cg_run(d, d / "harness", calls, tag, extra=["--cache-sim=yes"])
-        ir = tc.fn_total("Ir", "clone_body_t") + tc.fn_total("Ir", "clone_far_t")
+        ir = sum(tc.fn_total("Ir", f"clone_{f}_t") for f in ("body", "far", "fill"))
         dref = sum(tc.fn_total(e, p) for e in ("Dr", "Dw") for p in ("clone_body_t", "clone_far_t"))
         return dref / ir
 
@@ -1370,7 +1406,7 @@ def test_random_branch_unit_mispredicts_linearly_in_its_knob(tmp_path):
         tc = _cg_run(d, d / "harness", 1000, "b", ("--branch-sim=yes",))
         got.append((tc.fn_total("Bc", "clone_brx_t") / 1000, tc.fn_total("Bcm", "clone_brx_t") / 1000))
         # its instructions come out of the body's budget: the body's total stays the target
-        ir = sum(tc.fn_total("Ir", f) for f in ("clone_body_t", "clone_far_t", "clone_brx_t")) / 1000
+        ir = sum(tc.fn_total("Ir", f) for f in ("clone_body_t", "clone_far_t", "clone_brx_t", "clone_fill_t")) / 1000
         assert abs(ir - 3000) <= 0.01 * 3000, (x, ir)
     (bc1, m1), (bc2, m2) = got
     assert abs(bc1 - (2 * 6 + 1)) <= 1.5 and abs(bc2 - (2 * 12 + 1)) <= 1.5, got
@@ -1698,7 +1734,7 @@ def test_a_zigzag_body_misses_half_its_code_at_half_the_i1(tmp_path):
         assert ("_rev:" in (d / "body.S").read_text()) == (curve is not None)
         for i1 in (16384, 32768):
             tc = _cg_run(d, d / "harness", 400, f"i{i1}", ("--cache-sim=yes", f"--I1={i1},8,64"))
-            fns = ("clone_body_t", "clone_far_t")
+            fns = ("clone_body_t", "clone_far_t", "clone_fill_t")
             got[name, i1] = sum(tc.fn_total("I1mr", f) for f in fns) / 400
             got[name, "ir"] = sum(tc.fn_total("Ir", f) for f in fns) / 400
     lines = 6000 / 16  # line entries per event

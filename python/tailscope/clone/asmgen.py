@@ -102,6 +102,7 @@ class BodySpec:
     rep_cold: bool = False  # its lines miss the profiled D1: it rotates over regions (rep_function)
     chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
     expected: float = 0.0  # set by generate_body: the body's exact instructions per event
+    block_budget: float = 0.0  # set by generate_body: the blocks' share of those instructions
     cold_bin: int = 0  # the data bin of accesses that miss at the largest swept size (0: none)
     cold_code_lines: float = 0.0  # code line entries per event that miss at the largest swept size
     walk_sizes: dict | None = None  # bin -> walker region bytes (layer_walkers: all bodies at once)
@@ -1385,6 +1386,14 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     zig = nb > 0 and len(blocks) < ORDER_SLOT and zigzag_order(spec, i1)
     fixed_ins = 2 * nb + (4 if zig else 0) + 24 + sum(11 + (2 if b.region_bytes else 0) for b in blocks if b.weight > 0)
     block_budget = max(0.0, instructions - walk_ins - ring_ins - llc_ins - brx_ins - fixed_ins)
+    spec.block_budget = block_budget
+    # the blocks' layout (each block's chunks: _code_fit and below) is sized on `layout_budget:<name>`
+    # when the knobs pin one (tune.pin_layout: the first iteration's block_budget), and only their
+    # passes on the budget itself. Sized on the budget, every other unit's step moved the layout:
+    # branch_x 1.0 -> 6.6 (~70 more instructions per event) resized memcached's worker blocks
+    # (28/274/437 lines of assembly into 46/516/419) and moved its I1 misses by +48% at fixed
+    # I1 knobs (session 17, repeated exactly); its I1 loop never converged
+    layout_budget = float(knobs.get(f"layout_budget:{spec.name}", block_budget))
     # the blocks carry all the near-data accesses in what is left of the instructions
     for b in blocks:
         b.main_per_insn = min(1.0, b.main_per_insn * instructions / max(1.0, block_budget))
@@ -1407,17 +1416,30 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     out += [f"    pxor {x}, {x}" for x in XMM[:4]]
     expected = 12.0 + 4 + 7  # prologue above; epilogue: 6 pops, ret
     carry = 0.0
-    code_scale = knobs.get("code_scale", 1.0) * _code_fit(spec, blocks, block_budget, i1)
+    code_scale = knobs.get("code_scale", 1.0) * _code_fit(spec, blocks, layout_budget, i1)
     block_fns: list[tuple[str, list[str]]] = []
-    for bi, b in enumerate(blocks):
+    for b in blocks:
         if b.weight <= 0:
             continue
         b.code_bytes = min(b.code_bytes, i1 // 2)
         if spec.chunk_insns > 0:
-            per_event_chunks = b.weight * block_budget / spec.chunk_insns
+            per_event_chunks = b.weight * layout_budget / spec.chunk_insns
             want = max(1.0, min(b.code_bytes * code_scale / 64, per_event_chunks))
             chunks = max(1, round(per_event_chunks / max(1, round(per_event_chunks / want))))
             b.code_bytes = 64 * chunks
+    # each block's passes are its share of the layout budget (the same every iteration once the
+    # loop pins it); what the budget itself differs by goes to one block, the one with the most
+    # passes (the finest step), rounded down (the filler makes up the rest). Shared out over all
+    # blocks, a budget 2% lower turned memcached's worker block of 338 instructions per pass from
+    # 2 passes into 1, and its conditional branches per request, data references and
+    # mispredictions took one of two levels by which side of the rounding the budget fell
+    # (1,356 or 1,436 branches per request over session 18's first pinned run)
+    delta = block_budget - layout_budget
+    active = [bi for bi, b in enumerate(blocks) if b.weight > 0]
+    elastic = max(active, key=lambda bi: blocks[bi].weight / max(64, blocks[bi].code_bytes), default=-1)
+    for bi, b in enumerate(blocks):
+        if b.weight <= 0:
+            continue
         lab = f".L{spec.name}_{bi}"
         # the region cursor lives in the arena, shared by the threads that run this body (like
         # the walkers'): per-thread cursors starting together re-touched each other's lines
@@ -1431,7 +1453,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         body, count = _block_body(spec, b, lab, pats, regs, mema, br, keys, mixb, cond, leaf, passes_slot)
         # per iteration: the body, two pattern rotations, the region cursor, the iteration counter
         k_iter = count + 2 + (4 if b.region_bytes else 0) + 1
-        passes_f = b.weight * block_budget / max(1, k_iter + 2)
+        passes_f = b.weight * layout_budget / max(1, k_iter + 2)
         setup = 10 + (2 if b.region_bytes else 0)
         # the rounding left over by earlier blocks is carried in instructions (blocks differ in
         # their instructions per pass)
@@ -1441,6 +1463,12 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         rnd = math.floor if last_block and passes_f + carry / per_pass >= 1 else round
         passes = max(1, rnd(passes_f + carry / per_pass))
         carry += (passes_f - passes) * per_pass
+        if bi == elastic and delta:
+            extra = max(math.floor(delta / per_pass), 1 - passes)
+            passes += extra
+            # (only a budget so far below the pin that this block would drop its last pass
+            # leaves a negative rest: the later blocks take it)
+            carry += min(0.0, delta - extra * per_pass)
         mode = "once" if passes == 1 else "loop"
         b.iters_per_event = passes
         if mode == "loop":
@@ -1536,14 +1564,21 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     else:
         out += [f"    call {x}" for x in seq]
     expected += 1 + far_expected
-    # the filler: straight-line register arithmetic for what whole passes left over
-    fill = round(instructions - expected)
+    # the filler: straight-line register arithmetic for what whole passes left over, a function
+    # of its own after all the body's other code, so that its length (which moves with every
+    # knob step) does not move the blocks' or the far function's lines (the I1 sets, and the
+    # address bits callgrind's branch predictor indexes by)
+    fill = min(4096, round(instructions - expected - 2))  # (its call and ret)
+    fill_lines = []
     if fill > 0:
-        fill = min(fill, 4096)
+        fname = f"clone_fill_{spec.name}"
+        out.append(f"    call {fname}")
+        fill_lines = [f"    .type {fname}, @function", f"{fname}:"]
         for _ in range(fill):
             a = regs.acc()
-            out.append(f"    add {a}, {regs.src()}")
-        expected += fill
+            fill_lines.append(f"    add {a}, {regs.src()}")
+        fill_lines += ["    ret", f"    .size {fname}, .-{fname}"]
+        expected += fill + 2
     out += [
         "    pop r15",
         "    pop r14",
@@ -1557,6 +1592,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         *[ln for _, fn in block_fns for ln in fn],
         f"    .size clone_body_{spec.name}, .-clone_body_{spec.name}",
         *far_lines,
+        *fill_lines,
     ]
     spec.expected = expected
     return out, blocks, arena

@@ -395,6 +395,7 @@ def generate(
         targets[name] = {
             "instructions_per_event": spec.instructions,
             "expected_per_event": round(spec.expected, 1),
+            "block_budget": spec.block_budget,
             "blocks": [
                 {
                     "weight": round(x.weight, 5),

@@ -19,6 +19,9 @@ orthogonal, as the paper observes):
                                  branch_mask_frac, the patterns' share in a counter form, only
                                  upwards; from half, branch_r_scale, the transition rates, down)
 
+After the first iteration the blocks' code is pinned (`pin_layout`): the other units' steps
+change how often the blocks run, not their sizes, so the I1 knobs act on one code layout.
+
 Each knob is one factor on a whole group, so it moves the level of a cache curve, not its shape:
 the shape (which bins, how many lines per event, region and ring sizes, the hot code footprint)
 comes from the profile's cache-size sweep (asmgen.layer_walkers, workingset.footprint_crossing).
@@ -172,6 +175,7 @@ def _events(prof: dict, win: vg.Window) -> dict[str, float]:
 
 def _split(win: vg.Window, meta: dict) -> dict:
     """Per request: each body name's thread total and the part its clone_body_/clone_far_ functions
+    (and the conflict rings and the filler, clone_fill_)
     ran (callgrind's per-function self costs), and the far functions' misses."""
     names = {t["vg_thread"]: t["name"] for t in meta["thread_map"]}
     n = max(1, win.requests)
@@ -188,6 +192,7 @@ def _split(win: vg.Window, meta: dict) -> dict:
             + t.fn_total("Ir", f"clone_far_{name}")
             + t.fn_total("Ir", f"clone_llc_{name}")
             + t.fn_total("Ir", f"clone_llcv_{name}")
+            + t.fn_total("Ir", f"clone_fill_{name}")
         ) / n
         e["Bc"] += t.summary.get("Bc", 0) / n
         # the blocks' data references (clone_body_: the mix that `mem_scale` scales)
@@ -425,6 +430,22 @@ def freeze_layout(knobs: dict, best: dict, it: int) -> dict:
     return {**knobs, **{key: best[key] for key in LAYOUT_KNOBS if key in best}}
 
 
+def pin_layout(knobs: dict, meta: dict) -> dict:
+    """The knobs with each body's blocks' layout pinned (`layout_budget:<name>`) at the budget
+    this generation sized them on (clone.json's targets; asmgen.generate_body). The loop pins it
+    after its first iteration: from then on a step of any other unit (the instructions, the
+    rings, the walkers, the random-branch unit) changes how often the blocks run, not their code.
+    Unpinned, memcached's I1 error went 4.0% -> 60.1% between two iterations whose I1 knob moved
+    by 3% (icode_far_scale 2.05 -> 1.98; session 17's final run), and 33/29/20/4/60/30/19/11%
+    over iterations 3-10. Bodies already pinned keep their pin."""
+    pins = {
+        f"layout_budget:{name}": t["block_budget"]
+        for name, t in meta.get("targets", {}).items()
+        if "block_budget" in t and f"layout_budget:{name}" not in knobs
+    }
+    return {**knobs, **pins}
+
+
 def i1_secant(knobs: dict, history: list[dict], target: dict) -> dict:
     """The I1 step as a secant on the last two iterations, when they differ in icode_far_scale
     only (same code_scale and layout) and the next step keeps code_scale too.
@@ -507,6 +528,7 @@ def tune(
     spread = target_spread(vgp)
     for it in range(1, max_iter + 1):
         meta = gen.generate(prof, clone_dir, seed=seed, knobs=knobs, skeleton=skeleton)
+        knobs = pin_layout(knobs, meta)  # (the same generation: it was sized on these budgets)
         build_s = gen.build(clone_dir)
         win = vg.window(
             clone_launch(clone_dir, port),
