@@ -1353,6 +1353,30 @@ def test_ll_conflict_rings_miss_the_profiled_ll_only_and_scale_with_their_knobs(
     assert abs(data2b / calls - 0.175) <= 0.05 * 0.175 + warm / calls, (got, got2)
 
 
+def test_the_cold_code_is_capped_at_the_code_misses_no_swept_ll_keeps():
+    """generate._cap_cold_code: the cold ring's fetches miss every LL, so all bodies' cold lines
+    per request are scaled down, in proportion, to the original's code misses at its largest
+    swept LL; less cold code, or no LL sweep, is left as it is."""
+
+    def specs(a, b):
+        w, t = _spec(name="worker", cold_code_lines=a), _spec(name="timer", cold_code_lines=b)
+        t.events_per_request = 3.0
+        return {0: w, 1: t}
+
+    prof = {"valgrind": {"ll_sweep": {"sizes": [2 << 20, 4 << 20, 8 << 20], "IL": [0.014, 0.0126, 0.0127]}}}
+    sp = specs(0.01, 0.002)  # 0.016 per request
+    generate._cap_cold_code(sp, prof)
+    assert sp[0].cold_code_lines + 3 * sp[1].cold_code_lines == pytest.approx(0.0126)
+    assert sp[0].cold_code_lines / sp[1].cold_code_lines == pytest.approx(5.0)
+    sp = specs(0.003, 0.0)
+    generate._cap_cold_code(sp, prof)
+    assert sp[0].cold_code_lines == 0.003
+    for bad in ({}, {"valgrind": {"ll_sweep": {"sizes": [2 << 20], "IL": [0.001]}}}):
+        sp = specs(0.01, 0.002)
+        generate._cap_cold_code(sp, bad)
+        assert (sp[0].cold_code_lines, sp[1].cold_code_lines) == (0.01, 0.002)
+
+
 def test_ll_sweep_bins_and_the_split_tuning_step():
     """The LL sweep as bins per side (non-increasing, the last size's misses persistent), and the
     tuning step that moves each side's own knob: code-side misses from the code rings, the
