@@ -1387,9 +1387,10 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     fixed_ins = 2 * nb + (4 if zig else 0) + 24 + sum(11 + (2 if b.region_bytes else 0) for b in blocks if b.weight > 0)
     block_budget = max(0.0, instructions - walk_ins - ring_ins - llc_ins - brx_ins - fixed_ins)
     spec.block_budget = block_budget
-    # the blocks' layout (each block's chunks: _code_fit and below) is sized on `layout_budget:<name>`
-    # when the knobs pin one (tune.pin_layout: the first iteration's block_budget), and only their
-    # passes on the budget itself. Sized on the budget, every other unit's step moved the layout:
+    # the blocks' layout (each block's chunks: _code_fit and below; their passes too, with one
+    # block taking the difference: `elastic` below) is sized on `layout_budget:<name>` when the
+    # knobs pin one (tune.pin_layout: the first iteration's block_budget), not on the budget
+    # itself. Sized on the budget, every other unit's step moved the layout:
     # branch_x 1.0 -> 6.6 (~70 more instructions per event) resized memcached's worker blocks
     # (28/274/437 lines of assembly into 46/516/419) and moved its I1 misses by +48% at fixed
     # I1 knobs (session 17, repeated exactly); its I1 loop never converged
