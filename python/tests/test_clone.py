@@ -1389,7 +1389,8 @@ def test_ll_sweep_bins_and_the_split_tuning_step():
     # a draw that missed more at 4 MiB counts as no bin there
     assert b["data"] == [(8 << 20, pytest.approx(0.008))]
     assert b["persistent"]["code"] == pytest.approx(0.003 / 0.014)
-    assert generate.llc_bins(None) == {"code": [], "data": [], "persistent": {}}
+    assert b["persistent_misses"] == {"code": pytest.approx(0.003), "data": pytest.approx(0.001)}
+    assert generate.llc_bins(None) == {"code": [], "data": [], "persistent": {}, "persistent_misses": {}}
     knobs = dict(generate.DEFAULT_KNOBS)
     target = {"IL_misses_per_request": 0.014, "DL_misses_per_request": 0.010, "DL_persistent_fraction": 0.2}
     m = {"IL_misses_per_request": 0.010, "DL_misses_per_request": 0.020}

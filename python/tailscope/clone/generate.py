@@ -224,17 +224,21 @@ def llc_bins(ll_sweep: dict | None) -> dict[str, list[tuple[int, float]]]:
     and miss one of L / 2), from the misses per request at each swept LL (the first the profiled
     one; made non-increasing: a larger LL never misses more in LRU, a draw can). What misses at
     the largest swept LL is not in a bin (the walkers' and the cold code ring's persistent
-    misses). Also "persistent": {side: that fraction of the misses at the profiled LL}."""
-    out: dict = {"code": [], "data": [], "persistent": {}}
+    misses). Also "persistent": {side: that fraction of the misses at the profiled LL}, and
+    "persistent_misses": {side: those misses per request}."""
+    out: dict = {"code": [], "data": [], "persistent": {}, "persistent_misses": {}}
     if not ll_sweep or len(ll_sweep.get("sizes") or []) < 2:
         return out
     sizes = ll_sweep["sizes"]
     for side, key in (("code", "IL"), ("data", "DL")):
-        xs = [max(0.0, float(x)) for x in ll_sweep[key]]
+        xs = [max(0.0, float(x)) for x in (ll_sweep.get(key) or [])][: len(sizes)]
+        if len(xs) < 2:  # (a side the sweep does not hold: no bins, nothing persistent)
+            continue
         for i in range(1, len(xs)):
             xs[i] = min(xs[i], xs[i - 1])
         out[side] = [(int(sizes[i]), xs[i - 1] - xs[i]) for i in range(1, len(xs)) if xs[i - 1] > xs[i]]
         out["persistent"][side] = xs[-1] / xs[0] if xs[0] > 0 else 1.0
+        out["persistent_misses"][side] = xs[-1]
     return out
 
 
@@ -262,11 +266,9 @@ def _cap_cold_code(specs: dict, prof: dict) -> None:
     so the clone's code LL misses sat at its cold ring's 0.0161 per request, 27% over the
     original's 0.0126 at the held-out 8 MiB, with nothing else of its code missing there.
     memcached's (0.0031 against 0.0036) are unchanged. No LL sweep: no cap."""
-    ll = (prof.get("valgrind") or {}).get("ll_sweep") or {}
-    il = ll.get("IL") or []
-    if len(il) < 2 or len(ll.get("sizes") or []) != len(il):
+    persistent = llc_bins((prof.get("valgrind") or {}).get("ll_sweep"))["persistent_misses"].get("code")
+    if persistent is None:
         return
-    persistent = max(0.0, min(float(x) for x in il))  # (a larger LL never misses more: the smallest)
     cold = sum(sp.cold_code_lines * sp.events_per_request for sp in specs.values())
     if cold > persistent:
         for sp in specs.values():
