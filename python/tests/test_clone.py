@@ -1391,6 +1391,8 @@ def test_ll_sweep_bins_and_the_split_tuning_step():
     assert b["persistent"]["code"] == pytest.approx(0.003 / 0.014)
     assert b["persistent_misses"] == {"code": pytest.approx(0.003), "data": pytest.approx(0.001)}
     assert generate.llc_bins(None) == {"code": [], "data": [], "persistent": {}, "persistent_misses": {}}
+    with pytest.raises(CloneError, match="ll_sweep IL or sizes hold a non-number: corrupt profile"):
+        generate.llc_bins({**sw, "IL": [0.014, "x", 0.003]})
     knobs = dict(generate.DEFAULT_KNOBS)
     target = {"IL_misses_per_request": 0.014, "DL_misses_per_request": 0.010, "DL_persistent_fraction": 0.2}
     m = {"IL_misses_per_request": 0.010, "DL_misses_per_request": 0.020}
