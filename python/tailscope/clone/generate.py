@@ -232,7 +232,8 @@ def llc_bins(ll_sweep: dict | None) -> dict[str, list[tuple[int, float]]]:
     sizes = ll_sweep["sizes"]
     for side, key in (("code", "IL"), ("data", "DL")):
         vals = list(ll_sweep.get(key) or [])
-        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in [*sizes, *vals]):
+        ok = (isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in [*sizes, *vals])
+        if not all(ok):
             raise CloneError(f"profile valgrind.ll_sweep {key} or sizes hold a non-number: corrupt profile")
         xs = [max(0.0, float(x)) for x in vals][: len(sizes)]
         if len(xs) < 2:  # (a side the sweep does not hold: no bins, nothing persistent)
