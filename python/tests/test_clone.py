@@ -1857,3 +1857,40 @@ def test_the_static_regions_nest():
     base = min(offs)
     assert offs.count(base) == 5 + 2, offs.count(base)  # 100 loads over 22 lines, 130 over 90
     assert max(offs) == base + 89 * 64
+
+
+def test_a_bins_walkers_take_the_share_the_mid_bin_sweep_measured():
+    """The profile's mid-bin sweep (session 18): workingset.lower_share is the share of a bin's
+    accesses that hit at its mid size (11 ways over the sets of the bin's lower size: 1.375 x),
+    and a bin beyond the D1 gives its lower walker that share of its lines (half each without
+    one). memcached's workers' (32, 64] KiB distances all lie below 48 KiB; split evenly, half of
+    them missed the held-out 48 KiB D1."""
+    from tailscope.clone import workingset
+
+    assert workingset.mid_sizes([2048, 4096, 32768, 1 << 20]) == [5632, 45056]
+    assert workingset.mid_cache_arg(45056) == "45056,11,64"
+    # hits per access unit at 16, 32, 64 KiB; at the mid sizes 22 and 44 KiB
+    share = workingset.lower_share([16384, 32768, 65536], [50.0, 60.0, 80.0], {22528: 52.5, 45056: 78.0})
+    assert share == {32768: pytest.approx(0.25), 65536: pytest.approx(0.9)}
+    assert workingset.lower_share([16384, 32768], [50.0, 50.0], {22528: 50.0}) == {}  # an empty bin
+    spec = _walker_spec([(65536, 40), (262144, 20)])
+    spec.data_split = {65536: 0.9, 262144: 0.0}
+    even = _walker_spec([(65536, 40), (262144, 20)])
+    asmgen.layer_walkers([spec], {})
+    asmgen.layer_walkers([even], {})
+    got = {(w["bin"], w["h"]): w["lines"] for w in asmgen.walker_list(spec, 4000, {}, 0) if "h" in w}
+    assert got[65536, 0] == pytest.approx(36) and got[65536, 1] == pytest.approx(4)
+    assert (262144, 0) not in got and got[262144, 1] == pytest.approx(20)  # (no lower walker)
+    got = {(w["bin"], w["h"]): w["lines"] for w in asmgen.walker_list(even, 4000, {}, 0) if "h" in w}
+    assert got[65536, 0] == pytest.approx(20) and got[65536, 1] == pytest.approx(20)
+    # the profile: per body, from the sweep's hits per reference (each run's own references)
+    from tailscope.clone.profile import _ws_bins
+
+    sw = {
+        "sizes": [16384, 32768, 65536],
+        "threads": {"7": {"I": [90.0] * 3, "D": [50.0, 60.0, 80.0], "Ir": [100.0] * 3, "Dref": [100.0] * 3}},
+        "mid": {"sizes": [22528, 45056], "threads": {"7": {"D": [105.0, 156.0], "Dref": [200.0, 200.0]}}},
+    }
+    b = _ws_bins(sw, ["7"], 1000.0, 100.0)
+    assert b["D_split"] == {"32768": pytest.approx(0.25), "65536": pytest.approx(0.9)}
+    assert "D_split" not in _ws_bins({k: v for k, v in sw.items() if k != "mid"}, ["7"], 1000.0, 100.0)

@@ -121,6 +121,10 @@ class BodySpec:
     # the original's own I-side working-set bins for this cluster (the profile's I_bins, skeleton
     # included: the curve the whole thread shows), for the blocks' order (zigzag_order)
     code_curve: list | None = None
+    # per data bin (its upper size): the share of its accesses whose reuse distance lies below
+    # the bin's mid size (the profile's mid-bin sweep, workingset.lower_share); the bin's two
+    # cursor walkers take that share and the rest (walker_list; none given: half each)
+    data_split: dict | None = None
 
 
 def couple(icode_bins, data_bins, min_mass: float = 0.05) -> list[tuple[float, int, int]]:
@@ -602,8 +606,12 @@ def walker_list(spec: BodySpec, instructions: float, knobs: dict, below: int) ->
                 {"bin": s, "lines": lines, "per_pass": per_pass, "bytes": COLD_BYTES, "cold": True, "slot": 2 * i}
             )
             continue
+        split = (spec.data_split or {}).get(s, 0.5) if s > d1 else 0.5
         for h, q in enumerate(walk_quartiles(s, knobs)):
-            lh = lines / 2
+            share = split if h == 0 else 1.0 - split
+            if share * lines0 <= 1e-4:
+                continue
+            lh = lines * share
             pp = _walk_split(lh)[0] + 1
             if spec.walk_sizes and (s, h) in spec.walk_sizes:
                 size = int(spec.walk_sizes[(s, h)])
@@ -612,7 +620,7 @@ def walker_list(spec: BodySpec, instructions: float, knobs: dict, below: int) ->
                 below += size
             # (decided at the profiled rate, as the mode above: the layer model's sizes do not
             # move with a uniform rate, so a knob-scaled test flipped the mode with the knob)
-            if size < 64 * (_walk_split(lines0 / 2)[0] + 1):
+            if size < 64 * (_walk_split(lines0 * share)[0] + 1):
                 # reused within the event: a region smaller than one event's loads, cycled
                 # (static, like the bins above). A cursor walker touches each line once per
                 # event at most, so its lines come back after at least one event's traffic:
@@ -623,7 +631,7 @@ def walker_list(spec: BodySpec, instructions: float, knobs: dict, below: int) ->
                 # the region's own size, a hit in caches smaller than the bin too (the curve is
                 # kept at the validated hierarchies' sizes, not below the bin)
                 out.append({**_static_walker(s, lh, size, 2 * i + h), "h": h})
-                first_pass += min(lines0 / 2, out[-1]["bytes"] // 64)
+                first_pass += min(lines0 * share, out[-1]["bytes"] // 64)
                 continue
             # a whole number of events' loads per cycle, at least two: one event's traffic is
             # the least reuse distance a cursor gives, and rounding down to it fell short of

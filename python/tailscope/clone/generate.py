@@ -139,9 +139,18 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
         mix = {k: (0.0 if k.startswith("rep/") else v) for k, v in mix.items()}
         tot = sum(mix.values()) or 1.0
         mix = {k: v / tot for k, v in mix.items()}
+    split = None
+    if b.get("D_split") is not None:  # (profiles since session 18: workingset.lower_share)
+        try:
+            split = {int(k): min(1.0, max(0.0, float(v))) for k, v in dict(b["D_split"]).items()}
+        except (TypeError, ValueError) as exc:
+            raise CloneError(
+                f"profile body {name}: D_split is not a map of sizes to shares ({exc}): corrupt profile"
+            ) from exc
     return asmgen.BodySpec(
         name=name,
         instructions=body_ir,
+        data_split=split,
         mix=mix,
         cond_per_insn=_body_cond(b, skel, body_ir),
         branches=b.get("branches") or [],

@@ -465,10 +465,19 @@ def _ws_bins(sweep: dict, vthreads: list[str], ir_per_event: float, dref_per_eve
     ihr = [ih[i] / ir[i] * ir_per_event if ir[i] else 0 for i in range(n)]
     dhr = [dh[i] / dref[i] * dref_per_event if dref[i] else 0 for i in range(n)]
     extra = {}
+    mid = sweep.get("mid")
+    if mid:  # the share of each data bin that hits at its mid size (workingset.lower_share)
+        mh = {}
+        for j, m in enumerate(mid["sizes"]):
+            h = sum(mid["threads"].get(t, {}).get("D", [0.0] * (j + 1))[j] for t in vthreads)
+            r = sum(mid["threads"].get(t, {}).get("Dref", [0.0] * (j + 1))[j] for t in vthreads)
+            if r:
+                mh[m] = h / r * dref_per_event
+        extra["D_split"] = {str(k): v for k, v in workingset.lower_share(sizes, dhr, mh).items()}
     if sweep.get("cold"):  # first-time code fetches per event, in a window as long as the validation's
         cm = sum(sweep["cold"].get(t, {}).get("I1mr", 0) for t in vthreads)
         ci = sum(sweep["cold"].get(t, {}).get("Ir", 0) for t in vthreads)
-        extra = {"I_cold": cm / ci * ir_per_event if ci else 0.0, "cold_requests": sweep.get("cold_requests", 0)}
+        extra.update(I_cold=cm / ci * ir_per_event if ci else 0.0, cold_requests=sweep.get("cold_requests", 0))
     return {
         **extra,
         "ws_sizes": sizes,
@@ -598,6 +607,25 @@ def run_profile(
         progress=progress,
         preload="--preload" in load_args,
     )
+    # the D1 sizes inside each octave bin (workingset.mid_sizes): where in its bin an original's
+    # reuse distances lie (session 18: memcached's workers' (32, 64] KiB distances all lie below
+    # 48 KiB, where a power-of-two sweep cannot tell them from a log-uniform bin's)
+    mids = workingset.mid_sizes(sizes)
+    if mids:
+        msw = vg.sweep(
+            launch,
+            info["port"],
+            load_args,
+            vg_rate,
+            sweep_requests,
+            work,
+            mids,
+            progress=progress,
+            tag="mid-bin sweep",
+            preload="--preload" in load_args,
+            arg=workingset.mid_cache_arg,
+        )
+        sw["mid"] = {"sizes": mids, "threads": {t: {"D": v["D"], "Dref": v["Dref"]} for t, v in msw["threads"].items()}}
     # code fetched for the first time in a run is a count per run, and it grows with the run's
     # length (rarely taken and time-driven paths turn up as the window goes on), so it is
     # measured in a window as long as the validation's (session 7): at the largest swept size

@@ -149,9 +149,13 @@ def sweep(
     progress=None,
     tag: str = "sweep",
     preload: bool = False,
+    arg=None,
 ) -> dict:
-    """Per thread hits at each size: {thread: {"I": [...], "D": [...], "Ir": n, "Dref": n, "requests": n}}."""
+    """Per thread hits at each size: {thread: {"I": [...], "D": [...], "Ir": n, "Dref": n, "requests": n}}.
+    `arg` makes the cache description of a size (workingset.cache_arg; the mid sizes' own)."""
     from .workingset import cache_arg
+
+    cache_arg = arg or cache_arg
 
     out: dict[int, dict] = {}
     reqs = []

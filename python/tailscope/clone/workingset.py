@@ -24,6 +24,40 @@ def cache_arg(size: int) -> str:
     return f"{size},{assoc},64"
 
 
+# a size inside each octave bin (S, 2S]: the same sets as S's 8-way cache with 11 ways, 1.375 x S
+# (log2 0.46 of the way: near the bin's log-middle, which a power-of-two size cannot be with whole
+# ways and a power-of-two number of sets); swept for S from MID_FROM up to MID_UNTIL
+MID_WAYS = 11
+MID_FROM = 4096
+MID_UNTIL = 1 << 20
+
+
+def mid_sizes(size_list: list[int]) -> list[int]:
+    """The mid-bin sizes for the swept sizes S (MID_FROM <= S < MID_UNTIL, 8-way): S x 11 / 8."""
+    return [s * MID_WAYS // 8 for s in size_list if MID_FROM <= s < MID_UNTIL and s // 64 >= 8]
+
+
+def mid_cache_arg(size: int) -> str:
+    return f"{size},{MID_WAYS},64"
+
+
+def lower_share(size_list: list[int], hits: list[float], mids: dict[int, float]) -> dict[int, float]:
+    """Per bin (S, 2S] with a mid size measured: the share of the bin's accesses that hit at the
+    mid size (reuse distances in its lower part), from hits per access unit at S, 2S and the mid
+    size; bins with (almost) nothing in them are left out (the walkers split them evenly)."""
+    out = {}
+    for i in range(len(size_list) - 1):
+        s, s2 = size_list[i], size_list[i + 1]
+        m = s * MID_WAYS // 8
+        if m not in mids:
+            continue
+        span = hits[i + 1] - hits[i]
+        if span <= 1e-9 * max(1.0, abs(hits[i + 1])):
+            continue
+        out[s2] = min(1.0, max(0.0, (mids[m] - hits[i]) / span))
+    return out
+
+
 def bins(size_list: list[int], hits: list[float], accesses: float) -> list[tuple[int, float]]:
     """(size, N(size)) for each swept size plus (2*max, misses at max): per access unit given.
 
