@@ -1894,3 +1894,26 @@ def test_a_bins_walkers_take_the_share_the_mid_bin_sweep_measured():
     b = _ws_bins(sw, ["7"], 1000.0, 100.0)
     assert b["D_split"] == {"32768": pytest.approx(0.25), "65536": pytest.approx(0.9)}
     assert "D_split" not in _ws_bins({k: v for k, v in sw.items() if k != "mid"}, ["7"], 1000.0, 100.0)
+
+
+def test_the_mid_bin_sweep_describes_its_l1s_only(monkeypatch):
+    """valgrind.sweep with the mid sizes' description (11 ways) gives it to the I1 and D1 only: the
+    LL stays a power-of-two-sets cache (an 11-way 2 MiB LL is not one, and valgrind refused it)."""
+    from types import SimpleNamespace
+
+    from tailscope.clone import valgrind as vg
+    from tailscope.clone import workingset
+
+    seen = []
+
+    def fake_window(*args, cache=None, **kw):
+        seen.append(cache)
+        return SimpleNamespace(requests=1, threads=[])
+
+    monkeypatch.setattr(vg, "window", fake_window)
+    vg.sweep({}, 1, [], 1.0, 1, Path("/nonexistent"), [45056], arg=workingset.mid_cache_arg)
+    vg.sweep({}, 1, [], 1.0, 1, Path("/nonexistent"), [32768])
+    assert seen == [
+        {"I1": "45056,11,64", "D1": "45056,11,64", "LL": "2097152,16,64"},
+        {"I1": "32768,8,64", "D1": "32768,8,64", "LL": "2097152,16,64"},
+    ]

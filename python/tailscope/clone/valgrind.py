@@ -152,10 +152,10 @@ def sweep(
     arg=None,
 ) -> dict:
     """Per thread hits at each size: {thread: {"I": [...], "D": [...], "Ir": n, "Dref": n, "requests": n}}.
-    `arg` makes the cache description of a size (workingset.cache_arg; the mid sizes' own)."""
+    `arg` makes the I1 and D1 description of a size (workingset.cache_arg; the mid sizes' own)."""
     from .workingset import cache_arg
 
-    cache_arg = arg or cache_arg
+    l1_arg = arg or cache_arg
 
     out: dict[int, dict] = {}
     reqs = []
@@ -163,7 +163,7 @@ def sweep(
         if progress:
             progress(f"{tag}: cache size {s} B ({i + 1}/{len(sizes)})")
         ll = max(s * 2, 2 << 20)
-        cfg = {"I1": cache_arg(s), "D1": cache_arg(s), "LL": cache_arg(ll)}
+        cfg = {"I1": l1_arg(s), "D1": l1_arg(s), "LL": cache_arg(ll)}
         win = window(
             launch,
             port,
