@@ -298,6 +298,11 @@ def main() -> int:
         },
     }
     (out_dir / "ditto.json").write_text(json.dumps(summary, indent=1, default=str))
+
+    def held_out(r: dict) -> list[str]:
+        note = report.held_out_note(r["validation"].get("configs", {}), r["profile"])
+        return [f"Held-out hierarchy: {note}", ""] if note else []
+
     md = [
         "# Ditto: clones of memcached and redis",
         "",
@@ -322,6 +327,7 @@ def main() -> int:
             "",
             report.error_table_md(n, r["validation"]),
             "",
+            *held_out(r),
             "<details><summary>all metrics</summary>",
             "",
             report.detail_table_md(r["validation"]),

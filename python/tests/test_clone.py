@@ -1917,3 +1917,23 @@ def test_the_mid_bin_sweep_describes_its_l1s_only(monkeypatch):
         {"I1": "45056,11,64", "D1": "45056,11,64", "LL": "2097152,16,64"},
         {"I1": "32768,8,64", "D1": "32768,8,64", "LL": "2097152,16,64"},
     ]
+
+
+def test_the_report_says_how_close_the_held_out_l1s_lie_to_the_profiled_sizes():
+    from tailscope.clone import report
+    from tailscope.clone import valgrind as vg
+
+    configs = {"A": vg.CONFIG_A, "B": vg.CONFIG_B}
+    sizes = [128 << i for i in range(18)]
+    octave_only = {"body": {"0": {"ws_sizes": sizes}}}
+    with_mid = {"body": {"0": {"ws_sizes": sizes, "D_split": {"65536": 0.7}}}}
+    # B's D1 (48 KiB, 12 ways): 0.42 octave from the swept 64 KiB, 0.13 from the 44 KiB mid size
+    assert "D1 (48 KiB, 12 ways, 64 sets) lies 0.42 octave from the nearest profiled one (64 KiB, 8 ways" in (
+        report.held_out_note(configs, octave_only)
+    )
+    note = report.held_out_note(configs, with_mid)
+    assert "lies 0.13 octave from the nearest profiled one (44 KiB, 11 ways, 64 sets)" in note
+    assert "I1 (16 KiB, 4 ways, 64 sets) has the size of the nearest profiled one (16 KiB, 8 ways, 32 sets)" in note
+    # nothing to compare with, or a description that is not "size,ways,line": no claim
+    assert report.held_out_note(configs, {"body": {}}) == ""
+    assert report.held_out_note({"B": {"D1": "big"}}, with_mid) == ""

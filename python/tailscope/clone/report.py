@@ -77,6 +77,45 @@ def holds_text(row: dict) -> str:
     return word
 
 
+def _geometry(arg: str) -> tuple[int, int, int]:
+    """A valgrind cache description "size,ways,line" -> (size, ways, sets)."""
+    size, ways, line = (int(x) for x in arg.split(","))
+    return size, ways, size // max(1, ways * line)
+
+
+def held_out_note(configs: dict, prof: dict) -> str:
+    """How close the held-out hierarchy's L1s lie to the geometries the profile's sweeps simulated
+    (the octave sizes, and since session 19 each bin's mid size: workingset.mid_sizes). With a
+    finer sweep, B's D1 tests the clone between profiled sizes, not beyond them; said, not hidden.
+    "" when the profile holds no sweep sizes (a synthetic profile)."""
+    from math import log2
+
+    from .workingset import MID_WAYS, cache_arg, mid_sizes
+
+    sizes = next((b["ws_sizes"] for b in (prof.get("body") or {}).values() if b.get("ws_sizes")), None)
+    if not sizes or "B" not in configs:
+        return ""
+    swept = {_geometry(cache_arg(s)) for s in sizes}
+    if any(b.get("D_split") is not None for b in prof["body"].values()):  # a profile with the mid-bin sweep
+        swept |= {_geometry(f"{m},{MID_WAYS},64") for m in mid_sizes(sizes)}
+    out = []
+    for level in ("I1", "D1"):
+        if level not in configs["B"]:
+            continue
+        try:
+            size, ways, sets = _geometry(configs["B"][level])
+        except (ValueError, AttributeError):  # not "size,ways,line": say nothing rather than guess
+            continue
+        near = min(swept, key=lambda g: (abs(log2(g[0] / size)), abs(g[1] - ways)))
+        dist = abs(log2(near[0] / size))
+        where = "has the size of" if dist < 1e-9 else f"lies {dist:.2f} octave from"
+        out.append(
+            f"B's {level} ({size // 1024} KiB, {ways} ways, {sets} sets) {where} the nearest profiled one "
+            f"({near[0] // 1024} KiB, {near[1]} ways, {near[2]} sets)"
+        )
+    return "; ".join(out) + ". Nothing is tuned at B." if out else ""
+
+
 def error_table_md(service: str, res: dict) -> str:
     """The issue's target table with the measured worst error per metric, the original's own
     largest spread over the same rows, and the verdict (validate.verdict)."""
@@ -146,6 +185,9 @@ def write_html(path: Path, services: dict[str, dict], command: str = "") -> None
         res, prof = d["validation"], d.get("profile", {})
         parts.append(f"<h2>{html.escape(name)}</h2>")
         parts.append("<h3>Targets</h3>" + _md_to_html(error_table_md(name, res)))
+        note = held_out_note(res.get("configs", {}), prof)
+        if note:
+            parts.append(f"<p>Held-out hierarchy: {html.escape(note)}</p>")
         lv = list(res["levels"])
         fig = make_subplots(rows=2, cols=4, subplot_titles=[lab for _, lab in NATIVE_ROWS])
         for i, (k, _lab) in enumerate(NATIVE_ROWS):
