@@ -13,7 +13,8 @@ tree-edit distance is 0 for identical call graphs and 1 for disjoint ones, but c
 instead of O(n^3). Threads with too few samples to compare (< 10) are compared by their
 syscall profiles (cosine distance of log counts). Threads of different roles are never
 merged. Average-linkage agglomerative clustering, merging while the distance is < 0.5.
-docs/ditto.md shows the distance matrices measured on memcached and redis.
+The validation report (clone-report's HTML) draws the measured matrix; docs/ditto.md ("Thread
+clustering") gives its range on memcached and why the worker clusters are pooled.
 """
 
 from __future__ import annotations
