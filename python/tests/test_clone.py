@@ -1937,3 +1937,5 @@ def test_the_report_says_how_close_the_held_out_l1s_lie_to_the_profiled_sizes():
     # nothing to compare with, or a description that is not "size,ways,line": no claim
     assert report.held_out_note(configs, {"body": {}}) == ""
     assert report.held_out_note({"B": {"D1": "big"}}, with_mid) == ""
+    assert report.held_out_note({"B": {"D1": "0,4,64"}}, with_mid) == ""
+    assert report.held_out_note(configs, {"body": {"0": {"ws_sizes": ["x", 0]}}}) == ""

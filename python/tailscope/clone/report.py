@@ -93,7 +93,10 @@ def held_out_note(configs: dict, prof: dict) -> str:
     from .workingset import MID_WAYS, cache_arg, mid_sizes
 
     sizes = next((b["ws_sizes"] for b in (prof.get("body") or {}).values() if b.get("ws_sizes")), None)
-    if not sizes or "B" not in configs:
+    if not isinstance(sizes, list) or "B" not in configs:
+        return ""
+    sizes = [s for s in sizes if isinstance(s, int) and s >= 64]  # (a note, not a check: skip the odd)
+    if not sizes:
         return ""
     swept = {_geometry(cache_arg(s)) for s in sizes}
     if any(b.get("D_split") is not None for b in prof["body"].values()):  # a profile with the mid-bin sweep
@@ -105,6 +108,8 @@ def held_out_note(configs: dict, prof: dict) -> str:
         try:
             size, ways, sets = _geometry(configs["B"][level])
         except (ValueError, AttributeError):  # not "size,ways,line": say nothing rather than guess
+            continue
+        if size <= 0:
             continue
         near = min(swept, key=lambda g: (abs(log2(g[0] / size)), abs(g[1] - ways)))
         dist = abs(log2(near[0] / size))
