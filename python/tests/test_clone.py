@@ -1894,6 +1894,12 @@ def test_a_bins_walkers_take_the_share_the_mid_bin_sweep_measured():
     b = _ws_bins(sw, ["7"], 1000.0, 100.0)
     assert b["D_split"] == {"32768": pytest.approx(0.25), "65536": pytest.approx(0.9)}
     assert "D_split" not in _ws_bins({k: v for k, v in sw.items() if k != "mid"}, ["7"], 1000.0, 100.0)
+    # the profile's D_split reaches the spec clamped to [0, 1]; a corrupt one is a one-line error
+    body = {"instructions_per_event": 8000, "mix": {}, "D_split": {"65536": 1.2, "131072": 0.25}}
+    assert generate.body_spec("w", body, None).data_split == {65536: 1.0, 131072: 0.25}
+    for bad in ({"x": 0.5}, {"65536": "half"}, {"65536": float("nan")}, [1, 2], 7):
+        with pytest.raises(CloneError, match=r"D_split is not a map of sizes to shares.*corrupt profile"):
+            generate.body_spec("w", {**body, "D_split": bad}, None)
 
 
 def test_the_mid_bin_sweep_describes_its_l1s_only(monkeypatch):

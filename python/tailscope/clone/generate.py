@@ -142,7 +142,10 @@ def body_spec(name: str, b: dict, skel: dict | None) -> asmgen.BodySpec:
     split = None
     if b.get("D_split") is not None:  # (profiles since session 18: workingset.lower_share)
         try:
-            split = {int(k): min(1.0, max(0.0, float(v))) for k, v in dict(b["D_split"]).items()}
+            split = {int(k): float(v) for k, v in dict(b["D_split"]).items()}
+            if not all(math.isfinite(v) for v in split.values()):
+                raise ValueError("a share is not a finite number")
+            split = {k: min(1.0, max(0.0, v)) for k, v in split.items()}
         except (TypeError, ValueError) as exc:
             raise CloneError(
                 f"profile body {name}: D_split is not a map of sizes to shares ({exc}): corrupt profile"

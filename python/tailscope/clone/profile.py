@@ -16,6 +16,7 @@ written into the clone.
 
 from __future__ import annotations
 
+import functools
 import json
 import subprocess
 import threading
@@ -596,35 +597,25 @@ def run_profile(
     dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
     sizes = workingset.sizes(max(dmax, 2 * code_fp))
     progress(f"cache-size sweep: {len(sizes)} sizes, {sizes[0]} B .. {sizes[-1] >> 10} KiB")
-    sw = vg.sweep(
+    # one callgrind window per size, on the relaunched copy at the valgrind rate
+    sweep = functools.partial(
+        vg.sweep,
         launch,
         info["port"],
         load_args,
         vg_rate,
         sweep_requests,
         work,
-        sizes,
         progress=progress,
         preload="--preload" in load_args,
     )
+    sw = sweep(sizes)
     # the D1 sizes inside each octave bin (workingset.mid_sizes): where in its bin an original's
     # reuse distances lie (session 18: memcached's workers' (32, 64] KiB distances all lie below
     # 48 KiB, where a power-of-two sweep cannot tell them from a log-uniform bin's)
     mids = workingset.mid_sizes(sizes)
     if mids:
-        msw = vg.sweep(
-            launch,
-            info["port"],
-            load_args,
-            vg_rate,
-            sweep_requests,
-            work,
-            mids,
-            progress=progress,
-            tag="mid-bin sweep",
-            preload="--preload" in load_args,
-            arg=workingset.mid_cache_arg,
-        )
+        msw = sweep(mids, tag="mid-bin sweep", arg=workingset.mid_cache_arg)
         sw["mid"] = {"sizes": mids, "threads": {t: {"D": v["D"], "Dref": v["Dref"]} for t, v in msw["threads"].items()}}
     # code fetched for the first time in a run is a count per run, and it grows with the run's
     # length (rarely taken and time-driven paths turn up as the window goes on), so it is

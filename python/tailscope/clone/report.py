@@ -90,7 +90,7 @@ def held_out_note(configs: dict, prof: dict) -> str:
     "" when the profile holds no sweep sizes (a synthetic profile)."""
     from math import log2
 
-    from .workingset import MID_WAYS, cache_arg, mid_sizes
+    from .workingset import cache_arg, mid_cache_arg, mid_sizes
 
     sizes = next((b["ws_sizes"] for b in (prof.get("body") or {}).values() if b.get("ws_sizes")), None)
     if not isinstance(sizes, list) or "B" not in configs:
@@ -100,7 +100,7 @@ def held_out_note(configs: dict, prof: dict) -> str:
         return ""
     swept = {_geometry(cache_arg(s)) for s in sizes}
     if any(b.get("D_split") is not None for b in prof["body"].values()):  # a profile with the mid-bin sweep
-        swept |= {_geometry(f"{m},{MID_WAYS},64") for m in mid_sizes(sizes)}
+        swept |= {_geometry(mid_cache_arg(m)) for m in mid_sizes(sizes)}
     out = []
     for level in ("I1", "D1"):
         if level not in configs["B"]:

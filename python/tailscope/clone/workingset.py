@@ -32,9 +32,14 @@ MID_FROM = 4096
 MID_UNTIL = 1 << 20
 
 
+def mid_size(s: int) -> int:
+    """The mid size of the bin (S, 2S]: S x 11 / 8 (S's 8-way sets, MID_WAYS ways)."""
+    return s * MID_WAYS // 8
+
+
 def mid_sizes(size_list: list[int]) -> list[int]:
-    """The mid-bin sizes for the swept sizes S (MID_FROM <= S < MID_UNTIL, 8-way): S x 11 / 8."""
-    return [s * MID_WAYS // 8 for s in size_list if MID_FROM <= s < MID_UNTIL and s // 64 >= 8]
+    """The mid-bin sizes for the swept sizes S (MID_FROM <= S < MID_UNTIL, 8-way)."""
+    return [mid_size(s) for s in size_list if MID_FROM <= s < MID_UNTIL and s // 64 >= 8]
 
 
 def mid_cache_arg(size: int) -> str:
@@ -48,7 +53,7 @@ def lower_share(size_list: list[int], hits: list[float], mids: dict[int, float])
     out = {}
     for i in range(len(size_list) - 1):
         s, s2 = size_list[i], size_list[i + 1]
-        m = s * MID_WAYS // 8
+        m = mid_size(s)
         if m not in mids:
             continue
         span = hits[i + 1] - hits[i]
