@@ -1945,3 +1945,81 @@ def test_the_report_says_how_close_the_held_out_l1s_lie_to_the_profiled_sizes():
     assert report.held_out_note({"B": {"D1": "big"}}, with_mid) == ""
     assert report.held_out_note({"B": {"D1": "0,4,64"}}, with_mid) == ""
     assert report.held_out_note(configs, {"body": {"0": {"ws_sizes": ["x", 0]}}}) == ""
+
+
+def test_a_timer_clusters_sleep_table_and_its_flat_rows():
+    """profile.sleep_table keeps the cluster's own threads' sleeps by replies since the last one
+    (none under MIN_SLEEPS); generate.sleep_rows flattens it, an empty row borrowing the nearest
+    full one, and a malformed table is a one-line corrupt-profile error."""
+    from tailscope.clone import profile, trace
+
+    cap = trace.SERVED_CAP
+    slp = {(7, 0, 20008): 150, (7, 3, 504): 100, (7, 3, 520): 50, (8, 1, 999): 10**6, (7, cap + 1, 8): 5}
+    table = profile.sleep_table(slp, [7])
+    assert len(table) == cap + 1 and table[0] == [[20008, 150]] and table[3] == [[504, 100], [520, 50]]
+    assert all(not table[n] for n in range(cap + 1) if n not in (0, 3))  # other threads, n > cap: out
+    assert profile.sleep_table({(7, 0, 8): profile.MIN_SLEEPS - 1}, [7]) is None
+    us, cum, at = generate.sleep_rows(table, "c")
+    assert len(at) == cap + 2 and at[0] == 0 and at[-1] == len(us) == len(cum)
+    rows = [list(zip(us[at[n] : at[n + 1]], cum[at[n] : at[n + 1]], strict=True)) for n in range(cap + 1)]
+    assert rows[0] == [(20008, 150)] and rows[3] == [(504, 100), (520, 150)]  # cumulative counts
+    assert rows[1] == rows[0]  # nearest full row, the fewer replies first on a tie (0 and 3: 0)
+    assert rows[2] == rows[3] and rows[cap] == rows[3]
+    for bad in (None, table[:-1], [[["x", 1]]] * (cap + 1), [[[5, 0]]] * (cap + 1), [[]] * (cap + 1), [5] * (cap + 1)):
+        with pytest.raises(CloneError, match="corrupt profile"):
+            generate.sleep_rows(bad, "c")
+    assert [trace.sleep_bucket(x) for x in (0, 15, 4095, 4096, 70000, 10**9)] == [
+        8,
+        8,
+        4088,
+        4224,
+        71680,
+        10000000 // 4096 * 4096 + 2048,
+    ]
+
+
+@needs_gcc
+def test_a_clone_timer_sleeps_by_the_replies_since_its_last_wake_and_the_trace_recovers_it(tmp_path):
+    """End to end with real bpftrace: a clone whose timer asks for 20 ms after a wake with no
+    reply written and 0.5 ms after one with replies; the profile's trace (@slp) recovers exactly
+    that law, and the timer's mix of sleeps follows the load (mostly short at 2,000 req/s, mostly
+    long at 20 req/s), as memcached's LRU maintainer's does."""
+    import os
+
+    from tailscope.clone import runner, trace, tune
+    from tailscope.clone.tools import find_loadgen
+
+    if os.geteuid() != 0 or shutil.which("bpftrace") is None:
+        pytest.skip("needs root and bpftrace for the syscall trace")
+    try:
+        find_loadgen()
+    except CloneError as exc:
+        pytest.skip(str(exc))
+    cap = trace.SERVED_CAP
+    prof = generate.neutral_profile("memcached", port=9998)
+    sleeps = [[[20000, 1]]] + [[[500, 1]]] * cap
+    prof["threads"]["clusters"].append(
+        {"role": "timer", "tids": [2], "count": 1, "period_us": 1000, "samples": 0, "sleeps": sleeps}
+    )
+    d = tmp_path / "clone"
+    generate.generate(prof, d, seed=1)
+    generate.build(d)
+    long_q, short_q = trace.sleep_bucket(20000), trace.sleep_bucket(500)
+    shares = {}
+    with runner.NetNs() as ns:
+        srv = runner.start(ns, tune.clone_launch(d, 9998), 9998, tmp_path / "clone.log")
+        try:
+            for rate in (2000, 20):
+                (tmp_path / str(rate)).mkdir()
+                st = trace.SyscallTrace("bpftrace", srv.pid, [], [], tmp_path / str(rate), gate_conns=True)
+                lg = runner.loadgen(ns, 9998, ["--protocol", "memcached", "--keys", "100"], rate, 1.5)
+                slp = st.stop().get("slp", {})
+                assert lg["completed"] > rate and lg["errors"] == 0, lg
+                assert slp, "the trace recorded no sleep of the clone's timer"
+                for (_tid, n, q), _c in slp.items():
+                    assert q == (long_q if n == 0 else short_q), (rate, n, q)
+                total = sum(slp.values())
+                shares[rate] = sum(c for (_t, n, _q), c in slp.items() if n == 0) / total
+        finally:
+            srv.stop()
+    assert shares[2000] < 0.5 < shares[20], shares

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import asmgen, workingset
+from . import asmgen, trace, workingset
 from .errors import CloneError
 from .profile import PROTOCOLS
 
@@ -186,6 +186,45 @@ def _code_curve(name: str, bins) -> list[tuple[int, float]]:
             raise CloneError(f"profile body {name} I_bins entry {x!r} is not a [size, fetches] pair: corrupt profile")
         out.append((int(x[0]), float(x[1])))
     return out
+
+
+def sleep_rows(rows, what: str) -> tuple[list[int], list[int], list[int]]:
+    """A timer cluster's `sleeps` (profile.sleep_table: SERVED_CAP + 1 rows of [us, count]) as
+    the skeleton's flat tables: durations, counts cumulative within each row, and each row's
+    [start, end) offsets (SERVED_CAP + 2 of them). A row with no sleep borrows the nearest row that
+    has one (the fewer replies first). Malformed rows are a one-line error: the profile is input
+    the user may have edited or truncated."""
+    n_rows = trace.SERVED_CAP + 1
+    if not isinstance(rows, list) or len(rows) != n_rows:
+        raise CloneError(f"{what} sleeps is not a list of {n_rows} rows: corrupt profile")
+    clean: list[list[tuple[int, int]]] = []
+    for n, row in enumerate(rows):
+        if not isinstance(row, list):
+            raise CloneError(f"{what} sleeps row {n} is not a list: corrupt profile")
+        pairs = []
+        for x in row:
+            ok = isinstance(x, list) and len(x) == 2 and all(type(v) is int for v in x)
+            if not ok or not 0 <= x[0] <= 10_000_000 or not 0 < x[1] < 2**31:
+                raise CloneError(f"{what} sleeps row {n} entry {x!r} is not a [us, count] pair: corrupt profile")
+            pairs.append((x[0], x[1]))
+        clean.append(pairs)
+    full = [n for n in range(n_rows) if clean[n]]
+    if not full:
+        raise CloneError(f"{what} sleeps has no sleep in any row: corrupt profile")
+    us: list[int] = []
+    cum: list[int] = []
+    at = [0]
+    for n in range(n_rows):
+        src = clean[min(full, key=lambda m: (abs(m - n), m))]
+        total = 0
+        for d, c in src:
+            total += c
+            if total >= 2**32:
+                raise CloneError(f"{what} sleeps row {n} counts overflow: corrupt profile")
+            us.append(d)
+            cum.append(total)
+        at.append(len(us))
+    return us, cum, at
 
 
 REP_MAX_EXECUTIONS = 64.0  # rep executions per event the unit unrolls; more are merged (longer reps)
@@ -487,6 +526,7 @@ def generate(
         "CLONE_N_REQ_REPLAY": len(net["extra_per_request"]),
         "CLONE_N_TICK_REPLAY": len(net["tick_per_second"]),
         "CLONE_MAX_BG_REPLAY": 8,
+        "CLONE_SERVED_CAP": trace.SERVED_CAP,
         # the cold region at the end of every arena (asmgen.COLD_BYTES + 4 KiB): never pre-touched
         "CLONE_FAR_BYTES": asmgen.COLD_BYTES + 4096,
     }
@@ -577,7 +617,16 @@ def generate(
         tb += _table(f"bg{ci}_replay", "struct replay_entry", [f"{{{r[0]}, {r[1]}, {r[2]}}}" for r in rep])
         if arenas.get(ci, 0):
             bg_ids[ci] = len(bg_rows)
-        bg_rows.append(f"{{{c['count']}, {int(period)}, {fn}, {arenas.get(ci, 0)}, bg{ci}_replay, {len(rep)}}}")
+        sleeps = "NULL, NULL, NULL"
+        if period and c.get("sleeps") is not None:
+            us, cum, at = sleep_rows(c["sleeps"], f"profile cluster {ci}")
+            tb += _table(f"bg{ci}_sleep_us", "uint32_t", [str(x) for x in us])
+            tb += _table(f"bg{ci}_sleep_cum", "uint32_t", [str(x) for x in cum])
+            tb += _table(f"bg{ci}_sleep_at", "uint32_t", [str(x) for x in at])
+            sleeps = f"bg{ci}_sleep_us, bg{ci}_sleep_cum, bg{ci}_sleep_at"
+        bg_rows.append(
+            f"{{{c['count']}, {int(period)}, {fn}, {arenas.get(ci, 0)}, bg{ci}_replay, {len(rep)}, {sleeps}}}"
+        )
         for _ in range(c["count"]):
             thread_map.append({"vg_thread": vt, "name": body_names.get(ci, f"idle{ci}")})
             vt += 1

@@ -135,6 +135,27 @@ def _mode(d: dict, default):
     return max(d.items(), key=lambda kv: kv[1])[0] if d else default
 
 
+# fewer relative sleeps than this in the load window and a timer cluster keeps its fixed period
+MIN_SLEEPS = 200
+
+
+def sleep_table(slp: dict, members: list[int]) -> list[list[list[int]]] | None:
+    """A timer cluster's requested sleeps under load, by the replies the process wrote since the
+    thread's previous sleep (trace.py's @slp): row n (0..SERVED_CAP) holds [us, count] pairs,
+    sorted by us. The clone's timer draws its next relative sleep from the row of the replies its
+    own workers wrote since its last sleep, so a thread that sleeps longer when there was less
+    work (memcached's LRU maintainer: 1,000 wakes/s at 1,800 req/s, 1,160 at 6,000) does so in
+    the clone at every load, though it is profiled at one (docs/ditto.md, "Timer threads").
+    None when the cluster made fewer than MIN_SLEEPS relative sleeps."""
+    rows: list[dict[int, int]] = [defaultdict(int) for _ in range(trace.SERVED_CAP + 1)]
+    for (tid, n, us), c in slp.items():
+        if tid in members and 0 <= n <= trace.SERVED_CAP and c > 0:
+            rows[n][us] += c
+    if sum(sum(r.values()) for r in rows) < MIN_SLEEPS:
+        return None
+    return [[[us, c] for us, c in sorted(r.items())] for r in rows]
+
+
 def network_and_threads(info: dict, w: dict) -> dict:
     """The skeleton: network model, thread clusters, syscalls per request/connection/second."""
     maps, idle = w["live"], w["idle"]
@@ -167,15 +188,18 @@ def network_and_threads(info: dict, w: dict) -> dict:
         if r in ("timer", "waiter") and (sleeps or wake):
             per_thread = (sleeps or wake) / len(members)
             period_us = int(span_s * 1e6 / max(1, per_thread))
-        clusters.append(
-            {
-                "role": r,
-                "tids": members,
-                "count": len(members),
-                "period_us": period_us,
-                "samples": sum(sum(w["stacks"].get(t, {}).values()) for t in members),
-            }
-        )
+        cluster = {
+            "role": r,
+            "tids": members,
+            "count": len(members),
+            "period_us": period_us,
+            "samples": sum(sum(w["stacks"].get(t, {}).values()) for t in members),
+        }
+        if r == "timer" and period_us:
+            table = sleep_table(maps.get("slp", {}), members)
+            if table:
+                cluster["sleeps"] = table
+        clusters.append(cluster)
     worker_tids = [t for t in tids if roles[t] in ("worker", "acceptor+worker")]
     acceptor_tids = [t for t in tids if roles[t] in ("acceptor", "acceptor+worker")]
     if not worker_tids:

@@ -16,6 +16,12 @@ per-event output, so a busy server does not overflow a ring):
   gsleep[tid], gsw[tid], gns     while a connection is open (whatever `gate_conns` says): sleeps
                                  (nanosleep, clock_nanosleep), voluntary switches, and the
                                  time in ns (5 ms ticks): the period of timer threads under load
+  slp[tid, n, us]                while a connection is open: each relative sleep a thread asks
+                                 for (nanosleep, clock_nanosleep without TIMER_ABSTIME), its
+                                 requested length in us (quantised, `sleep_bucket`), keyed by the
+                                 replies the process wrote on connections since that thread's
+                                 previous sleep, capped at SERVED_CAP: how a timer thread that
+                                 adapts to the work done (memcached's LRU maintainer) sleeps
 
 Connection fds are learnt from accept/accept4 return values inside the window (the load
 generator connects after the trace starts), the listening fds are passed in.
@@ -160,6 +166,9 @@ SCALAR_ARGS = {
     293: (1,),
 }
 
+# the replies-since-last-sleep key of @slp is capped here (the clone's table has SERVED_CAP + 1 rows)
+SERVED_CAP = 12
+
 CLASS_NAMES = {0: "other", 1: "listen", 2: "conn", 3: "notify"}
 # printed by the interval probe's first tick: every probe before it in the script is attached
 READY = "tailscope-trace-ready"
@@ -169,6 +178,7 @@ def bpftrace_script(pid: int, listen_fds: list[int], notify_fds: list[int], gate
     """The bpftrace program for `pid` (see the module docstring for the maps and the gate)."""
     # every map gets a key up front: bpftrace rejects reads of a map that is never assigned
     init = "  @lfd[-1] = 0; @nfd[-1] = 0; @cfd[-1] = 0; @last[-1] = 0; @open = 0; @t0 = 0; @t1 = 0; @gns = 0;\n"
+    init += "  @served = 0;\n"
     init += "".join(f"  @lfd[{fd}] = 1;\n" for fd in listen_fds)
     init += "".join(f"  @nfd[{fd}] = 1;\n" for fd in notify_fds)
     arg_rules = []
@@ -206,6 +216,7 @@ tracepoint:raw_syscalls:sys_exit /pid == {pid} && @nr[tid] == args->id/ {{
   if (($c == 2 || $c == 3) && ({reads} || {writes})) {{ @ret[$nr, $c, $r > 0 ? $r : ($r == 0 ? 0 : -1)] = count(); }}
   if ($c == 2 && ({reads}) && $r > 0) {{ @last[$fd] = $r; }}
   if ($c == 2 && ({writes}) && $r > 0) {{ @pair[@last[$fd], $r] = count(); @bytes_out = sum($r); }}
+  if ($c == 2 && ({writes}) && $r > 0) {{ @served = @served + 1; }}
   if ($c == 2 && ({reads}) && $r > 0) {{ @bytes_in = sum($r); }}
 {chr(10).join(arg_rules)}
   if ($nr == 54) {{ @sso[$c, (int64)@a1[tid], (int64)@a2[tid]] = count(); }}
@@ -214,6 +225,12 @@ tracepoint:raw_syscalls:sys_exit /pid == {pid} && @nr[tid] == args->id/ {{
   if ($nr == 3 && $c == 2) {{ delete(@cfd[$fd]); @open = @open - 1; }}
   delete(@nr[tid]);
 }}
+tracepoint:syscalls:sys_enter_nanosleep /pid == {pid} && @open > 0/ {{
+  $us = (int64)args->rqtp->tv_sec * 1000000 + (int64)args->rqtp->tv_nsec / 1000;
+{_sleep_rule()}}}
+tracepoint:syscalls:sys_enter_clock_nanosleep /pid == {pid} && @open > 0 && (args->flags & 1) == 0/ {{
+  $us = (int64)args->rqtp->tv_sec * 1000000 + (int64)args->rqtp->tv_nsec / 1000;
+{_sleep_rule()}}}
 tracepoint:sched:sched_switch /pid == {pid}/ {{
   @sw[tid, args->prev_state > 0 ? 1 : 0] = count();
   if (@open > 0 && args->prev_state > 0) {{ @gsw[tid] = count(); }}
@@ -228,8 +245,34 @@ interval:ms:5 {{
 }}
 END {{ @ns = @t1 - @t0 + 5000000; clear(@t0); clear(@t1); clear(@open);
       clear(@nr); clear(@a0); clear(@a1); clear(@a2); clear(@a3);
-      clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); }}
+      clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); clear(@served); clear(@sv); clear(@svseen); }}
 """
+
+
+def _sleep_rule() -> str:
+    """The @slp update for one sleep of `$us` requested microseconds (see the module docstring);
+    a thread's first sleep in the window has no previous one to count from and is skipped."""
+    return f"""  $n = @served - @sv[tid];
+  if (@svseen[tid] == 1) {{
+    if ($n > {SERVED_CAP}) {{ $n = {SERVED_CAP}; }}
+    if ($us > 10000000) {{ $us = 10000000; }}
+    if ($us < 0) {{ $us = 0; }}
+    $q = $us < 4096 ? $us / 16 * 16 + 8 : ($us < 65536 ? $us / 256 * 256 + 128 : $us / 4096 * 4096 + 2048);
+    @slp[tid, $n, $q] = count();
+  }}
+  @sv[tid] = @served; @svseen[tid] = 1;
+"""
+
+
+def sleep_bucket(us: int) -> int:
+    """The bucket centre the trace keys a requested sleep of `us` microseconds by (16 us wide
+    below 4 ms, 256 us below 64 ms, 4 ms above): the same arithmetic as `_sleep_rule`."""
+    us = min(max(int(us), 0), 10_000_000)
+    if us < 4096:
+        return us // 16 * 16 + 8
+    if us < 65536:
+        return us // 256 * 256 + 128
+    return us // 4096 * 4096 + 2048
 
 
 class SyscallTrace:

@@ -239,6 +239,9 @@ struct clone_bg {
 	size_t arena;
 	const struct replay_entry *replay;
 	int n_replay;
+	/* requested sleeps by the replies written since the previous sleep (0..CLONE_SERVED_CAP):
+	 * row n is sleep_us/sleep_cum[sleep_at[n] .. sleep_at[n + 1]); NULL: the fixed period */
+	const uint32_t *sleep_us, *sleep_cum, *sleep_at;
 };
 
 #include "clone_tables.h"
@@ -474,9 +477,11 @@ struct worker {
 	pthread_mutex_t lock;
 	char in[BUF_BYTES];
 	char out[BUF_BYTES];
+	uint64_t replies; /* reply writes on connections; written by this worker only */
 };
 
 static struct worker *workers;
+static int n_workers; /* entries in `workers` */
 static char *worker_arena;
 
 static uint64_t now_ns(void)
@@ -528,9 +533,12 @@ static ssize_t conn_read(int fd, char *buf, size_t len)
 #endif
 }
 
-static void conn_write(int fd, const char *buf, size_t len)
+static void conn_write(struct worker *w, int fd, const char *buf, size_t len)
 {
 	ssize_t r;
+	/* counted as the profile counts replies (trace.py's @served): one per write call; the timer
+	 * threads read it (relaxed: a count, no ordering) */
+	__atomic_store_n(&w->replies, w->replies + 1, __ATOMIC_RELAXED);
 #if CLONE_WRITE_CALL == 46
 	struct iovec iov = {(void *)buf, len};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -580,18 +588,18 @@ static int serve(struct worker *w, int fd)
 			uint32_t sz = reply_size(w, fl);
 			size_t rl = build_reply(w->out + outlen, sz, w->in + at, fl);
 #if CLONE_WRITE_PER_REQUEST
-			conn_write(fd, w->out + outlen, rl);
+			conn_write(w, fd, w->out + outlen, rl);
 #else
 			outlen += rl;
 			if (outlen > sizeof w->out - 8192) {
-				conn_write(fd, w->out, outlen);
+				conn_write(w, fd, w->out, outlen);
 				outlen = 0;
 			}
 #endif
 			at += fl;
 		}
 		if (outlen)
-			conn_write(fd, w->out, outlen);
+			conn_write(w, fd, w->out, outlen);
 		memmove(w->in, w->in + at, have - at);
 		have -= at;
 #if CLONE_READ_UNTIL_EAGAIN
@@ -701,9 +709,18 @@ static void *worker_main(void *arg)
 
 struct bg {
 	int cluster;
+	uint64_t rs; /* the sleep draws' random state (from the seed: deterministic) */
 	struct body_state st;
 	uint64_t acc[CLONE_MAX_BG_REPLAY + 1];
 };
+
+static uint64_t replies_total(void)
+{
+	uint64_t n = 0;
+	for (int i = 0; i < n_workers; i++)
+		n += __atomic_load_n(&workers[i].replies, __ATOMIC_RELAXED);
+	return n;
+}
 
 static void *bg_main(void *arg)
 {
@@ -713,6 +730,26 @@ static void *bg_main(void *arg)
 	if (c->period_us == 0) { /* idle: blocked for the process lifetime */
 		for (;;)
 			pause();
+	}
+	if (c->sleep_at) {
+		/* the original's own requested sleeps, relative as it asked for them, drawn from the
+		 * row of the replies written since the last wake: the thread sleeps longer when there
+		 * was less work, at whatever load (profile.sleep_table) */
+		uint64_t seen = replies_total();
+		for (;;) {
+			uint64_t now = replies_total();
+			uint64_t n = now - seen;
+			seen = now;
+			if (n > CLONE_SERVED_CAP)
+				n = CLONE_SERVED_CAP;
+			uint32_t lo = c->sleep_at[n], hi = c->sleep_at[n + 1];
+			uint32_t us = sample_cum(c->sleep_us + lo, c->sleep_cum + lo, (int)(hi - lo), &b->rs);
+			struct timespec ts = {(time_t)(us / 1000000U), (long)(us % 1000000U) * 1000L};
+			clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
+			if (c->body)
+				c->body(&b->st);
+			replay_table(c->replay, c->n_replay, b->acc, 1000);
+		}
 	}
 	/* absolute deadlines: the thread wakes at the profiled rate however long its body runs
 	 * (a relative sleep would drift with the body's time and the timer slack) */
@@ -824,6 +861,7 @@ int main(int argc, char **argv)
 	listen_fd = open_listener(port);
 	int nw = CLONE_MODEL == 1 ? CLONE_WORKERS : 1;
 	workers = calloc((size_t)nw + 1, sizeof *workers);
+	n_workers = nw + 1;
 	for (int i = 0; i <= nw; i++)
 		worker_init(&workers[i], i, seed);
 	char *arenas[CLONE_N_BG + 1];
@@ -839,6 +877,8 @@ int main(int argc, char **argv)
 		for (int k = 0; k < clone_bg[c].count; k++) {
 			struct bg *b = calloc(1, sizeof *b);
 			b->cluster = c;
+			/* distinct from every worker's (worker_init: seed * K + id + 1, id <= nw) */
+			b->rs = seed * 0x9E3779B97F4A7C15ULL + 0x10000ULL * (uint64_t)(c + 1) + (uint64_t)k + 1;
 			b->st.data = arena;
 			spawn(bg_main, b);
 		}
