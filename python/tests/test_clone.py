@@ -2023,3 +2023,32 @@ def test_a_clone_timer_sleeps_by_the_replies_since_its_last_wake_and_the_trace_r
         finally:
             srv.stop()
     assert shares[2000] < 0.5 < shares[20], shares
+
+
+def test_a_rare_events_spread_is_never_below_its_counting_noise():
+    """validate.counting_floor: three windows of the original that agree by chance do not make a
+    row of ~60 pooled LL misses judgeable (2/sqrt(60) = 26%); with 60,000 misses the same
+    agreement judges it, and results without the pool's request count keep the old spread."""
+    from tailscope.clone import validate
+
+    def side(ll_rate, requests):
+        s = {"instructions_per_request": 8000.0, "data_refs_per_request": 2000.0, "LL_miss_rate": ll_rate}
+        s["runs"] = [dict(s), dict(s), dict(s)]  # identical windows: an empirical spread of 0
+        if requests is not None:
+            s["requests"] = requests
+        return s
+
+    few = side(60 / (10000.0 * 18000), 18000)  # 60 misses in the pool
+    many = side(60000 / (10000.0 * 18000), 18000)
+    assert abs(validate.counting_floor(few, "LL_miss_rate") - 2 / 60**0.5) < 1e-9
+    assert validate.original_spread(few, "LL_miss_rate") > 0.25
+    assert validate.original_spread(many, "LL_miss_rate") < 0.01
+    assert validate.original_spread(side(60 / (10000.0 * 18000), None), "LL_miss_rate") == 0.0
+    assert validate.counting_floor(few, "instructions_per_request") is None
+    assert validate.counting_floor(side(0.0, 18000), "LL_miss_rate") == 2.0  # no event: N counts as 1
+    corrupt = dict(few, data_refs_per_request="x")
+    assert validate.counting_floor(corrupt, "LL_miss_rate") is None
+    for orig, holds in ((few, None), (many, False)):  # the clone 25% over each: judged only at 60,000
+        err = validate.rel_err(orig["LL_miss_rate"] * 1.25, orig["LL_miss_rate"])
+        rows = [("cache B", err, validate.original_spread(orig, "LL_miss_rate"))]
+        assert validate.verdict(rows, 0.10)["holds"] is holds
