@@ -1965,7 +1965,15 @@ def test_a_timer_clusters_sleep_table_and_its_flat_rows():
     assert rows[0] == [(20008, 150)] and rows[3] == [(504, 100), (520, 150)]  # cumulative counts
     assert rows[1] == rows[0]  # nearest full row, the fewer replies first on a tie (0 and 3: 0)
     assert rows[2] == rows[3] and rows[cap] == rows[3]
-    for bad in (None, table[:-1], [[["x", 1]]] * (cap + 1), [[[5, 0]]] * (cap + 1), [[]] * (cap + 1), [5] * (cap + 1)):
+    for bad in (
+        None,
+        table[:-1],
+        [[["x", 1]]] * (cap + 1),
+        [[[5, 0]]] * (cap + 1),
+        [[[5, 2**23], [6, 2**23]]] * (cap + 1),
+        [[]] * (cap + 1),
+        [5] * (cap + 1),
+    ):
         with pytest.raises(CloneError, match="corrupt profile"):
             generate.sleep_rows(bad, "c")
     assert [trace.sleep_bucket(x) for x in (0, 15, 4095, 4096, 70000, 10**9)] == [

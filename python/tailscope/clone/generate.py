@@ -219,8 +219,8 @@ def sleep_rows(rows, what: str) -> tuple[list[int], list[int], list[int]]:
         total = 0
         for d, c in src:
             total += c
-            if total >= 2**32:
-                raise CloneError(f"{what} sleeps row {n} counts overflow: corrupt profile")
+            if total >= 2**24:  # the skeleton's sample_cum draws 24 random bits
+                raise CloneError(f"{what} sleeps row {n} counts add up past 2^24: corrupt profile")
             us.append(d)
             cum.append(total)
         at.append(len(us))
