@@ -536,9 +536,6 @@ static ssize_t conn_read(int fd, char *buf, size_t len)
 static void conn_write(struct worker *w, int fd, const char *buf, size_t len)
 {
 	ssize_t r;
-	/* counted as the profile counts replies (trace.py's @served): one per write call; the timer
-	 * threads read it (relaxed: a count, no ordering) */
-	__atomic_store_n(&w->replies, w->replies + 1, __ATOMIC_RELAXED);
 #if CLONE_WRITE_CALL == 46
 	struct iovec iov = {(void *)buf, len};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -551,7 +548,10 @@ static void conn_write(struct worker *w, int fd, const char *buf, size_t len)
 #else
 	r = write(fd, buf, len);
 #endif
-	(void)r;
+	/* counted as the profile counts replies (trace.py's @served): a write call that wrote
+	 * something, once it returned; the timer threads read it (relaxed: a count, no ordering) */
+	if (r > 0)
+		__atomic_store_n(&w->replies, w->replies + 1, __ATOMIC_RELAXED);
 }
 
 static void conn_close(struct worker *w, int fd)
