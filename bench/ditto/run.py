@@ -301,7 +301,10 @@ def main() -> int:
 
     def held_out(r: dict) -> list[str]:
         note = report.held_out_note(r["validation"].get("configs", {}), r["profile"])
-        return [f"Held-out hierarchy: {note}", ""] if note else []
+        busy = report.host_note(r["validation"])
+        return ([f"Held-out hierarchy: {note}", ""] if note else []) + (
+            [f"Host during the timed runs: {busy}", ""] if busy else []
+        )
 
     md = [
         "# Ditto: clones of memcached and redis",

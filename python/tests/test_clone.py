@@ -1178,6 +1178,55 @@ def test_the_syscall_mix_is_pooled_over_both_sessions_with_its_own_spread():
     assert validate.original_spread(old, "syscall_mix") is None
 
 
+def test_a_busy_host_is_measured_and_its_timed_runs_repeated():
+    """runner.host_sample / host_other / validate.keep_runs / report.host_note (session 21): what
+    other processes take of the machine during a timed run is measured from /proc (a real busy
+    process here), a run over validate.HOST_BUSY is repeated, and the report says so."""
+    import os
+    import sys
+    import time
+
+    from tailscope.clone import report, runner, validate
+
+    hz = os.sysconf("SC_CLK_TCK")
+    hog = subprocess.Popen([sys.executable, "-c", "import time\nt = time.time()\nwhile time.time() - t < 1.2: pass"])
+    try:
+        time.sleep(0.1)
+        h0, h0x = runner.host_sample(set()), runner.host_sample({hog.pid})
+        time.sleep(0.8)
+        h1, h1x = runner.host_sample(set()), runner.host_sample({hog.pid})
+    finally:
+        hog.wait()
+    share, top = runner.host_other(h0, h1, hz)
+    share_x, _ = runner.host_other(h0x, h1x, hz)
+    # the loop spun for the whole 0.8 s: most of one CPU, and it is the largest taker
+    assert share >= 0.6 and top and top[0][1] >= 0.5
+    # excluding its pid takes it out (what else ran meanwhile is whatever the machine did)
+    assert share_x <= share - 0.5
+
+    def run(other: float) -> dict:
+        return {k: 100.0 for k in validate.NATIVE_KEYS} | {"host_other_cpu": other, "host_top": [["cc1", 0.4]]}
+
+    quiet, busy = [run(0.01), run(0.02)], [run(0.40), run(0.09)]
+    kept, dropped = validate.keep_runs(quiet, busy, 3)
+    # topped up with the least busy run; the busier one is only reported
+    assert [r["host_other_cpu"] for r in kept] == [0.01, 0.02, 0.09] and dropped == [busy[0]]
+    three = [*quiet, run(0.03)]
+    assert validate.keep_runs(three, busy, 3)[0] == three
+    med = validate._medians(kept)
+    assert med["host_other_cpu"] == 0.02 and "host_top" not in med
+    s1 = med | {"runs": kept, "busy_runs": dropped, "host_busy": True}
+    s2 = validate._medians(quiet) | {"runs": quiet, "busy_runs": [], "host_busy": False}
+    side = validate.pool_sessions(s1, s2)
+    assert side["host_busy"] and len(side["busy_runs"]) == 1 and side["sessions"][0]["host_busy"]
+    res = {"levels": {"medium": {"original": side, "clone": validate.pool_sessions(s2, s2)}}}
+    note = report.host_note(res)
+    assert "2 run(s) took more than 5%" in note and "original at medium load" in note and "cc1" in note
+    # results from before session 21 carry no host figures: no note
+    old = {k: 100.0 for k in validate.NATIVE_KEYS}
+    assert report.host_note({"levels": {"medium": {"original": old | {"runs": [old]}}}}) == ""
+
+
 def _fake_window(requests: int, per_thread: dict[int, dict]) -> "object":
     from tailscope.clone import valgrind as vg
 

@@ -184,6 +184,9 @@ def cmd_clone_report(ns) -> int:
         sys.stdout.write(json.dumps(res, indent=1) + "\n")
     else:
         print(report.error_table_md(prof["private"].get("comm", "service"), res))
+        busy = report.host_note(res)
+        if busy:
+            print(f"host during the timed runs: {busy}")
         print(f"report: {out}")
     return 0
 

@@ -121,6 +121,40 @@ def held_out_note(configs: dict, prof: dict) -> str:
     return "; ".join(out) + ". Nothing is tuned at B." if out else ""
 
 
+def host_note(res: dict) -> str:
+    """How busy the machine was during the timed runs (validate.HOST_BUSY, session 21): the
+    median share of one CPU that other processes and the hypervisor's steal took per kept run,
+    the largest takers, how many runs were repeated, and which sessions kept a busy run. ""
+    for results from before session 21 (no host figures)."""
+    from .validate import HOST_BUSY
+
+    kept, repeated, takers, stuck = [], 0, {}, []
+    for lvl, row in (res.get("levels") or {}).items():
+        for side in ("original", "clone"):
+            s = row.get(side) or {}
+            runs = [r for r in s.get("runs", []) if isinstance(r.get("host_other_cpu"), (int, float))]
+            kept += [r["host_other_cpu"] for r in runs]
+            repeated += len(s.get("busy_runs") or []) + sum(r["host_other_cpu"] > HOST_BUSY for r in runs)
+            for r in runs + list(s.get("busy_runs") or []):
+                for name, sec in r.get("host_top") or []:
+                    takers[name] = takers.get(name, 0.0) + float(sec)
+            if s.get("host_busy"):
+                stuck.append(f"{side} at {lvl} load")
+    if not kept:
+        return ""
+    kept.sort()
+    med = kept[len(kept) // 2]
+    top = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(takers.items(), key=lambda kv: -kv[1])[:3])
+    out = (
+        f"other processes and the hypervisor's steal took a median {100 * med:.1f}% of one CPU per kept timed "
+        f"run (most over all runs: {top or 'none'}); {repeated} run(s) took more than {100 * HOST_BUSY:.0f}% "
+        "and were repeated."
+    )
+    if stuck:
+        out += " The extra tries ran out, and a busy run was kept, for: " + ", ".join(stuck) + "."
+    return out
+
+
 def error_table_md(service: str, res: dict) -> str:
     """The issue's target table with the measured worst error per metric, the original's own
     largest spread over the same rows, and the verdict (validate.verdict)."""
@@ -193,6 +227,9 @@ def write_html(path: Path, services: dict[str, dict], command: str = "") -> None
         note = held_out_note(res.get("configs", {}), prof)
         if note:
             parts.append(f"<p>Held-out hierarchy: {html.escape(note)}</p>")
+        busy = host_note(res)
+        if busy:
+            parts.append(f"<p>Host during the timed runs: {html.escape(busy)}</p>")
         lv = list(res["levels"])
         fig = make_subplots(rows=2, cols=4, subplot_titles=[lab for _, lab in NATIVE_ROWS])
         for i, (k, _lab) in enumerate(NATIVE_ROWS):

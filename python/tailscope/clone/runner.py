@@ -107,6 +107,60 @@ class Server:
             self.proc.kill()
 
 
+def host_sample(exclude: set[int]) -> dict:
+    """CPU time (clock ticks) of every process on the machine but `exclude` and their children,
+    and the hypervisor's steal over all CPUs: read before and after a timed run, `host_other`
+    tells how much of the machine something else took meanwhile. Each process counts with the
+    time of the children it reaped (cutime/cstime), so that a short-lived process that ran and
+    exited between the two readings counts with its parent (init, a shell, make)."""
+    procs: dict[tuple[int, int], tuple[str, int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) in exclude:
+            continue
+        try:
+            st = Path(f"/proc/{d}/stat").read_text()
+        except OSError:  # exited meanwhile
+            continue
+        head, _, rest = st.rpartition(")")
+        f = rest.split()
+        if len(f) < 20:
+            continue
+        try:
+            ppid, ticks, start = int(f[1]), sum(int(x) for x in f[11:15]), int(f[19])
+        except ValueError:
+            continue
+        if ppid in exclude:
+            continue
+        procs[(int(d), start)] = (head.partition("(")[2][:32], ticks)
+    steal = 0
+    try:
+        for line in Path("/proc/stat").read_text().splitlines():
+            if line.startswith("cpu "):
+                f = line.split()
+                steal = int(f[8]) if len(f) > 8 else 0
+                break
+    except (OSError, ValueError):
+        pass
+    return {"procs": procs, "steal": steal, "t": time.monotonic()}
+
+
+def host_other(before: dict, after: dict, hz: int) -> tuple[float, list[tuple[str, float]]]:
+    """What something else took between two `host_sample`s: the share of one CPU (other
+    processes' CPU time plus steal, over the elapsed time) and the largest takers (name, seconds;
+    "steal" for the hypervisor), at most three."""
+    took: dict[str, float] = {}
+    for key, (comm, ticks) in after["procs"].items():
+        d = ticks - before["procs"].get(key, (comm, 0))[1]
+        if d > 0:
+            took[comm] = took.get(comm, 0.0) + d / hz
+    steal = max(0, after["steal"] - before["steal"]) / hz
+    if steal:
+        took["steal"] = steal
+    elapsed = max(1e-3, after["t"] - before["t"])
+    top = sorted(took.items(), key=lambda kv: -kv[1])[:3]
+    return sum(took.values()) / elapsed, [(k, round(v, 2)) for k, v in top]
+
+
 def _is_alive(pid: int) -> bool:
     try:
         st = Path(f"/proc/{pid}/stat").read_text()
