@@ -881,6 +881,20 @@ def test_the_score_counts_errors_beyond_the_targets_own_spread():
     )
     assert 0.1 < sp["IL_misses_per_request"] < 0.2
     assert tune.target_spread({}) == {} and tune.target_spread({"windows": wins[:1]}) == {}
+    # windows that agree by chance on few events: the pool's counting noise is the least spread
+    # (validate.counting_floor, session 20), 2/sqrt(N) for N = 0.0233 x 18,000 = 420 misses
+    same = [w | {"IL_misses_per_request": 0.0233} for w in wins]
+    pooled = {"metrics": {"IL_misses_per_request": 0.0233}}
+    sp = tune.target_spread({"windows": same} | pooled)
+    assert sp["IL_misses_per_request"] == pytest.approx(2 / (0.0233 * 18000) ** 0.5)
+    # windows that differ more than the counting noise keep their own spread
+    assert tune.target_spread({"windows": wins} | pooled)["IL_misses_per_request"] == pytest.approx(
+        validate.mean_spread([0.020, 0.024, 0.026], 3)
+    )
+    # windows without request counts (older profiles): no floor
+    assert tune.target_spread({"windows": [{k: v for k, v in w.items() if k != "requests"} for w in same]} | pooled)[
+        "IL_misses_per_request"
+    ] == pytest.approx(0.0)
     # redis's bench run: iteration 3 (LL within its spread, I1 and branch off) against 7
     it3 = dict.fromkeys(tune.TOLERANCE, 0.0) | {"I1_miss_rate": 0.088, "branch_mispredict_rate": 0.108}
     it7 = dict.fromkeys(tune.TOLERANCE, 0.0) | {"LL_miss_rate": 0.189, "IL_misses_per_request": 0.343}
@@ -2084,6 +2098,33 @@ def test_a_clone_timer_sleeps_by_the_replies_since_its_last_wake_and_the_trace_r
         finally:
             srv.stop()
     assert shares[2000] < 0.5 < shares[20], shares
+
+
+def test_a_clone_timer_without_a_table_wakes_at_its_profiled_period(tmp_path):
+    """skeleton.c bg_wait: a timer cluster with no sleep table sleeps to absolute deadlines, so an
+    idle clone's timer wakes at the profiled 2 ms period (its threads' voluntary context switches
+    over 2 s: the workers sleep in epoll_wait with no connection and do not wake)."""
+    import time
+
+    from tailscope.clone import runner, target, tune
+
+    prof = generate.neutral_profile("memcached", port=9997)
+    prof["threads"]["clusters"].append({"role": "timer", "tids": [2], "count": 1, "period_us": 2000, "samples": 0})
+    d = tmp_path / "clone"
+    generate.generate(prof, d, seed=1)
+    generate.build(d)
+    with runner.NetNs() as ns:
+        srv = runner.start(ns, tune.clone_launch(d, 9997), 9997, tmp_path / "clone.log")
+        try:
+            time.sleep(0.3)
+            before = sum(t["vcsw"] for t in target.threads(srv.pid))
+            t0 = time.monotonic()
+            time.sleep(2.0)
+            wakes = (sum(t["vcsw"] for t in target.threads(srv.pid)) - before) / (time.monotonic() - t0)
+        finally:
+            srv.stop()
+    # 500 per second; a busy CI machine delays wakes, and a deadline more than a period late resyncs
+    assert 350 <= wakes <= 560, wakes
 
 
 def test_a_rare_events_spread_is_never_below_its_counting_noise():

@@ -486,12 +486,23 @@ def mean_spread(values: list[float], n: int) -> float:
 
 def target_spread(vgp: dict) -> dict[str, float]:
     """The tuning target's own spread per metric: `mean_spread` over the profile's callgrind
-    windows, whose pool the target is (validate judges the clone against the same figure at A);
+    windows, whose pool the target is, and never less than the pool's counting noise
+    (`validate.counting_floor`, as validate judges the clone against the same figure at A);
     {} for a profile with fewer than two windows (from before they were kept)."""
+    from .validate import counting_floor  # validate imports this module
+
     wins = vgp.get("windows") or []
     if len(wins) < 2:
         return {}
-    return {k: mean_spread([w[k] for w in wins], len(wins)) for k in TOLERANCE if all(k in w for w in wins)}
+    pool = dict(vgp.get("metrics") or {})
+    if all(isinstance(w.get("requests"), (int, float)) for w in wins):
+        pool["requests"] = sum(w["requests"] for w in wins)
+    out = {}
+    for k in TOLERANCE:
+        if all(k in w for w in wins):
+            floor = counting_floor(pool, k)
+            out[k] = max(mean_spread([w[k] for w in wins], len(wins)), floor or 0.0)
+    return out
 
 
 def score(errs: dict, spread: dict | None = None) -> float:

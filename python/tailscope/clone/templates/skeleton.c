@@ -722,6 +722,36 @@ static uint64_t replies_total(void)
 	return n;
 }
 
+/* One timer wait. With a sleep table: the original's own requested sleep, relative as it asked
+ * for it, drawn from the row of the replies written since the last wake, so the thread sleeps
+ * longer when there was less work, at whatever load (profile.sleep_table). Without one: an
+ * absolute deadline, so the thread wakes at the profiled rate however long its body runs (a
+ * relative sleep would drift with the body's time and the timer slack). */
+static void bg_wait(struct bg *b, const struct clone_bg *c, uint64_t *seen, uint64_t *next)
+{
+	struct timespec ts;
+	if (c->sleep_at) {
+		uint64_t now = replies_total();
+		uint64_t n = now - *seen;
+		*seen = now;
+		if (n > CLONE_SERVED_CAP)
+			n = CLONE_SERVED_CAP;
+		uint32_t lo = c->sleep_at[n], hi = c->sleep_at[n + 1];
+		uint32_t us = sample_cum(c->sleep_us + lo, c->sleep_cum + lo, (int)(hi - lo), &b->rs);
+		ts.tv_sec = (time_t)(us / 1000000U);
+		ts.tv_nsec = (long)(us % 1000000U) * 1000L;
+		clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
+		return;
+	}
+	*next += c->period_us * 1000ULL;
+	uint64_t t = now_ns();
+	if (*next + c->period_us * 1000ULL < t) /* fell behind by more than a period: resync */
+		*next = t;
+	ts.tv_sec = (time_t)(*next / 1000000000ULL);
+	ts.tv_nsec = (long)(*next % 1000000000ULL);
+	clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+}
+
 static void *bg_main(void *arg)
 {
 	struct bg *b = arg;
@@ -731,36 +761,9 @@ static void *bg_main(void *arg)
 		for (;;)
 			pause();
 	}
-	if (c->sleep_at) {
-		/* the original's own requested sleeps, relative as it asked for them, drawn from the
-		 * row of the replies written since the last wake: the thread sleeps longer when there
-		 * was less work, at whatever load (profile.sleep_table) */
-		uint64_t seen = replies_total();
-		for (;;) {
-			uint64_t now = replies_total();
-			uint64_t n = now - seen;
-			seen = now;
-			if (n > CLONE_SERVED_CAP)
-				n = CLONE_SERVED_CAP;
-			uint32_t lo = c->sleep_at[n], hi = c->sleep_at[n + 1];
-			uint32_t us = sample_cum(c->sleep_us + lo, c->sleep_cum + lo, (int)(hi - lo), &b->rs);
-			struct timespec ts = {(time_t)(us / 1000000U), (long)(us % 1000000U) * 1000L};
-			clock_nanosleep(CLOCK_MONOTONIC, 0, &ts, NULL);
-			if (c->body)
-				c->body(&b->st);
-			replay_table(c->replay, c->n_replay, b->acc, 1000);
-		}
-	}
-	/* absolute deadlines: the thread wakes at the profiled rate however long its body runs
-	 * (a relative sleep would drift with the body's time and the timer slack) */
-	uint64_t next = now_ns();
+	uint64_t seen = replies_total(), next = now_ns();
 	for (;;) {
-		next += c->period_us * 1000ULL;
-		uint64_t t = now_ns();
-		if (next + c->period_us * 1000ULL < t) /* fell behind by more than a period: resync */
-			next = t;
-		struct timespec ts = {(time_t)(next / 1000000000ULL), (long)(next % 1000000000ULL)};
-		clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, NULL);
+		bg_wait(b, c, &seen, &next);
 		if (c->body)
 			c->body(&b->st);
 		replay_table(c->replay, c->n_replay, b->acc, 1000);
