@@ -589,6 +589,38 @@ def test_cold_code_ring_misses_every_ll(tmp_path):
     assert tc.fn_total("ILmr", "clone_far_t") / 800 < 0.01
 
 
+@needs_valgrind
+@needs_gcc
+def test_a_slow_code_ring_is_warm_at_a_large_ll_from_its_first_call(tmp_path):
+    """asmgen.ring_warm (session 21): a ring beyond the I1 called too rarely to go round in a run
+    would fetch each variant for the first time in the window, missing every LL. Warmed at
+    start-up (the harness calls clone_ring_warm_t, as the skeleton's clone_warm does), its calls
+    in the body miss a 32 KiB I1 as before but hit an 8 MiB LL; the same build without the warm
+    call misses that LL on every line."""
+    # 6 lines per event in a ring of ~240 variants: 100 events never come back to one
+    spec = _spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 0.99), (131072, 0.01)])
+    calls = 100
+    asmgen.write_standalone(spec, tmp_path, seed=9, calls=calls)
+    harness = (tmp_path / "harness.c").read_text()
+    assert "clone_ring_warm_t(st.data)" in harness and "clone_ring_warm_t:" in (tmp_path / "body.S").read_text()
+    cold = tmp_path / "cold"
+    cold.mkdir()
+    (cold / "harness.c").write_text(harness.replace("if (clone_ring_warm_t) clone_ring_warm_t(st.data);", ""))
+    subprocess.run(
+        ["gcc", "-O1", "-o", str(cold / "harness"), str(cold / "harness.c"), str(tmp_path / "body.S")], check=True
+    )
+    opts = ("--cache-sim=yes", "--I1=32768,8,64", "--LL=8388608,16,64", "--toggle-collect=clone_body_t")
+    got = {}
+    for tag, exe in (("warm", tmp_path / "harness"), ("cold", cold / "harness")):
+        tc = _cg_run(tmp_path, exe, calls, tag, opts)
+        got[tag] = (tc.fn_total("I1mr", "clone_far_t") / calls, tc.fn_total("ILmr", "clone_far_t") / calls)
+    lines = 0.01 * 3000 / 5  # the ring's lines per event
+    assert abs(got["warm"][0] - lines) <= 0.2 * lines, got  # beyond the I1 either way
+    assert abs(got["cold"][0] - lines) <= 0.2 * lines, got
+    assert got["cold"][1] >= 0.8 * lines, got  # unwarmed: first fetches, out of any LL
+    assert got["warm"][1] <= 0.05 * lines, got
+
+
 def test_cold_code_window_request_count_is_checked(tmp_path):
     """The cold code ring's calls per event come from a count per run (`I_cold`, over the cold
     window's `cold_requests`): they are rescaled to the window's requests, and a profile without

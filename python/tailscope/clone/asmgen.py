@@ -1084,6 +1084,47 @@ def llc_warm(spec: BodySpec, rings: list[dict], region_off: int) -> list[str]:
     return out
 
 
+def ring_warm(spec: BodySpec, rings: list[dict]) -> list[str]:
+    """clone_ring_warm_<name>(arena): every variant of the body's code rings called once at
+    start-up (the cold ring's excepted: its lines are meant to be new in the window), as
+    llc_warm does for the LL conflict rings. A ring beyond the I1 is called a fraction of a time
+    per event, so a slow one has not gone round once when the window starts, and each of its
+    first calls in the window fetches a line for the first time, which misses every LL
+    (session 21: redis's 859-variant ring, 0.5 calls per event, went round once in ~1,700
+    requests; the preload and the warm-up made ~800 calls, so its other 59-63 variants missed
+    a 2, an 8 and a 16 MiB LL alike in the window, on top of the cold ring's 74 misses: the
+    clone's code misses at B sat near A's, and with the loop's ring knob they moved from one
+    tuning to the next). The variants read and write the state at rdi and the arena at r15
+    only, and keep r12-r15 (the far function's loop counts on it); the registers the C caller
+    keeps are saved here."""
+    name = spec.name
+    fn = f"clone_ring_warm_{name}"
+    # a section of its own: run once, it must not move the code after it (the pinned layout)
+    out = [f'    .section .text.{fn},"ax",@progbits', f"    .globl {fn}", f"    .type {fn}, @function", f"{fn}:"]
+    warm = [r for r in rings if not r.get("cold")]
+    if warm:
+        saved = ["rbx", "rbp", "r12", "r13", "r14", "r15"]
+        out += [f"    push {x}" for x in saved]
+        out += ["    sub rsp, 8", "    mov r15, rdi"]  # (the stack 16-byte aligned at each call)
+        for r in warm:
+            lab = f".L{name}_r{r['slot']}"
+            out += [
+                "    xor r12d, r12d",
+                f"{lab}_warm:",
+                f"    lea rax, [rip + {lab}_tab]",
+                "    lea rax, [rax + r12 * 4]",
+                "    movsxd r13, dword ptr [rax]",
+                "    add rax, r13",
+                "    call rax",
+                "    inc r12",
+                f"    cmp r12, {r['M']}",
+                f"    jb {lab}_warm",
+            ]
+        out += ["    add rsp, 8", *[f"    pop {x}" for x in reversed(saved)]]
+    out += ["    ret", f"    .size {fn}, .-{fn}", "    .text"]
+    return out
+
+
 def _streams(sp: BodySpec, main_now: float, knobs: dict) -> list[list]:
     """The data a body brings into the caches outside the sized regions, as fixed layers of the
     LRU stack (layer_walkers): its rep unit (rep_function: each execution writes its region's
@@ -1549,7 +1590,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         bool(brx_lines),
         bool(rep_lines),
     )
-    far_lines += llc_lines + brx_lines + rep_lines
+    far_lines += llc_lines + brx_lines + rep_lines + ring_warm(spec, rings)
     far_expected += llc_ins + brx_ins + rep_ins
     # the blocks, then the far function; with `zig` (zigzag_order: why and when) the reverse on
     # odd events, by the parity of an arena counter shared by the threads that run this body, so
@@ -2067,6 +2108,7 @@ def harness_c(name: str, arena: int, calls: int, max_blocks: int = 64) -> str:
 struct body_state {{ char *data; uint64_t iter; uint64_t blocks[2 * {max_blocks}]; }};
 void clone_body_{name}(struct body_state *);
 void clone_llc_warm_{name}(char *) __attribute__((weak));
+void clone_ring_warm_{name}(char *) __attribute__((weak));
 int main(int argc, char **argv) {{
 	long n = argc > 1 ? atol(argv[1]) : {calls};
 	struct body_state st = {{0}};
@@ -2074,6 +2116,7 @@ int main(int argc, char **argv) {{
 	if (st.data == MAP_FAILED) return 1;
 	for (long off = {(arena - COLD_BYTES - 4096) // 64 * 64}; off >= 64; off -= 64) st.data[off - 64] = 0;
 	*(uint32_t *)(st.data + {DIVISOR_OFF}) = 7;
+	if (clone_ring_warm_{name}) clone_ring_warm_{name}(st.data);
 	if (clone_llc_warm_{name}) clone_llc_warm_{name}(st.data);
 	for (long i = 0; i < n; i++) clone_body_{name}(&st);
 	return 0;

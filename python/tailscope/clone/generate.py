@@ -485,9 +485,19 @@ def generate(
             ],
         }
     del rng
-    # clone_warm (the skeleton calls it once at start-up): the LL conflict rings' lines
+    # clone_warm(arena) (the skeleton calls it once at start-up): every body's code rings
+    # (asmgen.ring_warm), then the LL conflict rings' lines
     warm = [sp.name for sp in specs.values() if (sp.llc_code or sp.llc_data) and not empty_body]
-    asm += ["    .globl clone_warm", "    .type clone_warm, @function", "clone_warm:"]
+    asm += [
+        "    .globl clone_warm",
+        "    .type clone_warm, @function",
+        "clone_warm:",
+        "    push rbx",
+        "    mov rbx, rdi",
+    ]
+    for n in body_names.values():
+        asm += ["    mov rdi, rbx", f"    call clone_ring_warm_{n}"]
+    asm += ["    mov rdi, rbx", "    pop rbx"]
     asm += [f"    jmp clone_llc_warm_{n}" for n in warm[:1]] or ["    ret"]
     for need_name in ("worker", "acceptor"):
         if need_name not in body_names.values():

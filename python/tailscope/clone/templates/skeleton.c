@@ -872,8 +872,9 @@ int main(int argc, char **argv)
 	for (int c = 0; c < CLONE_N_BG; c++)
 		arenas[c + 1] = clone_bg[c].arena ? arena_new(clone_bg[c].arena) : worker_arena;
 	arenas_touch(arenas);
-	/* the LL conflict rings' lines, code and data, once each after the touch (asmgen.llc_warm):
-	 * at a larger LL their first use in the window must hit, as the original's lines do */
+	/* every code ring variant (asmgen.ring_warm) and the LL conflict rings' lines, code and data
+	 * (asmgen.llc_warm), once each after the touch: at a larger LL their first use in the
+	 * window must hit, as the original's lines do */
 	clone_warm(worker_arena);
 	for (int c = 0; c < CLONE_N_BG; c++) {
 		char *arena = arenas[c + 1];
