@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import CloneError
+from .target import _stat_fields
 from .tools import find_loadgen, need
 
 # valgrind keeps this many fds above the client's limit for itself (memcached sets its
@@ -121,8 +122,7 @@ def host_sample(exclude: set[int]) -> dict:
             st = Path(f"/proc/{d}/stat").read_text()
         except OSError:  # exited meanwhile
             continue
-        head, _, rest = st.rpartition(")")
-        f = rest.split()
+        f = _stat_fields(st)
         if len(f) < 20:
             continue
         try:
@@ -131,7 +131,7 @@ def host_sample(exclude: set[int]) -> dict:
             continue
         if ppid in exclude:
             continue
-        procs[(int(d), start)] = (head.partition("(")[2][:32], ticks)
+        procs[(int(d), start)] = (st[st.find("(") + 1 : st.rfind(")")][:32], ticks)
     steal = 0
     try:
         for line in Path("/proc/stat").read_text().splitlines():

@@ -46,7 +46,7 @@ REPEATS = 3
 TRACE_SECONDS = 2.0
 # A timed run during which other processes (and the hypervisor's steal) took more than this share
 # of one CPU is repeated, at most EXTRA_RUNS more runs per session (session 21). On this 2-vCPU VM
-# a quiet run has 1-2% (kernel threads); a loop taking 30% of the server's CPU, at nice 0, raised
+# a quiet run has 0.3-1.3% (kernel threads); a loop taking 30% of the server's CPU, at nice 0, raised
 # memcached's p99 at 6,000 req/s from ~160 to ~400 µs and its mean by a quarter, and session 20's
 # bench, whose runs were 40-50% slower than a quiet machine's, had p99s of 0.2-6 ms from run to run.
 HOST_BUSY = 0.05
