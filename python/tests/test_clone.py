@@ -2186,3 +2186,41 @@ def test_a_rare_events_spread_is_never_below_its_counting_noise():
         err = validate.rel_err(orig["LL_miss_rate"] * 1.25, orig["LL_miss_rate"])
         rows = [("cache B", err, validate.original_spread(orig, "LL_miss_rate"))]
         assert validate.verdict(rows, 0.10)["holds"] is holds
+
+
+def test_a_native_rows_spread_is_never_below_its_medians_sampling_noise():
+    """validate.median_floor (session 22): two sessions of the original whose medians agree by
+    chance do not make a latency row judgeable when its runs scatter; the floor is two standard
+    errors of the median from the runs' median absolute deviation, so one run disturbed by the
+    host does not set it, and results without runs keep the sessions' spread."""
+    from tailscope.clone import validate
+
+    def side(p99s: list[float]) -> dict:
+        runs = [{k: 100.0 for k in validate.NATIVE_KEYS} | {"latency_p99_us": v} for v in p99s]
+        half = len(runs) // 2
+        sessions = [validate._medians(runs[:half]), validate._medians(runs[half:])]
+        return validate._medians(runs) | {"runs": runs, "sessions": sessions}
+
+    # session 21's memcached original at high load: sessions 170 and 164 µs (3.5% apart), runs 127-195
+    scattered = side([185, 127, 170, 195, 164, 147])
+    assert validate.spread(*(s["latency_p99_us"] for s in scattered["sessions"])) < 0.04
+    mad = 19.0  # |runs - 167|: 18, 40, 3, 28, 3, 20 -> median 19
+    want = 2 * 1.2533 * 1.4826 * mad / 6**0.5 / 167.0
+    assert validate.median_floor(scattered, "latency_p99_us") == pytest.approx(want)
+    assert validate.original_spread(scattered, "latency_p99_us") == pytest.approx(want)  # 17.4% > 15%
+    # the clone 10% over: within the limit, but the original's figure moves more than the limit
+    rows = [("high load", 0.10, validate.original_spread(scattered, "latency_p99_us"))]
+    assert validate.verdict(rows, 0.15)["holds"] is None
+    # steady runs, one disturbed by the host (630 µs): the MAD ignores it, the row is judged
+    steady = side([160, 162, 630, 161, 163, 159])
+    assert validate.original_spread(steady, "latency_p99_us") < 0.02
+    assert validate.verdict([("high load", 0.10, validate.original_spread(steady, "latency_p99_us"))], 0.15)["holds"]
+    # where the sessions' medians are further apart than the floor, their spread stands
+    apart = side([100, 101, 99, 140, 141, 139])
+    assert validate.original_spread(apart, "latency_p99_us") == pytest.approx(40 / 120)
+    # no floor: too few runs, a key the runs lack, a figure that is not a number, the syscall mix
+    assert validate.median_floor(side([160, 170]), "latency_p99_us") is None
+    assert validate.median_floor(scattered, "syscall_mix") is None
+    bad = dict(scattered, runs=[dict(r, latency_p99_us="x") for r in scattered["runs"]])
+    assert validate.median_floor(bad, "latency_p99_us") is None
+    assert validate.median_floor(dict(scattered, runs=[]), "latency_p99_us") is None

@@ -13,7 +13,8 @@ The original is measured twice, and its own spread decides whether a row can be 
 (session 7). Native: per load level the original runs before and after the clone (A, B, A
 order, so that a drift of the host falls on both sides; since session 15 A, B, A, B, the clone
 in two sessions as well), REPEATS runs each; each side's figure is the median of both its
-sessions' runs, the original's spread the relative difference between its two sessions' medians.
+sessions' runs, the original's spread the relative difference between its two sessions' medians,
+and never less than the sampling noise of the median of its runs (`median_floor`, session 22).
 Simulated: SIM_RUNS callgrind windows per side and hierarchy, interleaved;
 each side's rates come from the summed counts of its windows, the original's spread is two
 standard errors of its pooled mean (`original_spread`), and never less than the counting noise
@@ -39,7 +40,10 @@ from .tools import need
 from .tune import clone_launch, mean_spread, rel_err
 
 LEVELS = {"low": 0.3, "medium": 1.0, "high": 1.6}
-REPEATS = 3
+# timed runs per session: 5 since session 22 (was 3), so that each side's median rests on 10 runs and
+# its sampling noise (`median_floor`) is sqrt(3/5) of what six runs gave: ~13% for a p99 whose runs
+# scatter by +-20%
+REPEATS = 5
 # the syscall run of each native session (eBPF attached). Every session is traced since session 16:
 # redis's epoll_waits per request (how many requests one wait returns) moved 0.74-0.79 between
 # 2-s runs of the same server, 1.4% of its whole mix, and one run per side gave a 2.9% error
@@ -385,7 +389,8 @@ def spread(a: float, b: float) -> float:
 
 
 def original_spread(side: dict, key: str) -> float | None:
-    """The original's own spread for a metric: between its two native sessions' medians, or over
+    """The original's own spread for a metric: between its two native sessions' medians (never
+    less than `median_floor`), or over
     its callgrind windows (session 9: two standard errors of the pooled mean of its validation
     windows, the deviation over those and, at A, the profile's windows too: `mean_spread`); None
     when it was measured once (results from before session 7)."""
@@ -399,13 +404,44 @@ def original_spread(side: dict, key: str) -> float | None:
             if "net_bytes_in_per_request" not in s0 or "net_bytes_in_per_request" not in s1:
                 return None
             return spread(*(s["net_bytes_in_per_request"] + s["net_bytes_out_per_request"] for s in (s0, s1)))
-        return spread(s0.get(key, 0), s1.get(key, 0))
+        sp = spread(s0.get(key, 0), s1.get(key, 0))
+        floor = median_floor(side, key)
+        return sp if floor is None else max(sp, floor)
     if "runs" in side and len(side["runs"]) >= 2 and key in side["runs"][0] and key in SIM_KEYS:
         extra = [r[key] for r in side.get("profile_runs", []) if key in r]
         sp = mean_spread([r[key] for r in side["runs"]] + extra, len(side["runs"]))
         floor = counting_floor(side, key)
         return sp if floor is None else max(sp, floor)
     return None
+
+
+def median_floor(side: dict, key: str) -> float | None:
+    """The sampling noise of a native figure, the median of a side's timed runs (both sessions):
+    two standard errors of a median, 2 * 1.2533 * sigma / sqrt(n), relative to it, with sigma
+    estimated robustly from the runs' median absolute deviation (1.4826 * MAD, so that one run
+    disturbed by the host does not set it). None for fewer than three runs, a key the runs lack
+    (results from before session 22 keep their session spread alone) or a zero median.
+
+    Why (session 22): the two sessions' medians, three runs each, can agree by chance, as three
+    callgrind windows could (`counting_floor`). In session 21's final run memcached's p99 at high
+    load had sessions 3.5% apart, yet the same original's median moved 18.8% from the run before
+    it on the same quiet host; its six runs scattered over 127-195 µs, whose median this floor
+    puts at +-17%. Over the 12 latency rows of that run the floor was 5-20% and the sessions'
+    spread 1.6-30%."""
+    if key not in NATIVE_KEYS:
+        return None
+    try:
+        vals = [float(r[key]) for r in side.get("runs", [])]
+    except (KeyError, TypeError, ValueError):
+        return None
+    vals = [v for v in vals if v == v]  # NaN: a corrupt file's figure
+    if len(vals) < 3:
+        return None
+    med = statistics.median(vals)
+    if not med:
+        return None
+    mad = statistics.median(abs(v - med) for v in vals)
+    return 2 * 1.2533 * 1.4826 * mad / len(vals) ** 0.5 / abs(med)
 
 
 # what each simulated rate counts: its events per request are the rate times these (None: the
