@@ -583,6 +583,11 @@ def test_cold_code_ring_misses_every_ll(tmp_path):
         tc = _cg_run(tmp_path, tmp_path / "harness", 800, f"ll{ll}", ("--cache-sim=yes", f"--LL={ll},16,64"))
         got.append(tc.fn_total("ILmr", "clone_far_t") / 800)
     assert all(abs(g - 0.25) <= 0.02 for g in got), got
+    # cold_code_scale (session 22, tuned where the clone has no code rings): the calls, and so the
+    # misses at every LL, scale with it
+    asmgen.write_standalone(spec, tmp_path / "k", seed=5, calls=800, knobs={"cold_code_scale": 1.6})
+    tc = _cg_run(tmp_path, tmp_path / "k" / "harness", 800, "k", ("--cache-sim=yes", "--LL=8388608,16,64"))
+    assert abs(tc.fn_total("ILmr", "clone_far_t") / 800 - 0.4) <= 0.03
     # and without cold code there is none
     asmgen.write_standalone(_spec(instructions=3000, chunk_insns=5, icode_bins=[(2048, 1.0)]), tmp_path / "n", 5, 800)
     tc = _cg_run(tmp_path, tmp_path / "n" / "harness", 800, "none", ("--cache-sim=yes",))
@@ -1134,6 +1139,44 @@ def test_clone_serves_the_load(tmp_path):
             finally:
                 srv.stop()
         assert lg["completed"] > 100 and lg["errors"] == 0 and lg["timeouts"] == 0, lg
+
+
+@needs_valgrind
+@needs_gcc
+def test_the_two_sides_callgrind_windows_run_side_by_side(tmp_path):
+    """validate._window_pair (session 22): the original's and the clone's windows run at the same
+    time, each in its own network namespace on the same port; each side gets its own window of
+    the whole load, and two copies of one program measure alike."""
+    import os
+
+    from tailscope.clone import tune, validate
+    from tailscope.clone import valgrind as vg
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private network namespace")
+    try:
+        from tailscope.clone.tools import find_loadgen
+
+        find_loadgen()
+    except CloneError as exc:
+        pytest.skip(str(exc))
+    prof = generate.neutral_profile("memcached", port=9998)
+    d = tmp_path / "clone"
+    generate.generate(prof, d, seed=1)
+    generate.build(d)
+    lch = tune.clone_launch(d, 9998)
+    work = tmp_path / "work"
+    vgp = {"rate": 200.0, "window_requests": 300}
+    load = ["--protocol", "memcached", "--keys", "100"]
+    pair = validate._window_pair(
+        [("original", lch, "a"), ("clone", lch, "b")], 9998, load, vgp, work, vg.CONFIG_A, preload=True
+    )
+    assert set(pair) == {"original", "clone"}
+    # (the open-loop schedule of 1.5 s at 200 req/s: ~283 complete within it, side by side or not)
+    assert all(w.requests >= 270 for w in pair.values()), {s: w.requests for s, w in pair.items()}
+    assert {f.name.split(".cg")[0] for f in work.glob("*.cg*")} == {"a", "b"}
+    ipr = [vg.metrics(w)["instructions_per_request"] for w in pair.values()]
+    assert ipr[0] > 0 and abs(ipr[0] - ipr[1]) / ipr[0] < 0.05, ipr
 
 
 def test_rows_whose_original_varies_more_than_the_limit_are_not_judged():
@@ -2224,3 +2267,30 @@ def test_a_native_rows_spread_is_never_below_its_medians_sampling_noise():
     bad = dict(scattered, runs=[dict(r, latency_p99_us="x") for r in scattered["runs"]])
     assert validate.median_floor(bad, "latency_p99_us") is None
     assert validate.median_floor(dict(scattered, runs=[]), "latency_p99_us") is None
+
+
+def test_without_code_rings_the_cold_ring_makes_up_the_code_ll_misses():
+    """tune._ll_by_side (session 22): where the profile's LL sweep has no code bin (the same code
+    misses at every swept LL: redis's high mode), the clone has no code conflict ring, and the code
+    side's step moves cold_code_scale, linear in its misses, within COLD_KNOB_RANGE; with bins, the
+    rings' knob moves as before and the cold ring stays."""
+    from tailscope.clone import tune
+
+    target = {"IL_misses_per_request": 0.0217, "DL_misses_per_request": 0.01, "IL_ring_bins": 0.0}
+    m = {"IL_misses_per_request": 0.0166, "DL_misses_per_request": 0.01}
+    k = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k, m, target, {}, {})
+    assert k["cold_code_scale"] == pytest.approx(0.0217 / 0.0166)
+    assert k["code_llc_scale"] == generate.DEFAULT_KNOBS["code_llc_scale"]
+    k2 = dict(k)
+    tune._ll_by_side(k2, {**m, "IL_misses_per_request": 0.0001}, target, {}, {})  # a step of at most 4x
+    assert k2["cold_code_scale"] == tune.COLD_KNOB_RANGE[1]
+    # with code bins: the rings' knob, on the rings' own misses; the cold ring stays
+    k3 = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k3, m, {**target, "IL_ring_bins": 2.0}, {}, {"ILmr": 0.002})
+    assert k3["cold_code_scale"] == 1.0
+    assert k3["code_llc_scale"] == pytest.approx((0.0217 - (0.0166 - 0.002)) / 0.002)
+    # a target from before session 22 (no IL_ring_bins): the rings, as before
+    k4 = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k4, m, {k: v for k, v in target.items() if k != "IL_ring_bins"}, {}, {"ILmr": 0.002})
+    assert k4["cold_code_scale"] == 1.0 and k4["code_llc_scale"] != 1.0

@@ -726,13 +726,16 @@ def plan_rings(spec: BodySpec, instructions: float, knobs: dict) -> list[dict]:
 def cold_ring(spec: BodySpec, knobs: dict) -> dict | None:
     """The cold code ring: code lines that the run fetches for the first time (the original's
     fetches that miss at every swept size: code that runs once in a window). COLD_RING_LINES
-    one-line variants called in turn at `cold_code_lines` calls per event (not tuned: the loop
-    tunes the LL at A with the data walkers beyond it); a valgrind run (preload, warm-up and
-    window: under 4,000 events) never comes back to a line at up to one call per event, so each
-    call misses every I1 and every LL, whatever their sizes."""
+    one-line variants called in turn at `cold_code_lines` times `cold_code_scale` calls per
+    event; a valgrind run (preload, warm-up and window: under 4,000 events) never comes back to a
+    line at up to one call per event, so each call misses every I1 and every LL, whatever their
+    sizes. The knob is tuned only for a clone without code conflict rings (tune._ll_by_side):
+    there the ring is the only code that misses the LL, and the profile's first fetches at the
+    largest swept I1 (`I_cold`) can be fewer than the code misses its LL sweep saw at every size
+    (session 22: redis, 97 against 127 per window)."""
     if spec.cold_code_lines <= 0 or spec.chunk_insns <= 0:
         return None
-    calls = min(1.0, spec.cold_code_lines)
+    calls = min(1.0, spec.cold_code_lines * float(knobs.get("cold_code_scale", 1.0)))
     if calls < 1e-4:
         return None
     return {

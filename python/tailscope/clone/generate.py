@@ -37,6 +37,7 @@ DEFAULT_KNOBS = {
     "data_ll_scale": 1.0,
     "code_llc_scale": 1.0,
     "data_llc_scale": 1.0,
+    "cold_code_scale": 1.0,  # the cold code ring's calls, tuned only where the clone has no code rings
     "branch_r_scale": 1.0,
     "branch_mask_frac": 0.0,  # the share of branch patterns in the counter-mask form (asmgen._branch_patterns)
     "cond_scale": 1.0,

@@ -12,7 +12,8 @@ orthogonal, as the paper observes):
     I1 miss rate              -> icode_far_scale   (calls per event of the rings beyond A's I1)
     D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL;
                                  per body since session 12: data_far_scale:<body> on its misses)
-    LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings)
+    LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings);
+                                 cold_code_scale   (the cold code ring, where the clone has no rings)
     LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses)
                                  data_llc_scale    (the data conflict rings: what a larger LL keeps)
     branch mispredictions     -> branch_x          (the random-branch unit, asmgen.brx_function;
@@ -312,6 +313,8 @@ def update_knobs(
 
 # the smallest value of an LL knob (data_ll_scale, data_llc_scale, code_llc_scale): _newton's floor
 LL_KNOB_FLOOR = 1e-4
+# cold_code_scale's range: the profile's first-fetch count is right within a factor of a few
+COLD_KNOB_RANGE = (0.25, 4.0)
 
 
 def _newton(k: dict, knob: str, want: float, have: float, lo: float = LL_KNOB_FLOOR, hi: float = 50.0) -> None:
@@ -338,7 +341,15 @@ def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict) -> None:
     ratio = acc_c / acc_t if acc_t > 0 and acc_c > 0 else 1.0
     t_il, c_il = ratio * target.get("IL_misses_per_request", 0.0), m.get("IL_misses_per_request", 0.0)
     llc_il = llc.get("ILmr", 0.0)
-    _newton(k, "code_llc_scale", t_il - (c_il - llc_il), llc_il)
+    if target.get("IL_ring_bins", 1.0) > 0:
+        _newton(k, "code_llc_scale", t_il - (c_il - llc_il), llc_il)
+    else:
+        # no code bin: the profile's LL sweep saw the same code misses at every size, so there is
+        # no ring to make up a difference, and the cold ring is what misses (session 22: redis's
+        # sweep caught its high mode at 2, 4 and 8 MiB; the clone sat at its cold ring's 97 code
+        # misses per window, 20-28% under, with code_llc_scale doubling to 50 to no effect). Its
+        # misses are linear in the knob; the rest of the clone's few are counted in as its own
+        _newton(k, "cold_code_scale", t_il, c_il, lo=COLD_KNOB_RANGE[0], hi=COLD_KNOB_RANGE[1])
     t_dl, c_dl = ratio * target.get("DL_misses_per_request", 0.0), m.get("DL_misses_per_request", 0.0)
     llc_dl = llc.get("DLmr", 0.0) + llc.get("DLmw", 0.0)
     # (clone_far_ does not hold clone_llc_: the rings are a function of their own)
@@ -527,7 +538,11 @@ def tune(
     """Run the loop; leaves the best clone generated and built in clone_dir; returns the history."""
     target = dict(prof["valgrind"]["metrics"])
     # the share of the data-side LL misses at A that the profile's largest swept LL still misses
-    target["DL_persistent_fraction"] = gen.llc_bins(prof["valgrind"].get("ll_sweep"))["persistent"].get("data", 1.0)
+    bins = gen.llc_bins(prof["valgrind"].get("ll_sweep"))
+    target["DL_persistent_fraction"] = bins["persistent"].get("data", 1.0)
+    # how many code conflict rings the clone has (one per code bin of the LL sweep): none, and the
+    # cold code ring is the code side's knob (`_ll_by_side`)
+    target["IL_ring_bins"] = float(len(bins["code"]))
     port = prof["listen"]["port"]
     load = prof["load"]["args"]
     vgp = prof["valgrind"]
