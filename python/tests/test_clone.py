@@ -1504,7 +1504,8 @@ def test_the_cold_code_is_capped_at_the_code_misses_no_swept_ll_keeps():
     prof = {"valgrind": {"ll_sweep": {"sizes": [2 << 20, 4 << 20, 8 << 20], "IL": [0.014, 0.0126, 0.0127]}}}
     sp = specs(0.01, 0.002)  # 0.016 per request
     generate._cap_cold_code(sp, prof)
-    assert sp[0].cold_code_lines + 3 * sp[1].cold_code_lines == pytest.approx(0.0126)
+    # (0.0126 and 0.0127 rise: the non-increasing fit takes their mean for both)
+    assert sp[0].cold_code_lines + 3 * sp[1].cold_code_lines == pytest.approx(0.01265)
     assert sp[0].cold_code_lines / sp[1].cold_code_lines == pytest.approx(5.0)
     sp = specs(0.003, 0.0)
     generate._cap_cold_code(sp, prof)
@@ -1524,8 +1525,10 @@ def test_ll_sweep_bins_and_the_split_tuning_step():
     sw = {"sizes": [2 << 20, 4 << 20, 8 << 20], "IL": [0.014, 0.006, 0.003], "DL": [0.009, 0.0095, 0.001]}
     b = generate.llc_bins(sw)
     assert b["code"] == [(4 << 20, pytest.approx(0.008)), (8 << 20, pytest.approx(0.003))]
-    # a draw that missed more at 4 MiB counts as no bin there
-    assert b["data"] == [(8 << 20, pytest.approx(0.008))]
+    # a draw that missed more at 4 MiB is pooled with the point before it (the least-squares
+    # non-increasing fit, session 22): no bin at 4 MiB, and both points at their mean
+    assert b["data"] == [(8 << 20, pytest.approx(0.00825))]
+    assert b["persistent"]["data"] == pytest.approx(0.001 / 0.00925)
     assert b["persistent"]["code"] == pytest.approx(0.003 / 0.014)
     assert b["persistent_misses"] == {"code": pytest.approx(0.003), "data": pytest.approx(0.001)}
     assert generate.llc_bins(None) == {"code": [], "data": [], "persistent": {}, "persistent_misses": {}}
@@ -2294,3 +2297,38 @@ def test_without_code_rings_the_cold_ring_makes_up_the_code_ll_misses():
     k4 = dict(generate.DEFAULT_KNOBS)
     tune._ll_by_side(k4, m, {k: v for k, v in target.items() if k != "IL_ring_bins"}, {}, {"ILmr": 0.002})
     assert k4["cold_code_scale"] == 1.0 and k4["code_llc_scale"] != 1.0
+
+
+def test_the_ll_sweep_is_fitted_non_increasing_by_least_squares():
+    """generate.nonincreasing / llc_bins (session 22): a larger LL never misses more in LRU, so a
+    sweep point above the one before it is a draw; the points are fitted by weighted least squares
+    (pool adjacent violators, each point weighed by the windows it pools), not cut to a running
+    minimum, which made a low draw the persistent misses (redis: 0.0261, 0.0126, 0.0217 code misses
+    per request at 2, 4, 8 MiB, its windows bimodal)."""
+    from tailscope.clone import profile
+
+    assert generate.nonincreasing([3.0, 2.0, 1.0], [1, 1, 1]) == [3.0, 2.0, 1.0]
+    assert generate.nonincreasing([1.0, 2.0, 3.0], [1, 1, 1]) == [2.0, 2.0, 2.0]
+    assert generate.nonincreasing([5.0, 1.0, 3.0, 0.5], [1, 1, 1, 1]) == [5.0, 2.0, 2.0, 0.5]
+    assert generate.nonincreasing([5.0, 1.0, 3.0], [1, 3, 1]) == [5.0, 1.5, 1.5]
+    sw = profile.ll_sweep(
+        {"IL_misses_per_request": 0.0261, "DL_misses_per_request": 0.0193},
+        2 << 20,
+        [4 << 20, 8 << 20],
+        [{"IL_misses_per_request": 0.0126, "DL_misses_per_request": 0.006}, {"IL_misses_per_request": 0.0217}],
+        [3, 2, 2],
+    )
+    assert sw["windows"] == [3, 2, 2] and sw["DL"][2] == 0.0
+    b = generate.llc_bins(sw)
+    assert b["persistent_misses"]["code"] == pytest.approx((0.0126 + 0.0217) / 2)
+    assert b["code"] == [(4 << 20, pytest.approx(0.0261 - 0.01715))]
+    # all three rising: one mean, each point weighed by its windows (the profile's pool of three
+    # more than a swept point of two), and no bin
+    sw2 = dict(sw, IL=[0.010, 0.0126, 0.0217])
+    b2 = generate.llc_bins(sw2)
+    assert b2["persistent_misses"]["code"] == pytest.approx((3 * 0.010 + 2 * 0.0126 + 2 * 0.0217) / 7)
+    assert b2["code"] == [] and b2["persistent"]["code"] == pytest.approx(1.0)
+    # an older profile (no window counts) or a corrupt count: every point weighs the same
+    for w in (None, ["x", 1, 1], [0, 1, 1]):
+        old = {k: v for k, v in sw2.items() if k != "windows"} | ({"windows": w} if w else {})
+        assert generate.llc_bins(old)["persistent_misses"]["code"] == pytest.approx((0.010 + 0.0126 + 0.0217) / 3)

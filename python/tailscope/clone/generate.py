@@ -274,10 +274,16 @@ def _body_rep(b: dict, skel: dict | None, what: str = "profile body") -> tuple[f
 def llc_bins(ll_sweep: dict | None) -> dict[str, list[tuple[int, float]]]:
     """The profile's LL sweep as bins per side: (L, misses per request that hit an LL of L bytes
     and miss one of L / 2), from the misses per request at each swept LL (the first the profiled
-    one; made non-increasing: a larger LL never misses more in LRU, a draw can). What misses at
-    the largest swept LL is not in a bin (the walkers' and the cold code ring's persistent
-    misses). Also "persistent": {side: that fraction of the misses at the profiled LL}, and
-    "persistent_misses": {side: those misses per request}."""
+    one). What misses at the largest swept LL is not in a bin (the walkers' and the cold code
+    ring's persistent misses). Also "persistent": {side: that fraction of the misses at the
+    profiled LL}, and "persistent_misses": {side: those misses per request}.
+
+    The points are made non-increasing (a larger LL never misses more in LRU; a draw can) by the
+    least-squares fit (`nonincreasing`, weighted by the windows each point pools), not by a
+    running minimum: redis's sweep of session 22 had 0.0261, 0.0126 and 0.0217 code misses per
+    request at 2, 4 and 8 MiB (its windows are bimodal), and the minimum made the low draw at
+    4 MiB the persistent misses, 74 per window where the original's windows at 8 MiB had 127-130
+    in six of six; the fit takes 0.0172 for both."""
     out: dict = {"code": [], "data": [], "persistent": {}, "persistent_misses": {}}
     if not ll_sweep or len(ll_sweep.get("sizes") or []) < 2:
         return out
@@ -290,12 +296,38 @@ def llc_bins(ll_sweep: dict | None) -> dict[str, list[tuple[int, float]]]:
         xs = [max(0.0, float(x)) for x in vals][: len(sizes)]
         if len(xs) < 2:  # (a side the sweep does not hold: no bins, nothing persistent)
             continue
-        for i in range(1, len(xs)):
-            xs[i] = min(xs[i], xs[i - 1])
+        xs = nonincreasing(xs, _sweep_weights(ll_sweep, len(xs)))
         out[side] = [(int(sizes[i]), xs[i - 1] - xs[i]) for i in range(1, len(xs)) if xs[i - 1] > xs[i]]
         out["persistent"][side] = xs[-1] / xs[0] if xs[0] > 0 else 1.0
         out["persistent_misses"][side] = xs[-1]
     return out
+
+
+def _sweep_weights(ll_sweep: dict, n: int) -> list[float]:
+    """Each LL sweep point's weight: the windows it pools (profiles since session 22), else 1."""
+    w = ll_sweep.get("windows")
+    if isinstance(w, list) and len(w) >= n:
+        try:
+            ws = [float(x) for x in w[:n]]
+        except (TypeError, ValueError):
+            ws = []
+        if ws and all(math.isfinite(x) and x > 0 for x in ws):
+            return ws
+    return [1.0] * n
+
+
+def nonincreasing(xs: list[float], weights: list[float]) -> list[float]:
+    """The weighted least-squares non-increasing fit of xs (pool adjacent violators): a run of
+    points that rises is replaced by its weighted mean, as often as it takes."""
+    blocks: list[list[float]] = []  # [weighted sum, weight, count]
+    for x, w in zip(xs, weights, strict=True):
+        blocks.append([x * w, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            s, wt, c = blocks.pop()
+            blocks[-1][0] += s
+            blocks[-1][1] += wt
+            blocks[-1][2] += c
+    return [b[0] / b[1] for b in blocks for _ in range(int(b[2]))]
 
 
 def _set_llc(specs: dict, prof: dict) -> None:

@@ -31,6 +31,7 @@ from .tools import find_loadgen, need
 
 PROFILE_VERSION = 1
 PROTOCOLS = {"memcached": 1, "redis": 2, "line": 3, "http": 4}
+LL_SWEEP_WINDOWS = 2  # callgrind windows per LL sweep size, run side by side and pooled (session 22)
 
 
 def _deltas(before: list[dict], after: list[dict]) -> dict[int, dict]:
@@ -598,25 +599,30 @@ def run_profile(
     # at A a larger LL keeps, code and data apart (generate.llc_bins; more than half of
     # memcached's LL misses at A are gone at 4x, and the clone, whose LL misses all missed any
     # LL, was 450% off at an 8 MiB LL)
+    # Each size is LL_SWEEP_WINDOWS windows run side by side, pooled (session 22): redis's code
+    # misses per window are bimodal (~75 or ~130 at 8 MiB: a jemalloc purge runs in some windows),
+    # and with one window per size the sweep caught the low mode at 4 MiB and the high one at 8
+    # (0.0126 and 0.0217 per request), a shape no LRU cache has
     ll_a = int(vg.CONFIG_A["LL"].split(",")[0])
     ll_sizes = [2 * ll_a, 4 * ll_a]
     ll_wins = []
     for i, size in enumerate(ll_sizes):
-        progress(f"LL sweep {i + 1}/{len(ll_sizes)}: LL {size >> 20} MiB, {vg_requests} requests")
-        ll_wins.append(
-            vg.window(
-                launch,
-                info["port"],
-                load_args,
-                vg_rate,
-                vg_requests,
-                work,
-                f"llsweep{i}",
-                cache={**vg.CONFIG_A, "LL": workingset.cache_arg(size)},
-                branch=False,
-                preload="--preload" in load_args,
-            )
+        progress(
+            f"LL sweep {i + 1}/{len(ll_sizes)}: LL {size >> 20} MiB, "
+            f"{LL_SWEEP_WINDOWS} windows of {vg_requests} requests side by side"
         )
+        job = {
+            "launch": launch,
+            "port": info["port"],
+            "load_args": load_args,
+            "rate": vg_rate,
+            "requests": vg_requests,
+            "workdir": work,
+            "cache": {**vg.CONFIG_A, "LL": workingset.cache_arg(size)},
+            "branch": False,
+            "preload": "--preload" in load_args,
+        }
+        ll_wins.append(vg.pool(vg.side_by_side([{**job, "tag": f"llsweep{i}-{j}"} for j in range(LL_SWEEP_WINDOWS)])))
     code_fp = isa.analyse(win.threads)["code_footprint_bytes"]
     dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
     sizes = workingset.sizes(max(dmax, 2 * code_fp))
@@ -707,7 +713,13 @@ def run_profile(
             "rate": vg_rate,
             "window_requests": vg_requests,
             "sweep_requests": sweep_requests,
-            "ll_sweep": ll_sweep(pooled["metrics"], ll_a, ll_sizes, [vg.metrics(w) for w in ll_wins]),
+            "ll_sweep": ll_sweep(
+                pooled["metrics"],
+                ll_a,
+                ll_sizes,
+                [vg.metrics(w) for w in ll_wins],
+                [len(pool), *[LL_SWEEP_WINDOWS] * len(ll_sizes)],
+            ),
         },
         "private": {"launch": launch, "comm": info["comm"], "exe": info["exe"], "pid": pid},
     }
@@ -716,14 +728,18 @@ def run_profile(
     return prof
 
 
-def ll_sweep(target: dict, ll_a: int, sizes: list[int], metrics: list[dict]) -> dict:
-    """LL misses per request by side at the profiled LL (the pooled target) and each swept LL."""
+def ll_sweep(target: dict, ll_a: int, sizes: list[int], metrics: list[dict], windows: list[int] | None = None) -> dict:
+    """LL misses per request by side at the profiled LL (the pooled target) and each swept LL;
+    `windows`: how many windows each point pools (generate.llc_bins weighs the points by it)."""
     ms = [target, *metrics]
-    return {
+    out = {
         "sizes": [ll_a, *sizes],
         "IL": [m.get("IL_misses_per_request", 0.0) for m in ms],
         "DL": [m.get("DL_misses_per_request", 0.0) for m in ms],
     }
+    if windows is not None:
+        out["windows"] = list(windows)
+    return out
 
 
 def _json_default(o):

@@ -309,7 +309,7 @@ def validate(
                 wins[side].append(w)
         sim[cfg_name] = {}
         for side, ws in wins.items():
-            pooled = vg.Window([t for w in ws for t in w.threads], sum(w.requests for w in ws), 0.0, {})
+            pooled = vg.pool(ws)
             m = vg.metrics(pooled)
             m["requests"] = pooled.requests  # the pool's event counts for `counting_floor`
             m["runs"] = [vg.metrics(w) for w in ws]
@@ -345,27 +345,16 @@ def validate(
 
 
 def _window_pair(sides, port, load, vgp: dict, work: Path, cfg: dict, preload: bool) -> dict:
-    """One callgrind window of each side, run at the same time (each in its own network namespace).
-
-    Why (session 22): a window is bound by the wall clock, not the CPU: 6,000 requests at 400
-    req/s under callgrind keep valgrind well below one CPU, so the two sides' windows overlap on
-    this 2-vCPU machine almost for free (memcached: three pairs took 56 s side by side, four
-    windows one after the other 73 s), and both sides see the same moment of the host. Side by
-    side, the original's instructions per request were 8,186-8,205 and the clone's 8,219-8,254,
-    one after the other 8,169-8,260 and 8,190-8,293; the miss and mispredict rates were within
-    their window-to-window scatter too. The time saved buys twice the windows (SIM_RUNS)."""
-
-    from concurrent.futures import ThreadPoolExecutor
-
+    """One callgrind window of each side, run at the same time (`valgrind.side_by_side`, session
+    22: a pair takes about as long as one window, and both sides see the same moment of the
+    host). The time saved buys twice the windows (SIM_RUNS)."""
     sides = list(sides)
-    with ThreadPoolExecutor(len(sides)) as ex:
-        futs = {
-            side: ex.submit(
-                vg.window, lch, port, load, vgp["rate"], vgp["window_requests"], work, tag, cache=cfg, preload=preload
-            )
-            for side, lch, tag in sides
-        }
-        return {side: f.result() for side, f in futs.items()}
+    common = {"port": port, "load_args": load, "rate": vgp["rate"], "requests": vgp["window_requests"]}
+    jobs = [
+        {"launch": lch, "workdir": work, "tag": tag, "cache": cfg, "preload": preload, **common}
+        for _, lch, tag in sides
+    ]
+    return {side: w for (side, _, _), w in zip(sides, vg.side_by_side(jobs), strict=True)}
 
 
 TRACED_KEYS = ("syscalls_per_request", "bytes_per_call", "net_bytes_in_per_request", "net_bytes_out_per_request")
