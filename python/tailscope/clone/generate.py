@@ -282,8 +282,8 @@ def llc_bins(ll_sweep: dict | None) -> dict[str, list[tuple[int, float]]]:
     least-squares fit (`nonincreasing`, weighted by the windows each point pools), not by a
     running minimum: redis's sweep of session 22 had 0.0261, 0.0126 and 0.0217 code misses per
     request at 2, 4 and 8 MiB (its windows are bimodal), and the minimum made the low draw at
-    4 MiB the persistent misses, 74 per window where the original's windows at 8 MiB had 127-130
-    in six of six; the fit takes 0.0172 for both."""
+    4 MiB the persistent misses, 74 per window, where six validation windows of the original at
+    B (an 8 MiB LL) had 127-130; the fit takes 0.0172 for both."""
     out: dict = {"code": [], "data": [], "persistent": {}, "persistent_misses": {}}
     if not ll_sweep or len(ll_sweep.get("sizes") or []) < 2:
         return out

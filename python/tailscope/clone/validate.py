@@ -402,10 +402,9 @@ def spread(a: float, b: float) -> float:
 
 def original_spread(side: dict, key: str) -> float | None:
     """The original's own spread for a metric: between its two native sessions' medians (never
-    less than `median_floor`), or over
-    its callgrind windows (session 9: two standard errors of the pooled mean of its validation
-    windows, the deviation over those and, at A, the profile's windows too: `mean_spread`); None
-    when it was measured once (results from before session 7)."""
+    less than `median_floor`), or over its callgrind windows (session 9: two standard errors of
+    the pooled mean of its validation windows, the deviation over those and, at A, the profile's
+    windows too: `mean_spread`); None when it was measured once (results from before session 7)."""
     if "sessions" in side and len(side["sessions"]) >= 2:
         s0, s1 = side["sessions"][:2]
         if key == "syscall_mix":  # the mix's total variation between the two sessions (session 16)
