@@ -43,9 +43,8 @@ def register(sub) -> None:
     c.add_argument(
         "--profile-windows",
         type=int,
-        default=6,
-        help="callgrind windows of the original at the tuned hierarchy, pooled into the tuning target, "
-        "run two at a time (default 6)",
+        default=3,
+        help="callgrind windows of the original at the tuned hierarchy, pooled into the tuning target (default 3)",
     )
     c.add_argument("--seconds", type=float, default=4.0, help="eBPF window at medium load (default 4)")
     c.add_argument("--quiet", action="store_true", help="no progress lines")

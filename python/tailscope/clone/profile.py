@@ -528,7 +528,7 @@ def run_profile(
     vg_requests: int = 6000,
     sweep_requests: int = 800,
     max_ws: int | None = None,
-    windows: int = 6,
+    windows: int = 3,
 ) -> dict:
     """The whole profile of `pid` under `load` at medium `rate`; writes out/profile.json."""
     need("bpftrace", "perf", "valgrind", "callgrind_control", "unshare", "ip", "ss")
@@ -578,34 +578,23 @@ def run_profile(
     # valgrind and so change how many requests one event-loop pass serves). One window is a draw
     # (memcached's D1 moved +-7% and its LL up to 1.8x between windows); the detail window above
     # gives the distributions only
-    # Two at a time, side by side (`valgrind.side_by_side`, session 22): six windows take the
-    # time three took. redis's code misses per window are bimodal (~80 or ~145), and session 22's
-    # three windows drew 146 in all three where the validation's six had 83 in three: the clone,
-    # tuned to that pool, was 23% over at A
     pool = []
-    job = {
-        "launch": launch,
-        "port": info["port"],
-        "load_args": load_args,
-        "rate": vg_rate,
-        "requests": vg_requests,
-        "workdir": work,
-        "cache": vg.CONFIG_A,
-        "preload": "--preload" in load_args,
-    }
-    n_win = max(1, windows)
-    for i in range(0, n_win, 2):
-        tags = [f"pool{j}" for j in range(i, min(n_win, i + 2))]
-        progress(
-            f"callgrind windows {i + 1}-{i + len(tags)}/{n_win} (the tuning target's pool, side by side): "
-            f"{vg_requests} requests each"
+    for i in range(max(1, windows)):
+        progress(f"callgrind window {i + 1}/{windows} (the tuning target's pool): {vg_requests} requests")
+        w2 = vg.window(
+            launch,
+            info["port"],
+            load_args,
+            vg_rate,
+            vg_requests,
+            work,
+            f"pool{i}",
+            cache=vg.CONFIG_A,
+            preload="--preload" in load_args,
         )
-        for w2 in vg.side_by_side([{**job, "tag": t} for t in tags]):
-            if w2.requests < 0.5 * vg_requests:
-                raise CloneError(
-                    f"the valgrind copy served only {w2.requests} of {vg_requests} requests; lower --vg-rate"
-                )
-            pool.append(w2)
+        if w2.requests < 0.5 * vg_requests:
+            raise CloneError(f"the valgrind copy served only {w2.requests} of {vg_requests} requests; lower --vg-rate")
+        pool.append(w2)
     # the LL sweep (session 10): A's L1s, LL 2x and 4x A's (same ways): which of the LL misses
     # at A a larger LL keeps, code and data apart (generate.llc_bins; more than half of
     # memcached's LL misses at A are gone at 4x, and the clone, whose LL misses all missed any
