@@ -449,7 +449,7 @@ def pool_windows(wins: list[vg.Window], clusters: list[dict], native_tids: list[
     summed counts (as validate pools its windows), each window's own metrics, and each body group's
     instructions and D1 misses per request over the pool (the per-body targets of the instruction
     and D1 knobs)."""
-    total = vg.Window([t for w in wins for t in w.threads], sum(w.requests for w in wins), 0.0, {})
+    total = vg.pool(wins)
     req = max(1, total.requests)
     per_body: dict[str, float] = {}
     d1_body: dict[str, float] = {}
