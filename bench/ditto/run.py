@@ -171,6 +171,8 @@ def validate_service(name: str, out: Path, quick: bool, times: dict, part: str =
             "3" if quick else "8",
             "--part",
             part,
+            # (auto: 6 windows a side, up to 20 while the original's spread leaves a row unjudged)
+            *(["--sim-windows", "3"] if quick else []),
         ],
         cwd=ROOT,
         text=True,
@@ -302,8 +304,11 @@ def main() -> int:
     def held_out(r: dict) -> list[str]:
         note = report.held_out_note(r["validation"].get("configs", {}), r["profile"])
         busy = report.host_note(r["validation"])
-        return ([f"Held-out hierarchy: {note}", ""] if note else []) + (
-            [f"Host during the timed runs: {busy}", ""] if busy else []
+        wins = report.windows_note(r["validation"])
+        return (
+            ([f"Held-out hierarchy: {note}", ""] if note else [])
+            + ([f"Callgrind windows: {wins}", ""] if wins else [])
+            + ([f"Host during the timed runs: {busy}", ""] if busy else [])
         )
 
     md = [

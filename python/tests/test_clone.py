@@ -1220,6 +1220,40 @@ def test_rows_whose_original_varies_more_than_the_limit_are_not_judged():
     assert t["I1_miss_rate"]["holds"] is True
 
 
+def test_an_unjudged_simulated_row_says_how_many_windows_would_judge_it():
+    """validate.windows_needed (session 23): the original's own spread of a pooled callgrind row,
+    two standard errors of the mean over n windows or the counting floor 2/sqrt(N), shrinks as
+    1/sqrt(n); an unjudged row says n * (spread / limit)^2, which the report prints with the
+    --sim-windows that asks for it. Native rows (two sessions) get no such figure."""
+    from tailscope.clone import report, validate
+
+    six = {"runs": [{}] * 6}
+    assert validate.windows_needed(six, 0.161, 0.10) == 16  # 6 * 2.59 = 15.55
+    assert validate.windows_needed(six, 0.20, 0.10) == 24  # exactly 24, not 25 from rounding
+    assert validate.windows_needed(six, 0.05, 0.10) == 6  # never fewer than it had
+    assert validate.windows_needed({}, 0.3, 0.10) is None and validate.windows_needed(six, None, 0.1) is None
+    # errors(): the LL row at B is unjudged (the original's windows 1e-6 and 1.3e-6: 26% apart); the
+    # clone is 10.5% off, within the limit plus that spread
+    sim = {"I1_miss_rate": 0.02, "D1_miss_rate": 0.01, "LL_miss_rate": 1.15e-6, "branch_mispredict_rate": 0.01}
+    sim |= {"instructions_per_request": 6000.0}
+    runs = [dict(sim, LL_miss_rate=1e-6), dict(sim, LL_miss_rate=1.3e-6)]
+    native = {k: 100.0 for k in validate.NATIVE_KEYS} | {"throughput_rps": 1000.0}
+    orig = native | {"syscalls_per_request": {"read": 1.0}, "net_bytes_in_per_request": 30.0}
+    orig |= {"net_bytes_out_per_request": 40.0, "sessions": [native, native | {"latency_p99_us": 150.0}]}
+    res = {
+        "rates": {"medium": 1000.0},
+        "levels": {"medium": {"original": orig, "clone": dict(orig)}},
+        "simulated": {"B": {"original": dict(sim, runs=runs), "clone": dict(sim, LL_miss_rate=1.27e-6)}},
+    }
+    t = validate.errors(res)["targets"]
+    (u,) = t["LL_miss_rate"]["unjudged"]
+    sp = u["original_spread"]
+    assert 0.2 < sp < 0.3 and u["windows_needed"] == validate.windows_needed({"runs": runs}, sp, 0.10) >= 10
+    assert f"--sim-windows {u['windows_needed']})" in report.holds_text(t["LL_miss_rate"])
+    (p99,) = t["latency_p99_us"]["unjudged"]
+    assert "windows_needed" not in p99 and "--sim-windows" not in report.holds_text(t["latency_p99_us"])
+
+
 def test_the_syscall_mix_is_pooled_over_both_sessions_with_its_own_spread():
     """validate.pool_sessions / errors (session 16): every native session is traced; a side's
     syscalls per request are the request-weighted mean of its two sessions' (bytes per call
@@ -1325,6 +1359,48 @@ def _fake_window(requests: int, per_thread: dict[int, dict]) -> "object":
         for t, s in per_thread.items()
     ]
     return vg.Window(threads=ts, requests=requests, seconds=1.0, loadgen={})
+
+
+def test_auto_sim_windows_run_until_the_original_can_be_judged():
+    """validate.sim_windows (session 23, `clone-report --sim-windows auto`): sim_runs pairs, then
+    more while a judged row's original spread is above its limit, up to the cap. The stopping
+    rule reads the original's windows only: the clone's error never decides how long to run."""
+    from tailscope.clone import report, validate
+
+    def win(ilmr: int) -> object:
+        t = {"Ir": 50_000_000, "Dr": 10_000_000, "Dw": 5_000_000, "I1mr": 500_000, "D1mr": 600_000}
+        return _fake_window(6000, {1: t | {"ILmr": ilmr, "DLmr": 0, "Bc": 8_000_000, "Bcm": 400_000}})
+
+    def run(orig_ll, clone_ll, sim_runs=6, cap=20):
+        lines = []
+
+        def run_pair(i):
+            return {"original": win(orig_ll(i)), "clone": win(clone_ll)}
+
+        wins = validate.sim_windows(run_pair, "B", {}, sim_runs, cap, lines.append)
+        assert len(wins["original"]) == len(wins["clone"]) == len(lines)
+        return len(wins["original"]), lines
+
+    # a steady original: its spread is the counting floor of ~60,000 LL misses (0.8%): six pairs
+    assert run(lambda i: 10_000, 10_000)[0] == 6
+    # LL misses of 10,000 and 14,000 in turn: 2 sd / sqrt(n) relative to the mean is 10.05% at
+    # n = 12 (sd 2,089, mean 12,000) and 9.7% at 13; the progress lines say why it goes on
+    n, lines = run(lambda i: (10_000, 14_000)[i % 2], 12_000)
+    assert n == 13, lines
+    assert "(7, at most 20: LL miss rate spread 14.9% > 10%)" in lines[6], lines[6]
+    # the same original with a clone far off (or spot on): the same number of windows
+    assert run(lambda i: (10_000, 14_000)[i % 2], 40_000)[0] == n
+    # an original too noisy for the cap: it stops there, and the row says how many would judge it
+    n, _ = run(lambda i: (2_000, 30_000)[i % 2], 16_000)
+    assert n == 20
+    m = validate._sim_side([win((2_000, 30_000)[i % 2]) for i in range(20)], "B", {})
+    assert "LL miss rate spread" in validate.unjudgeable_sim_rows(m)
+    assert validate.windows_needed(m, validate.original_spread(m, "LL_miss_rate"), 0.10) > 20
+    # a fixed count (--sim-windows N): the cap is N
+    assert run(lambda i: (2_000, 30_000)[i % 2], 16_000, sim_runs=8, cap=8)[0] == 8
+    res = {"simulated": {"A": {"original": {"runs": [{}] * 6}}, "B": {"original": {"runs": [{}] * 14}}}}
+    assert report.windows_note(res) == "each side pooled 6 windows at A, 14 windows at B."
+    assert report.windows_note({"simulated": {}}) == ""
 
 
 def test_profile_windows_pool_into_the_tuning_target():

@@ -76,6 +76,11 @@ def test_bad_arguments(tmp_path, sleeper):
         _run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c", "--iterations", "11"),
         "--iterations 11",
     )
+    _one_line_error(
+        _run("clone", "-p", sleeper, "--load", "--protocol redis", "-o", tmp_path / "c", "--profile-windows", "41"),
+        "--profile-windows 41",
+        "between 1 and 40",
+    )
 
 
 def test_too_short_lived(tmp_path):
@@ -109,6 +114,7 @@ def test_too_short_lived(tmp_path):
 
 
 def test_clone_report_bad_dirs(tmp_path):
+    _one_line_error(_run("clone-report", tmp_path, "--sim-windows", "1"), "--sim-windows 1", "between 2 and 40")
     _one_line_error(_run("clone-report", tmp_path / "nope"), "no such directory")
     _one_line_error(_run("clone-report", tmp_path), "no private/profile.json")
     (tmp_path / "private").mkdir()

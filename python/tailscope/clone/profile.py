@@ -528,7 +528,7 @@ def run_profile(
     vg_requests: int = 6000,
     sweep_requests: int = 800,
     max_ws: int | None = None,
-    windows: int = 3,
+    windows: int = 6,
 ) -> dict:
     """The whole profile of `pid` under `load` at medium `rate`; writes out/profile.json."""
     need("bpftrace", "perf", "valgrind", "callgrind_control", "unshare", "ip", "ss")
@@ -577,7 +577,13 @@ def run_profile(
     # tuning loop and the validation run theirs (no --dump-instr / --collect-jumps, which slow
     # valgrind and so change how many requests one event-loop pass serves). One window is a draw
     # (memcached's D1 moved +-7% and its LL up to 1.8x between windows); the detail window above
-    # gives the distributions only
+    # gives the distributions only. Six windows since session 23 (were three), one after the other:
+    # redis's code LL misses at A are ~83 per window, or ~150 in a window where jemalloc's decay path
+    # runs once (the main thread signals jemalloc's background thread; ~50 code and ~37 data misses
+    # more), about every other window. Three windows drew the same mode three times in session 22
+    # (146 x3; the validation's six: 83 x3 and 142-158), a 1-in-4 draw; six make it 1 in 32.
+    # Side by side they would be quicker, but two copies of the original side by side miss more
+    # (session 22, reverted 819901f)
     pool = []
     for i in range(max(1, windows)):
         progress(f"callgrind window {i + 1}/{windows} (the tuning target's pool): {vg_requests} requests")

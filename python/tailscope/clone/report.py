@@ -59,6 +59,12 @@ def _pct(v: float | None) -> str:
     return "–" if v is None else f"{100 * v:.1f}%"
 
 
+def _needs(u: dict) -> str:
+    """How many windows would judge an unjudged simulated row (`validate.windows_needed`)."""
+    n = u.get("windows_needed")
+    return f", about {n} windows a side would judge it (--sim-windows {n})" if isinstance(n, int) else ""
+
+
 def holds_text(row: dict) -> str:
     """yes / no / cannot be judged, with the rows whose original varied more than the limit."""
     if row.get("holds") is False:
@@ -71,7 +77,7 @@ def holds_text(row: dict) -> str:
     if un:
         word += (
             " (not judged: "
-            + ", ".join(f"{u['where']}, the original's own spread {_pct(u['original_spread'])}" for u in un)
+            + "; ".join(f"{u['where']}, the original's own spread {_pct(u['original_spread'])}{_needs(u)}" for u in un)
             + ")"
         )
     return word
@@ -119,6 +125,16 @@ def held_out_note(configs: dict, prof: dict) -> str:
             f"({near[0] // 1024} KiB, {near[1]} ways, {near[2]} sets)"
         )
     return "; ".join(out) + ". Nothing is tuned at B." if out else ""
+
+
+def windows_note(res: dict) -> str:
+    """How many callgrind windows each side pooled per hierarchy (`clone-report --sim-windows`;
+    auto runs more while the original's own spread leaves a row unjudged). "" without any."""
+    sim = res.get("simulated") or {}
+    n = {cfg: len((sides.get("original") or {}).get("runs") or []) for cfg, sides in sim.items()}
+    if not any(n.values()):
+        return ""
+    return "each side pooled " + ", ".join(f"{v} windows at {cfg}" for cfg, v in n.items()) + "."
 
 
 def host_note(res: dict) -> str:
@@ -227,6 +243,9 @@ def write_html(path: Path, services: dict[str, dict], command: str = "") -> None
         note = held_out_note(res.get("configs", {}), prof)
         if note:
             parts.append(f"<p>Held-out hierarchy: {html.escape(note)}</p>")
+        wins = windows_note(res)
+        if wins:
+            parts.append(f"<p>Callgrind windows: {html.escape(wins)}</p>")
         busy = host_note(res)
         if busy:
             parts.append(f"<p>Host during the timed runs: {html.escape(busy)}</p>")
