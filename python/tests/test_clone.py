@@ -1459,6 +1459,11 @@ def test_d1_tuning_step_per_body():
     assert k["data_far_scale"] == knobs["data_far_scale"]
     # the generator reads the per-body knob (asmgen.body_knob) before the global one
     assert asmgen.body_knob(k, "data_far_scale", "bg3") == pytest.approx(0.7**0.7)
+    # the clone makes 12% more data references than the original: the judged figure is the rate
+    # (misses per reference), so each body's target is taken at the clone's references (session 23)
+    refs = {"data_refs_per_request": 3500.0}
+    k = tune.update_knobs(knobs, m | {"data_refs_per_request": 3920.0}, target | refs, split, {}, {"worker": 42.0})
+    assert k["data_far_scale:worker"] == pytest.approx((1.12 * 42 / 36) ** 0.7)
     k = tune.update_knobs(knobs, {"D1_miss_rate": 0.032}, target, split, {})
     assert k["data_far_scale"] == pytest.approx(knobs["data_far_scale"] * 0.5**0.7)
     assert not any(key.startswith("data_far_scale:") for key in k)

@@ -415,12 +415,20 @@ def _l1_steps(
         # per body (session 12): one factor for all bodies matched memcached's total at A with
         # its timer thread 41% over the original's timer and its workers 10% under theirs, and
         # the two drop differently at another D1 (B: 32% over)
+        # The targets are misses per request, and the judged figure is the RATE, per data reference:
+        # each body's target is taken at the clone's own references per request, as the LL's are
+        # (`_ll_by_side`). Session 23: memcached's layout froze (LAYOUT_FREEZE_AFTER) with the
+        # clone making 11-13% more references than the original, and its D1 rate sat 10-11% under
+        # from there to the tenth iteration, every body on its misses-per-request target
+        t_dr, c_dr = target.get("data_refs_per_request", 0.0), m.get("data_refs_per_request", 0.0)
+        ratio = c_dr / t_dr if t_dr > 0 and c_dr > 0 else 1.0
         steps = []
         for name, t in d1_targets.items():
             c = split["threads"].get(name, {}).get("D1m", 0.0)
             key = f"data_far_scale:{name}"
             if c > 0:
-                k[key] = _clamp(k.get(key, k["data_far_scale"]) * _clamp((t / c) ** 0.7, 0.33, 3.0), 0.01, 20.0)
+                step = _clamp((ratio * t / c) ** 0.7, 0.33, 3.0)
+                k[key] = _clamp(k.get(key, k["data_far_scale"]) * step, 0.01, 20.0)
     if not _branch_unit_step(k, m, target, brx):
         steps.append(("branch_mispredict_rate", "branch_r_scale", 0.7))
     for key, knob, power in steps:
