@@ -1378,7 +1378,7 @@ def test_auto_sim_windows_run_until_the_original_can_be_judged():
             return {"original": win(orig_ll(i)), "clone": win(clone_ll)}
 
         wins = validate.sim_windows(run_pair, "B", {}, sim_runs, cap, lines.append)
-        assert len(wins["original"]) == len(wins["clone"]) == len(lines)
+        assert len(wins["original"]) == len(wins["clone"]) == len([x for x in lines if "both sides" in x])
         return len(wins["original"]), lines
 
     # a steady original: its spread is the counting floor of ~60,000 LL misses (0.8%): six pairs
@@ -1390,12 +1390,17 @@ def test_auto_sim_windows_run_until_the_original_can_be_judged():
     assert "(7, at most 20: LL miss rate spread 14.9% > 10%)" in lines[6], lines[6]
     # the same original with a clone far off (or spot on): the same number of windows
     assert run(lambda i: (10_000, 14_000)[i % 2], 40_000)[0] == n
-    # an original too noisy for the cap: it stops there, and the row says how many would judge it
-    n, _ = run(lambda i: (2_000, 30_000)[i % 2], 16_000)
-    assert n == 20
-    m = validate._sim_side([win((2_000, 30_000)[i % 2]) for i in range(20)], "B", {})
-    assert "LL miss rate spread" in validate.unjudgeable_sim_rows(m)
-    assert validate.windows_needed(m, validate.original_spread(m, "LL_miss_rate"), 0.10) > 20
+    # an original too noisy for the cap (about 120 windows' worth) stops at six, and says why
+    n, lines = run(lambda i: (2_000, 30_000)[i % 2], 16_000)
+    assert n == 6 and lines[-1].endswith("more than 20: stopping at 6"), lines[-1]
+    m = validate._sim_side([win((2_000, 30_000)[i % 2]) for i in range(6)], "B", {})
+    why, need = validate.unjudgeable_sim_rows(m)
+    assert "LL miss rate spread" in why and need > 20
+    assert need == validate.windows_needed(m, validate.original_spread(m, "LL_miss_rate"), 0.10)
+    # ... and one that looked within reach at six windows but got noisier stops once it is not
+    n, lines = run(lambda i: (10_000, 13_000)[i % 2] if i < 6 else (2_000, 30_000)[i % 2], 16_000)
+    assert n == 7 and "stopping at 7" in lines[-1], lines[-2:]
+    assert validate.unjudgeable_sim_rows(validate._sim_side([win(10_000)] * 6, "B", {})) == ("", 0)
     # a fixed count (--sim-windows N): the cap is N
     assert run(lambda i: (2_000, 30_000)[i % 2], 16_000, sim_runs=8, cap=8)[0] == 8
     res = {"simulated": {"A": {"original": {"runs": [{}] * 6}}, "B": {"original": {"runs": [{}] * 14}}}}

@@ -358,7 +358,10 @@ def validate(
 def sim_windows(run_pair, cfg_name: str, vgp: dict, sim_runs: int, cap: int, progress) -> dict[str, list]:
     """Both sides' callgrind windows at one hierarchy: `run_pair(i)` -> {side: Window}, sim_runs
     times, then more, up to `cap`, while a judged row's original spread is above its limit
-    (`unjudgeable_sim_rows`)."""
+    (`unjudgeable_sim_rows`) and the windows it would take (`windows_needed`) are within the cap:
+    an original that would need more stops where it is, rather than spend the cap's minutes on
+    a row that stays unjudged (session 23: memcached's LL spread over six windows was 35% there,
+    some 74 windows' worth)."""
     wins: dict[str, list] = {"original": [], "clone": []}
     why = ""
     while True:
@@ -367,10 +370,17 @@ def sim_windows(run_pair, cfg_name: str, vgp: dict, sim_runs: int, cap: int, pro
         progress(f"validate under valgrind, cache hierarchy {cfg_name}: both sides at once ({upto})")
         for side, w in run_pair(i).items():
             wins[side].append(w)
-        if len(wins["original"]) < sim_runs:
+        n = len(wins["original"])
+        if n < sim_runs:
             continue
-        why = unjudgeable_sim_rows(_sim_side(wins["original"], cfg_name, vgp))
-        if not why or len(wins["original"]) >= cap:
+        why, need = unjudgeable_sim_rows(_sim_side(wins["original"], cfg_name, vgp))
+        if not why or n >= cap:
+            return wins
+        if need > cap:
+            progress(
+                f"validate under valgrind, cache hierarchy {cfg_name}: {why}; about {need} windows a side would "
+                f"judge it, more than {cap}: stopping at {n}"
+            )
             return wins
 
 
@@ -388,18 +398,20 @@ def _sim_side(ws: list, cfg_name: str, vgp: dict) -> dict:
     return m
 
 
-def unjudgeable_sim_rows(orig: dict) -> str:
+def unjudgeable_sim_rows(orig: dict) -> tuple[str, int]:
     """The judged simulated rows (TARGETS) whose original's own spread, over the windows so far,
-    is still above the limit, as "LL miss rate 14.2% > 10%" (joined by ", "); "" when none is.
-    Whether to run more windows depends on the original's windows alone, never on the clone's
-    error, so that stopping cannot favour a pass (session 23)."""
-    out = []
+    is still above the limit, as "LL miss rate spread 14.2% > 10%" (joined by ", "; "" when none
+    is), and the most windows a side any of them needs (`windows_needed`; 0 when none). Whether
+    to run more windows depends on the original's windows alone, never on the clone's error, so
+    that stopping cannot favour a pass (session 23)."""
+    out, need = [], 0
     for k in SIM_KEYS:
         tol = TARGETS.get(k)
         sp = original_spread(orig, k) if tol is not None else None
         if sp is not None and sp > tol:
             out.append(f"{k.removesuffix('_per_request').replace('_', ' ')} spread {100 * sp:.1f}% > {100 * tol:.0f}%")
-    return ", ".join(out)
+            need = max(need, windows_needed(orig, sp, tol) or 0)
+    return ", ".join(out), need
 
 
 def _window_pair(sides, port, load, vgp: dict, work: Path, cfg: dict, preload: bool) -> dict:
