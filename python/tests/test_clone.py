@@ -1408,6 +1408,50 @@ def test_auto_sim_windows_run_until_the_original_can_be_judged():
     assert report.windows_note({"simulated": {}}) == ""
 
 
+def test_a_failed_ebpf_window_is_tried_again():
+    """profile.traced (session 23): bpftrace hung for 60 s after the SIGINT that ended redis's idle
+    window, was killed with no maps, and the whole bench run of redis failed on it. A window whose
+    trace fails (trace.TraceError) runs again, up to trace.TRACE_TRIES times, saying so; a target
+    that exited meanwhile is that error, not a trace failure; other errors are not retried."""
+    from tailscope.clone import profile, trace
+
+    calls, lines = [], []
+
+    def flaky(n_fail):
+        def window():
+            calls.append(1)
+            if len(calls) <= n_fail:
+                raise trace.TraceError("the syscall trace is empty: bpftrace (exit -9) printed no maps")
+            return {"ok": len(calls)}
+
+        return window
+
+    assert profile.traced(flaky(2), "idle window", lines.append) == {"ok": 3}
+    assert len(lines) == 2 and lines[0].startswith("idle window: the syscall trace is empty") and "(2/3)" in lines[0]
+    calls.clear()
+    with pytest.raises(CloneError, match=r"printed no maps \(idle window, 3 tries\)"):
+        profile.traced(flaky(5), "idle window", lines.append)
+    assert len(calls) == trace.TRACE_TRIES
+    calls.clear()
+
+    def gone():
+        raise CloneError("the target exited 1.9 s into profiling (idle window): it is too short-lived")
+
+    with pytest.raises(CloneError, match="too short-lived"):
+        profile.traced(flaky(5), "idle window", lines.append, gone)
+    assert len(calls) == 1
+
+    def other():
+        calls.append(1)
+        raise CloneError("load generator failed against the target: refused")
+
+    calls.clear()
+    with pytest.raises(CloneError, match="load generator failed"):
+        profile.traced(other, "load window", lines.append)
+    assert len(calls) == 1
+    assert issubclass(trace.TraceError, CloneError)  # the CLI's one-line error path still applies
+
+
 def test_profile_windows_pool_into_the_tuning_target():
     """profile.pool_windows: the tuning target is the rates of the windows' summed counts (not the
     first window's), and each body's instruction target is its pooled instructions per request."""

@@ -51,6 +51,22 @@ def _tids_alive(pid: int, what: str, t0: float):
         )
 
 
+def traced(window, what: str, progress, alive=None):
+    """`window()`, a window with an eBPF trace, up to trace.TRACE_TRIES times while the trace
+    fails (trace.TraceError: bpftrace did not attach, or hung and printed no maps); the last
+    failure is the error. `alive()` runs before each retry and raises if the target is gone (a
+    target that exited is reported as that, not as a trace failure)."""
+    for attempt in range(1, trace.TRACE_TRIES + 1):
+        try:
+            return window()
+        except trace.TraceError as exc:
+            if alive is not None:
+                alive()
+            if attempt == trace.TRACE_TRIES:
+                raise CloneError(f"{exc} ({what}, {attempt} tries)") from None
+            progress(f"{what}: {exc}; trying again ({attempt + 1}/{trace.TRACE_TRIES})")
+
+
 def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, progress, workdir: Path) -> dict:
     """Steps 2-3 on the live target."""
     tools = need("bpftrace", "perf")
@@ -60,9 +76,13 @@ def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, 
     notify = [int(fd) for fd, k in info["fds"].items() if k in ("eventfd", "pipe")]
     host = "127.0.0.1"
     progress("eBPF idle window (1.5 s, no load)")
-    idle = trace.SyscallTrace(tools["bpftrace"], pid, listen_fds, notify, workdir / "idle")
-    time.sleep(1.5)
-    idle_maps = idle.stop()
+
+    def _idle() -> dict:
+        idle = trace.SyscallTrace(tools["bpftrace"], pid, listen_fds, notify, workdir / "idle")
+        time.sleep(1.5)
+        return idle.stop()
+
+    idle_maps = traced(_idle, "idle window", progress, lambda: _tids_alive(pid, "idle window", t0))
     _tids_alive(pid, "idle window", t0)
     if load_args and "--preload" in load_args:
         progress("preloading the target's keys")
@@ -73,39 +93,46 @@ def live_windows(info: dict, load_args: list[str], rate: float, seconds: float, 
             raise
     progress(f"eBPF + perf window at medium load ({rate:g} req/s, {seconds:g} s)")
     before = target.threads(pid)
-    live = trace.SyscallTrace(tools["bpftrace"], pid, listen_fds, notify, workdir / "live")
     stacks: dict = {}
 
-    def _perf():
-        try:
-            stacks.update(trace.perf_stacks(tools["perf"], pid, max(1.0, seconds - 0.5), workdir / "live"))
-        except CloneError as exc:
-            stacks["error"] = str(exc)
+    def _live() -> tuple:
+        live = trace.SyscallTrace(tools["bpftrace"], pid, listen_fds, notify, workdir / "live")
+        stacks.clear()
 
-    pt = threading.Thread(target=_perf)
-    lg = find_loadgen()
-    cmd = [
-        lg,
-        "--target",
-        f"{host}:{info['port']}",
-        *[a for a in load_args if a != "--preload"],
-        "--rate",
-        f"{rate:g}",
-        "--duration",
-        f"{seconds:g}",
-        "--warmup",
-        "0",
-        "--quiet",
-        "--json",
-        "-",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    pt.start()
-    time.sleep(min(1.0, seconds / 3))
-    conn_opts = target.conn_options(pid, set(listen_fds)) or {}
-    out, err = proc.communicate(timeout=seconds + 120)
-    pt.join()
-    maps = live.stop()
+        def _perf():
+            try:
+                stacks.update(trace.perf_stacks(tools["perf"], pid, max(1.0, seconds - 0.5), workdir / "live"))
+            except CloneError as exc:
+                stacks["error"] = str(exc)
+
+        pt = threading.Thread(target=_perf)
+        lg = find_loadgen()
+        cmd = [
+            lg,
+            "--target",
+            f"{host}:{info['port']}",
+            *[a for a in load_args if a != "--preload"],
+            "--rate",
+            f"{rate:g}",
+            "--duration",
+            f"{seconds:g}",
+            "--warmup",
+            "0",
+            "--quiet",
+            "--json",
+            "-",
+        ]
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        pt.start()
+        time.sleep(min(1.0, seconds / 3))
+        conn_opts = target.conn_options(pid, set(listen_fds)) or {}
+        out, err = proc.communicate(timeout=seconds + 120)
+        pt.join()
+        return live.stop(), proc, out, err, conn_opts
+
+    maps, proc, out, err, conn_opts = traced(
+        _live, "load window", progress, lambda: _tids_alive(pid, "load window", t0)
+    )
     after = target.threads(pid)
     _tids_alive(pid, "load window", t0)
     if proc.returncode != 0:
