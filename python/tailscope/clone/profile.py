@@ -585,21 +585,28 @@ def run_profile(
             "command that starts it, so valgrind can profile a second copy"
         )
     launch = {"argv": argv, "cwd": info["cwd"], "env": info["env"], "nofile": info["nofile"]}
+
+    def original_window(tag: str, detail: bool = False) -> vg.Window:
+        """One callgrind window of the relaunched original at A; one that served under half its
+        requests is an error (valgrind could not keep up with --vg-rate)."""
+        w = vg.window(
+            launch,
+            info["port"],
+            load_args,
+            vg_rate,
+            vg_requests,
+            work,
+            tag,
+            cache=vg.CONFIG_A,
+            detail=detail,
+            preload="--preload" in load_args,
+        )
+        if w.requests < 0.5 * vg_requests:
+            raise CloneError(f"the valgrind copy served only {w.requests} of {vg_requests} requests; lower --vg-rate")
+        return w
+
     progress(f"callgrind window: relaunched copy under valgrind, {vg_requests} requests at {vg_rate:g} req/s")
-    win = vg.window(
-        launch,
-        info["port"],
-        load_args,
-        vg_rate,
-        vg_requests,
-        work,
-        "detail",
-        cache=vg.CONFIG_A,
-        detail=True,
-        preload="--preload" in load_args,
-    )
-    if win.requests < 0.5 * vg_requests:
-        raise CloneError(f"the valgrind copy served only {win.requests} of {vg_requests} requests; lower --vg-rate")
+    win = original_window("detail", detail=True)
     # the tuning target (session 9): a pool of windows of the original at A, each run the way the
     # tuning loop and the validation run theirs (no --dump-instr / --collect-jumps, which slow
     # valgrind and so change how many requests one event-loop pass serves). One window is a draw
@@ -614,20 +621,7 @@ def run_profile(
     pool = []
     for i in range(max(1, windows)):
         progress(f"callgrind window {i + 1}/{windows} (the tuning target's pool): {vg_requests} requests")
-        w2 = vg.window(
-            launch,
-            info["port"],
-            load_args,
-            vg_rate,
-            vg_requests,
-            work,
-            f"pool{i}",
-            cache=vg.CONFIG_A,
-            preload="--preload" in load_args,
-        )
-        if w2.requests < 0.5 * vg_requests:
-            raise CloneError(f"the valgrind copy served only {w2.requests} of {vg_requests} requests; lower --vg-rate")
-        pool.append(w2)
+        pool.append(original_window(f"pool{i}"))
     # the LL sweep (session 10): A's L1s, LL 2x and 4x A's (same ways): which of the LL misses
     # at A a larger LL keeps, code and data apart (generate.llc_bins; more than half of
     # memcached's LL misses at A are gone at 4x, and the clone, whose LL misses all missed any
