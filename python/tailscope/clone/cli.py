@@ -71,7 +71,8 @@ def register(sub) -> None:
         default="auto",
         metavar="N|auto",
         help="callgrind windows per side and cache hierarchy; auto (default): 6, then more, up to 20, while "
-        "the original's own spread leaves a row unjudged; a row still unjudged says how many would judge it",
+        "the original's own spread leaves a row unjudged and 20 would judge it; a row still unjudged says how "
+        "many would",
     )
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
