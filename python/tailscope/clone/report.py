@@ -142,7 +142,7 @@ def host_note(res: dict) -> str:
     median share of one CPU that other processes and the hypervisor's steal took per kept run,
     the largest takers, how many runs were repeated, and which sessions kept a busy run. ""
     for results from before session 21 (no host figures)."""
-    from .validate import HOST_BUSY
+    from .validate import HOST_BUSY, HOST_STEAL, disturbed
 
     kept, repeated, takers, stuck = [], 0, {}, []
     for lvl, row in (res.get("levels") or {}).items():
@@ -150,7 +150,7 @@ def host_note(res: dict) -> str:
             s = row.get(side) or {}
             runs = [r for r in s.get("runs", []) if isinstance(r.get("host_other_cpu"), (int, float))]
             kept += [r["host_other_cpu"] for r in runs]
-            repeated += len(s.get("busy_runs") or []) + sum(r["host_other_cpu"] > HOST_BUSY for r in runs)
+            repeated += len(s.get("busy_runs") or []) + sum(disturbed(r) for r in runs)
             for r in runs + list(s.get("busy_runs") or []):
                 for name, sec in r.get("host_top") or []:
                     takers[name] = takers.get(name, 0.0) + float(sec)
@@ -163,8 +163,8 @@ def host_note(res: dict) -> str:
     top = ", ".join(f"{k} {v:.1f} s" for k, v in sorted(takers.items(), key=lambda kv: -kv[1])[:3])
     out = (
         f"other processes and the hypervisor's steal took a median {100 * med:.1f}% of one CPU per kept timed "
-        f"run (most over all runs: {top or 'none'}); {repeated} run(s) took more than {100 * HOST_BUSY:.0f}% "
-        "and were repeated."
+        f"run (most over all runs: {top or 'none'}); {repeated} run(s) took more than {100 * HOST_BUSY:.0f}%, "
+        f"or had more than {100 * HOST_STEAL:.1f}% stolen by the hypervisor, and were repeated."
     )
     if stuck:
         out += " The extra tries ran out, and a busy run was kept, for: " + ", ".join(stuck) + "."

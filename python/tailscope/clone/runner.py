@@ -161,6 +161,13 @@ def host_other(before: dict, after: dict, hz: int) -> tuple[float, list[tuple[st
     return sum(took.values()) / elapsed, [(k, round(v, 2)) for k, v in top]
 
 
+def steal_share(before: dict, after: dict, hz: int) -> float:
+    """The hypervisor's steal between two `host_sample`s, as a share of one CPU over the elapsed
+    time (it is also in `host_other`'s total; `validate.disturbed` holds it to a tighter line)."""
+    elapsed = max(1e-3, after["t"] - before["t"])
+    return max(0, after["steal"] - before["steal"]) / hz / elapsed
+
+
 def _is_alive(pid: int) -> bool:
     try:
         st = Path(f"/proc/{pid}/stat").read_text()
