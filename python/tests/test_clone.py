@@ -1645,8 +1645,8 @@ def test_ll_conflict_rings_miss_the_profiled_ll_only_and_scale_with_their_knobs(
 
 def test_the_cold_code_is_capped_at_the_code_misses_no_swept_ll_keeps():
     """generate._cap_cold_code: the cold ring's fetches miss every LL, so all bodies' cold lines
-    per request are scaled down, in proportion, to the original's code misses at its largest
-    swept LL; less cold code, or no LL sweep, is left as it is."""
+    per request are scaled, in proportion, to the original's code misses at its largest swept LL:
+    down, and since session 24 up (by at most COLD_RAISE_MAX); no LL sweep leaves them as counted."""
 
     def specs(a, b):
         w, t = _spec(name="worker", cold_code_lines=a), _spec(name="timer", cold_code_lines=b)
@@ -1659,9 +1659,17 @@ def test_the_cold_code_is_capped_at_the_code_misses_no_swept_ll_keeps():
     # (0.0126 and 0.0127 rise: the non-increasing fit takes their mean for both)
     assert sp[0].cold_code_lines + 3 * sp[1].cold_code_lines == pytest.approx(0.01265)
     assert sp[0].cold_code_lines / sp[1].cold_code_lines == pytest.approx(5.0)
+    # fewer first fetches than the sweep's persistent misses are raised to them (session 24), by at
+    # most COLD_RAISE_MAX
+    sp = specs(0.008, 0.0)
+    generate._cap_cold_code(sp, prof)
+    assert sp[0].cold_code_lines == pytest.approx(0.01265) and sp[1].cold_code_lines == 0.0
     sp = specs(0.003, 0.0)
     generate._cap_cold_code(sp, prof)
-    assert sp[0].cold_code_lines == 0.003
+    assert sp[0].cold_code_lines == pytest.approx(0.003 * generate.COLD_RAISE_MAX)
+    sp = specs(0.0, 0.0)  # no first fetches at all: nothing to scale
+    generate._cap_cold_code(sp, prof)
+    assert sp[0].cold_code_lines == 0.0
     for bad in ({}, {"valgrind": {"ll_sweep": {"sizes": [2 << 20], "IL": [0.001]}}}):
         sp = specs(0.01, 0.002)
         generate._cap_cold_code(sp, bad)
