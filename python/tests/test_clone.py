@@ -2508,6 +2508,56 @@ def test_without_code_rings_the_cold_ring_makes_up_the_code_ll_misses():
     assert k4["cold_code_scale"] == 1.0 and k4["code_llc_scale"] != 1.0
 
 
+def test_walkers_a_larger_ll_keeps_are_tuned_with_the_rings(tmp_path):
+    """asmgen.far_data_knob / generate's far_ll_lines / tune._ll_by_side (session 24): a walker of
+    a bin between the profiled LL and the largest LL of the LL sweep misses A's LL but hits B's, as
+    the LL conflict rings do, so it runs at the rings' knob; only the bins beyond the sweep and the
+    cold walker run at data_ll_scale, and the loop sets that knob on their share of clone_far_'s
+    misses, not on all of them (redis: 39 misses per window at A, 10 of them at B)."""
+    from tailscope.clone import tune
+
+    mb = 1 << 20
+    kn = {"ll_bytes": 2 * mb, "ll_keep_bytes": 8 * mb}
+    got = {s_: asmgen.far_data_knob(s_, False, kn) for s_ in (mb, 2 * mb, 4 * mb, 8 * mb, 16 * mb)}
+    assert got == {
+        mb: "data_far_scale",
+        2 * mb: "data_ll_scale",  # (its walkers hit the LL; as before)
+        4 * mb: "data_llc_scale",
+        8 * mb: "data_llc_scale",
+        16 * mb: "data_ll_scale",
+    }
+    assert asmgen.far_data_knob(4 * mb, True, kn) == "data_ll_scale"  # the cold walker
+    assert asmgen.far_data_knob(4 * mb, False, {"ll_bytes": 2 * mb}) == "data_ll_scale"  # no sweep: as before
+    # the generator takes the sweep's largest LL and reports the two groups' lines per request,
+    # in the shares of their bins' accesses (3:1 here)
+    prof = generate.neutral_profile(
+        "redis", data_bins=[(0, 0.5), (65536, 0.3), (4 * mb, 0.15), (32 * mb, 0.05)], mem_per_insn=0.4
+    )
+    prof["valgrind"]["ll_sweep"] = {"sizes": [2 * mb, 4 * mb, 8 * mb], "IL": [0.01, 0.01, 0.01], "DL": [0.5, 0.3, 0.1]}
+    meta = generate.generate(prof, tmp_path / "c", seed=1)
+    assert meta["knobs"]["ll_keep_bytes"] == 8 * mb
+    lines = meta["far_ll_lines"]
+    assert lines["keep"] > 0 and lines["persist"] > 0
+    assert lines["keep"] / lines["persist"] == pytest.approx(3.0, rel=0.1)
+    # without a sweep every walker beyond the LL is persistent, as before
+    del prof["valgrind"]["ll_sweep"]
+    meta = generate.generate(prof, tmp_path / "n", seed=1)
+    assert "ll_keep_bytes" not in meta["knobs"] and meta["far_ll_lines"]["keep"] == 0.0
+    # the tuning step: the walkers' persistent knob on their share of clone_far_'s misses, the
+    # rings' knob on the rings' misses plus the rest of clone_far_'s
+    target = {"IL_misses_per_request": 0.0, "DL_misses_per_request": 0.04, "DL_persistent_fraction": 0.25}
+    m = {"IL_misses_per_request": 0.0, "DL_misses_per_request": 0.04}
+    far, llc = {"DLmr": 0.02}, {"DLmr": 0.015}  # rest: 0.005
+    k = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k, m, target, far, llc, {"keep": 3.0, "persist": 1.0})
+    want_far = 0.25 * 0.04 - 0.005
+    assert k["data_ll_scale"] == pytest.approx(want_far / (0.25 * 0.02))
+    assert k["data_llc_scale"] == pytest.approx((0.04 - 0.005 - want_far) / (0.015 + 0.75 * 0.02))
+    k0 = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k0, m, target, far, llc)  # no shares (a clone from before session 24): all persistent
+    assert k0["data_ll_scale"] == pytest.approx(want_far / 0.02)
+
+
 def test_the_ll_sweep_is_fitted_non_increasing_by_least_squares():
     """generate.nonincreasing / llc_bins (session 22): a larger LL never misses more in LRU, so a
     sweep point above the one before it is a draw; the points are fitted by weighted least squares

@@ -125,6 +125,29 @@ class BodySpec:
     # the bin's mid size (the profile's mid-bin sweep, workingset.lower_share); the bin's two
     # cursor walkers take that share and the rest (walker_list; none given: half each)
     data_split: dict | None = None
+    # set by generate_body: the walkers' lines per event that miss the profiled LL, those the
+    # largest swept LL keeps ("keep": bins up to `ll_keep_bytes`) and those it misses too
+    # ("persist": bins beyond it and the cold walker); tune._ll_by_side splits clone_far_'s
+    # LL misses by them
+    far_ll_lines: dict | None = None
+
+
+def far_data_knob(s: int, cold: bool, knobs: dict) -> str:
+    """The knob a walker of data bin (s/2, s] runs at. Within the LL the knobs name (`ll_bytes`):
+    `data_far_scale`. Beyond it, up to the largest LL the profile's LL sweep measured
+    (`ll_keep_bytes`, set by generate; the LL itself without a sweep): `data_llc_scale`, the LL
+    conflict rings' knob, since these are misses a larger LL keeps, as the rings' are. Beyond that,
+    and the cold walker: `data_ll_scale`, what every LL misses. Up to session 24 every walker
+    beyond the LL ran at `data_ll_scale`, which the loop sets to the share of the misses the
+    largest swept LL still has: redis's clone_far_ missed 39 lines per window at a 2 MiB LL and 10
+    at 8 MiB (its 4 MiB bin's walkers), so its data misses at B were 19 against the original's
+    31-55. The (ll/2, ll] bin stays with `data_ll_scale`, as before (its walkers hit the LL)."""
+    ll = knobs.get("ll_bytes", 2 << 20)
+    if not cold and s < ll:
+        return "data_far_scale"
+    if not cold and ll < s <= knobs.get("ll_keep_bytes", ll):
+        return "data_llc_scale"
+    return "data_ll_scale"
 
 
 def couple(icode_bins, data_bins, min_mass: float = 0.05) -> list[tuple[float, int, int]]:
@@ -539,7 +562,6 @@ def walker_list(spec: BodySpec, instructions: float, knobs: dict, below: int) ->
     the walkers from here, so the stack counts the traffic the clone makes (session 17).
     Returns the walkers, unplaced; a cursor walker (and a static one that replaced it) names its
     half of the bin as `h`, the key of spec.walk_sizes."""
-    ll = knobs.get("ll_bytes", 2 << 20)
     tot = sum(m for _, m in spec.data_bins)
     if tot <= 0 or not spec.data_bins:
         return []
@@ -551,7 +573,7 @@ def walker_list(spec: BodySpec, instructions: float, knobs: dict, below: int) ->
     nest_lines, nested = 0, None
     for i, (s, m) in enumerate(sorted(x for x in spec.data_bins if x[0] > NEAR_MAX)):
         cold = s == spec.cold_bin
-        scale = body_knob(knobs, "data_ll_scale" if s >= ll or cold else "data_far_scale", spec.name)
+        scale = body_knob(knobs, far_data_knob(s, cold, knobs), spec.name)
         lines = m / tot * main_acc * scale
         if m / tot * main_acc <= 1e-4:
             # (at the profiled rate: a walker that a knob switched on and off moved every region
@@ -1348,6 +1370,11 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             # the walk reaches one step past the region
             off = b.region_off + 2 * b.region_bytes + 64 * 64 + 4096
     walkers, off = plan_walkers(spec, instructions, knobs, sum(b.region_bytes for b in blocks), off, color)
+    spec.far_ll_lines = {"keep": 0.0, "persist": 0.0}
+    for w in walkers:
+        side = far_data_knob(w["bin"], w["cold"], knobs)
+        if side != "data_far_scale" and (w["cold"] or w["bin"] > ll):
+            spec.far_ll_lines["keep" if side == "data_llc_scale" else "persist"] += w["lines"]
     llc = llc_rings(spec, knobs)
     llc_off = off
     off = (off + llc_region_bytes(llc) + 4095) // 4096 * 4096

@@ -467,6 +467,11 @@ def generate(
 ) -> dict:
     """Write the clone directory; returns clone.json's content."""
     knobs = {**DEFAULT_KNOBS, **(knobs or {})}
+    # the largest LL the profile's LL sweep measured: walkers of the bins up to it are misses a
+    # larger LL keeps (asmgen.far_data_knob); llc_bins checks the sweep's numbers first
+    ll_sweep = (prof.get("valgrind") or {}).get("ll_sweep")
+    if llc_bins(ll_sweep)["persistent"]:
+        knobs.setdefault("ll_keep_bytes", int(max(ll_sweep["sizes"])))
     out.mkdir(parents=True, exist_ok=True)
     net, listen, load = prof["network"], prof["listen"], prof["load"]
     proto = PROTOCOLS.get(load["protocol"])
@@ -719,6 +724,12 @@ def generate(
         "model": net["model"],
         "workers": net["workers"],
         "empty_body": empty_body,
+        # the walkers' LL misses per request at the profiled LL: those the largest swept LL keeps
+        # and those it misses too (asmgen.far_data_knob; tune._ll_by_side)
+        "far_ll_lines": {
+            k: sum((sp.far_ll_lines or {}).get(k, 0.0) * sp.events_per_request for sp in specs.values())
+            for k in ("keep", "persist")
+        },
     }
     (out / "clone.json").write_text(json.dumps(meta, indent=1, sort_keys=True))
     return meta

@@ -293,7 +293,7 @@ def update_knobs(
     elif t_i1 > rest_i1:
         k["icode_far_scale"] = _clamp(k["icode_far_scale"] * 2, 0.001, 50.0)
     if "DL_misses_per_request" in target and "DL_misses_per_request" in m:
-        _ll_by_side(k, m, target, far, split.get("llc") or {})
+        _ll_by_side(k, m, target, far, split.get("llc") or {}, split.get("far_ll_lines"))
         _l1_steps(k, m, target, split.get("brx"), d1_targets, split)
         return k
     # LL (profiles before session 10): the far-data loop's misses are linear in its rate
@@ -325,7 +325,7 @@ def _newton(k: dict, knob: str, want: float, have: float, lo: float = LL_KNOB_FL
         k[knob] = _clamp(k.get(knob, 1.0) * 2.0, lo, hi)
 
 
-def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict) -> None:
+def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict, far_lines: dict | None = None) -> None:
     """The LL misses per request, code and data apart (session 10). Code: the cold code ring
     (fixed by the profile) and the rest of the clone are what they are; the code conflict rings
     make up the difference. Data: the walkers beyond the LL (clone_far_) give the share that
@@ -357,15 +357,24 @@ def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict) -> None:
     rest = max(0.0, c_dl - far_dl - llc_dl)
     p = _clamp(target.get("DL_persistent_fraction", 1.0), 0.0, 1.0)
     want_far = max(0.0, p * t_dl - rest)
+    # clone_far_'s misses are the walkers' beyond the largest swept LL (data_ll_scale: every LL
+    # misses them) and those of the bins between the LL and it (data_llc_scale, with the rings: a
+    # larger LL keeps them), in the shares of their lines (generate's far_ll_lines; session 24:
+    # up to then all were taken as persistent, and redis's clone missed 19 data lines per window
+    # at B where the original missed 31-55)
+    lines = far_lines or {}
+    keep, persist = float(lines.get("keep", 0.0)), float(lines.get("persist", 0.0))
+    share = persist / (keep + persist) if keep + persist > 0 else 1.0
+    far_p, far_k = share * far_dl, (1.0 - share) * far_dl
     # (judged at the knob these misses were measured at, before this step)
     at_floor = k.get("data_ll_scale", 1.0) <= 2 * LL_KNOB_FLOOR
-    if far_dl > 0 or want_far > 0:
-        _newton(k, "data_ll_scale", want_far, far_dl)
+    if far_p > 0 or want_far > 0:
+        _newton(k, "data_ll_scale", want_far, far_p)
     # at its floor, what clone_far_ still misses is not the walkers beyond the LL but those within
     # it (a few lines per window): they stay, and the rings make up only the rest (session 13:
     # memcached's DL sat 20-30% over with the rings' knob at 1.0, 9 of 44 misses from those)
-    stays = far_dl if at_floor else want_far
-    _newton(k, "data_llc_scale", t_dl - rest - stays, llc_dl)
+    stays = far_p if at_floor else want_far
+    _newton(k, "data_llc_scale", t_dl - rest - stays, llc_dl + far_k)
 
 
 MASK_FRAC_MAX = 0.95  # the largest share of patterns in the counter form
@@ -579,6 +588,7 @@ def tune(
         errs = {k: rel_err(m.get(k, 0.0), target.get(k, 0.0)) for k in TOLERANCE}
         sc = score(errs, spread)
         split = _split(win, meta)
+        split["far_ll_lines"] = meta.get("far_ll_lines") or {}
         history.append(
             {"iteration": it, "knobs": dict(knobs), "metrics": m, "errors": errs, "score": sc, "build_s": build_s}
         )
