@@ -31,7 +31,13 @@ from .tools import find_loadgen, need
 
 PROFILE_VERSION = 1
 PROTOCOLS = {"memcached": 1, "redis": 2, "line": 3, "http": 4}
-LL_SWEEP_WINDOWS = 2  # callgrind windows per LL sweep size, run side by side and pooled (session 22)
+# callgrind windows per LL sweep size, pooled; run two at a time, side by side (session 22: two
+# per size). Six since session 24: memcached's data-side misses at an 8 MiB LL are a few per
+# window (0-12 in twelve windows of the original, mean 4.4), and the two windows of one profile
+# counted 3 in all, so the clone's persistent data walkers were tuned to 1.5 per window and its LL
+# rate at B sat 13% under. Each more pair costs ~20 s per size
+LL_SWEEP_WINDOWS = 6
+LL_SWEEP_SIDE_BY_SIDE = 2
 
 
 def _deltas(before: list[dict], after: list[dict]) -> dict[int, dict]:
@@ -626,7 +632,7 @@ def run_profile(
     # at A a larger LL keeps, code and data apart (generate.llc_bins; more than half of
     # memcached's LL misses at A are gone at 4x, and the clone, whose LL misses all missed any
     # LL, was 450% off at an 8 MiB LL)
-    # Each size is LL_SWEEP_WINDOWS windows run side by side, pooled (session 22): redis's code
+    # Each size is LL_SWEEP_WINDOWS windows, two at a time side by side, pooled (session 22): redis's code
     # misses per window are bimodal (~75 or ~130 at 8 MiB: a jemalloc purge runs in some windows),
     # and with one window per size the sweep caught the low mode at 4 MiB and the high one at 8
     # (0.0126 and 0.0217 per request), a shape no LRU cache has
@@ -636,7 +642,7 @@ def run_profile(
     for i, size in enumerate(ll_sizes):
         progress(
             f"LL sweep {i + 1}/{len(ll_sizes)}: LL {size >> 20} MiB, "
-            f"{LL_SWEEP_WINDOWS} windows of {vg_requests} requests side by side"
+            f"{LL_SWEEP_WINDOWS} windows of {vg_requests} requests, {LL_SWEEP_SIDE_BY_SIDE} at a time"
         )
         job = {
             "launch": launch,
@@ -649,7 +655,11 @@ def run_profile(
             "branch": False,
             "preload": "--preload" in load_args,
         }
-        ll_wins.append(vg.pool(vg.side_by_side([{**job, "tag": f"llsweep{i}-{j}"} for j in range(LL_SWEEP_WINDOWS)])))
+        jobs = [{**job, "tag": f"llsweep{i}-{j}"} for j in range(LL_SWEEP_WINDOWS)]
+        wins = []
+        for j in range(0, len(jobs), LL_SWEEP_SIDE_BY_SIDE):
+            wins += vg.side_by_side(jobs[j : j + LL_SWEEP_SIDE_BY_SIDE])
+        ll_wins.append(vg.pool(wins))
     code_fp = isa.analyse(win.threads)["code_footprint_bytes"]
     dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
     sizes = workingset.sizes(max(dmax, 2 * code_fp))
