@@ -2539,6 +2539,15 @@ def test_walkers_a_larger_ll_keeps_are_tuned_with_the_rings(tmp_path):
     lines = meta["far_ll_lines"]
     assert lines["keep"] > 0 and lines["persist"] > 0
     assert lines["keep"] / lines["persist"] == pytest.approx(3.0, rel=0.1)
+    # a body none of whose walkers misses the sweep's largest LL gets a cold walker for the misses
+    # that LL still has (generate._persistent_cold_walker): 0.1 per request here
+    only = generate.neutral_profile("redis", data_bins=[(0, 0.5), (65536, 0.3), (4 * mb, 0.2), (32 * mb, 0.0)])
+    only["valgrind"]["ll_sweep"] = prof["valgrind"]["ll_sweep"]
+    only["valgrind"]["requests"] = only["body"]["0"]["events"]  # one event per request
+    lines = generate.generate(only, tmp_path / "o", seed=1)["far_ll_lines"]
+    assert lines["persist"] == pytest.approx(0.1, rel=0.1) and lines["keep"] > 0
+    only["valgrind"]["ll_sweep"] = {**prof["valgrind"]["ll_sweep"], "DL": [0.5, 0.3, 0.0]}
+    assert generate.generate(only, tmp_path / "z", seed=1)["far_ll_lines"]["persist"] == 0.0
     # without a sweep every walker beyond the LL is persistent, as before
     del prof["valgrind"]["ll_sweep"]
     meta = generate.generate(prof, tmp_path / "n", seed=1)

@@ -344,6 +344,30 @@ def _set_llc(specs: dict, prof: dict) -> None:
     epr = max(1e-9, sp.events_per_request)
     sp.llc_code = [(s, n / epr) for s, n in bins["code"]]
     sp.llc_data = [(s, n / epr) for s, n in bins["data"]]
+    _persistent_cold_walker(sp, bins, int(max(prof["valgrind"]["ll_sweep"]["sizes"])))
+
+
+def _persistent_cold_walker(sp: asmgen.BodySpec, bins: dict, keep: int) -> None:
+    """Give the body a cold walker for the data misses the LL sweep's largest LL still has, where
+    none of its walkers would make them (no accesses in bins beyond that LL, nor in the cold
+    bin): its cold bin takes the mass whose walker touches that many new lines per event, and
+    the loop's `data_ll_scale` tunes it from there (tune._ll_by_side). Session 24: memcached's
+    working-set sweep (600-request runs) saw nothing beyond 8 MiB, while its LL sweep (six
+    6,000-request windows at 8 MiB) saw 2 data misses per window, and the original's windows at B
+    3.5 (first touches, once per window); once the walkers of its 4 and 8 MiB bins ran at the
+    rings' knob (asmgen.far_data_knob), nothing of the clone but its skeleton missed at B: 1.5."""
+    want = bins["persistent_misses"].get("data", 0.0) / max(1e-9, sp.events_per_request)
+    if want <= 0 or sp.cold_bin <= asmgen.NEAR_MAX:
+        return
+    if any(m > 0 and (s > keep or s == sp.cold_bin) for s, m in sp.data_bins):
+        return
+    main_acc = sp.mem_per_insn * sp.main_fraction * sp.instructions  # (asmgen.walker_list)
+    tot = sum(m for _, m in sp.data_bins)
+    if tot <= 0 or main_acc <= 2 * want:
+        return
+    m = want * tot / (main_acc - want)  # its lines: m / (tot + m) x main_acc = want
+    # (body_spec leaves out the bins without accesses, the cold one among them)
+    sp.data_bins = [(s, x) for s, x in sp.data_bins if s != sp.cold_bin] + [(sp.cold_bin, m)]
 
 
 # the most the cold code ring is raised to the persistent code misses (`_cap_cold_code`): the first
