@@ -2567,6 +2567,56 @@ def test_walkers_a_larger_ll_keeps_are_tuned_with_the_rings(tmp_path):
     assert k0["data_ll_scale"] == pytest.approx(want_far / 0.02)
 
 
+@needs_valgrind
+@needs_gcc
+def test_walkers_every_ll_misses_are_counted_apart(tmp_path):
+    """asmgen._far_function (session 24): the walkers every LL misses (the cold walker, the bins
+    beyond the LL sweep's largest LL) run in clone_farp_<name>, so callgrind counts their LL misses
+    apart from the walkers a larger LL keeps (clone_far_<name>), and tune._ll_by_side steps
+    data_ll_scale on what they measure. At a 2 MiB LL both groups miss; at 8 MiB only
+    clone_farp_'s do. The instructions stay exact with the extra call."""
+    mb = 1 << 20
+    spec = _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=[(512, 0.5), (4 * mb, 0.25), (64 * mb, 0.25)],
+        mem_per_insn=0.4,
+        main_fraction=0.02,  # 32 loads per event beyond NEAR_MAX: 16 a group
+        icode_bins=[(512, 1.0)],
+        cold_bin=64 * mb,
+    )
+    kn = {"ll_keep_bytes": 8 * mb}
+    asmgen.layer_walkers([spec], kn)
+    calls = 400
+    asmgen.write_standalone(spec, tmp_path, seed=3, calls=calls, knobs=kn)
+    assert "clone_farp_t:" in (tmp_path / "body.S").read_text()
+    got = {}
+    for ll in (2 * mb, 8 * mb):
+        tc = _cg_run(tmp_path, tmp_path / "harness", calls, f"p{ll >> 20}", ("--cache-sim=yes", f"--LL={ll},16,64"))
+        got[ll >> 20] = (tc.fn_total("DLmr", "clone_farp_t") / calls, tc.fn_total("DLmr", "clone_far_t") / calls)
+        ir = tc.fn_total("Ir", "clone_") / calls
+    lines = spec.far_ll_lines
+    assert lines["persist"] >= 5 and lines["keep"] >= 5, lines
+    # clone_farp_: its lines miss at both sizes; clone_far_ (the 4 MiB bin) hits at 8 MiB (at
+    # 2 MiB its first lines come back from the harness's start-up touch, downwards, so it does
+    # not go round in 400 events: the skeleton touches upwards, arenas_touch)
+    assert abs(got[2][0] - lines["persist"]) <= 0.1 * lines["persist"], (got, lines)
+    assert abs(got[8][0] - lines["persist"]) <= 0.1 * lines["persist"], (got, lines)
+    assert got[8][1] <= 0.05 * lines["keep"], (got, lines)
+    assert abs(ir - spec.expected) <= 0.01 * spec.expected, (ir, spec.expected)
+    # the step: data_ll_scale on clone_farp_'s measured misses, not the lines' share
+    from tailscope.clone import tune
+
+    target = {"IL_misses_per_request": 0.0, "DL_misses_per_request": 0.04, "DL_persistent_fraction": 0.25}
+    m = {"IL_misses_per_request": 0.0, "DL_misses_per_request": 0.04}
+    k = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k, m, target, {"DLmr": 0.02}, {"DLmr": 0.015}, {"keep": 1.0, "persist": 1.0}, {"DLmr": 0.016})
+    assert k["data_ll_scale"] == pytest.approx((0.25 * 0.04 - 0.005) / 0.016)
+    assert k["data_llc_scale"] == pytest.approx((0.04 - 0.005 - 0.005) / (0.015 + 0.004))
+
+
 def test_the_ll_sweep_is_fitted_non_increasing_by_least_squares():
     """generate.nonincreasing / llc_bins (session 22): a larger LL never misses more in LRU, so a
     sweep point above the one before it is a draw; the points are fitted by weighted least squares

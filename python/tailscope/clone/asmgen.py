@@ -1758,63 +1758,25 @@ def _far_function(
         expected += r["expected"]
         tables += ["    .p2align 2", f"{lab}_tab:", *[f"    .long {lab}_v{j} - ." for j in range(r["M"])]]
         variants += r["text"]
+    # the walkers every LL misses (data_ll_scale beyond the LL: the cold walker and the bins beyond
+    # the largest swept LL) run in clone_farp_<name>, called from here, so that callgrind counts
+    # their misses apart from the other walkers' (tune._ll_by_side, session 24: splitting
+    # clone_far_'s misses by the walkers' lines gave the persistent ones too few, redis's clone
+    # made 88 data misses per window at B against a target of 62)
+    persist = [w for w in walkers if is_persistent_walker(w, knobs)]
+    walkers = [w for w in walkers if not is_persistent_walker(w, knobs)]
+    farp = []
+    for w in persist:
+        code, cost = _walker_code(spec, w)
+        farp += code
+        expected += cost
     for w in walkers:
-        if w.get("static"):
-            lines_r = w["bytes"] // 64
-            out += [f"    add r12, qword ptr [r15 + {w['off'] + 64 * (j % lines_r)}]" for j in range(w["per_pass"])]
-            out.append(f"    mov [r15 + {SINK_OFF}], r12")  # keep the loads live (see below)
-            expected += w["per_pass"] + 1
-            continue
-        slot = _slot(spec, w["slot"])
-        whole, frac = _walk_split(w["lines"])
-        has_frac = round(frac * 65536) > 0
-        n_loads = whole + (1 if has_frac else 0)
-        last = max(0, w["bytes"] - 64 * n_loads)  # the last cursor whose lines stay in the region
-        # branchless: the whole lines are new every event, and one more line is new when the
-        # accumulator overflows (a fractional rate with no branch to mispredict); the cursor
-        # restarts at 0 when the next event's lines would leave the region (the region is a whole
-        # number of events' lines, so the walk is a cycle over all of it: subtracting the span
-        # instead, as the first version did, re-walked the same lines shifted by one)
-        out += [
-            f"    mov r12, [r15 + {slot}]",
-            f"    add r12, {round(frac * 65536)}",
-            "    mov rax, r12",
-            "    shr rax, 16",
-            "    and r12d, 65535",
-            f"    mov [r15 + {slot}], r12",
-            f"    mov r13, [r15 + {slot + 8}]",
-        ]
-        out += [f"    add r12, qword ptr [r15 + r13 + {w['off'] + 64 * j}]" for j in range(whole)]
-        # the sum of the loads is stored: when the next walker overwrote r12 in the same
-        # superblock, valgrind's JIT removed every load of this one as dead code (two walkers
-        # measured the misses of one; 9 of redis's 10 walkers missed nothing)
-        if whole:
-            out.append(f"    mov [r15 + {SINK_OFF}], r12")
-        if has_frac:
-            # the fractional line is loaded only in the events where it is new; in the others
-            # the load reads the sink (tiny region, always cached). Up to session 7 it loaded the
-            # next line every event, and that line was touched again in the next event: one access
-            # per walker and event at the distance of everything between two events, in no bin
-            # of the profile (memcached's timer body, 3.1 events per request, missed a 32 KiB D1
-            # on every walker at every event, whatever data_far_scale said; the tuner drove that
-            # knob to 0.02, the walkers' periods outgrew warm-up and window, and their lines came
-            # back from the start-up touch, out of the LL: 740% at A; see generate._touch_rows)
-            out += [
-                f"    lea r12, [r13 + {w['off'] + 64 * whole}]",
-                "    test rax, rax",
-                "    cmovz r12, rax",
-                "    mov r12, qword ptr [r15 + r12]",
-                f"    mov [r15 + {SINK_OFF}], r12",
-            ]
-        out += [
-            "    shl rax, 6",
-            f"    lea r13, [r13 + rax + {64 * whole}]",
-            "    xor eax, eax",
-            f"    cmp r13, {last + 1}",
-            "    cmovae r13, rax",
-            f"    mov [r15 + {slot + 8}], r13",
-        ]
-        expected += walker_cost(w)[0]
+        code, cost = _walker_code(spec, w)
+        out += code
+        expected += cost
+    if farp:
+        out.append(f"    call clone_farp_{name}")
+        expected += 2  # call, ret
     if llc:  # the LL conflict rings (llc_function), apart so that callgrind reports their costs
         out.append(f"    call clone_llc_{name}")
     if brx:  # the random-branch unit (brx_function)
@@ -1822,6 +1784,82 @@ def _far_function(
     if rep:  # the rep unit (rep_function)
         out.append(f"    call clone_rep_{name}")
     out += ["    ret", f"    .size clone_far_{name}, .-clone_far_{name}"]
+    if farp:
+        fn = f"clone_farp_{name}"
+        out += [f"    .type {fn}, @function", f"{fn}:", *farp, "    ret", f"    .size {fn}, .-{fn}"]
+    return _far_tail(out, name, variants, tables), expected
+
+
+def is_persistent_walker(w: dict, knobs: dict) -> bool:
+    """A walker whose lines every LL misses: the cold one, and those of the bins beyond the largest
+    LL the profile's LL sweep measured (far_data_knob)."""
+    return w["cold"] or (
+        far_data_knob(w["bin"], False, knobs) == "data_ll_scale" and w["bin"] > knobs.get("ll_bytes", 2 << 20)
+    )
+
+
+def _walker_code(spec, w: dict) -> tuple[list[str], float]:
+    """One walker's code in the far functions (plan_walkers) and its instructions per event."""
+    out: list[str] = []
+    if w.get("static"):
+        lines_r = w["bytes"] // 64
+        out += [f"    add r12, qword ptr [r15 + {w['off'] + 64 * (j % lines_r)}]" for j in range(w["per_pass"])]
+        out.append(f"    mov [r15 + {SINK_OFF}], r12")  # keep the loads live (see below)
+        return out, w["per_pass"] + 1
+    slot = _slot(spec, w["slot"])
+    whole, frac = _walk_split(w["lines"])
+    has_frac = round(frac * 65536) > 0
+    n_loads = whole + (1 if has_frac else 0)
+    last = max(0, w["bytes"] - 64 * n_loads)  # the last cursor whose lines stay in the region
+    # branchless: the whole lines are new every event, and one more line is new when the
+    # accumulator overflows (a fractional rate with no branch to mispredict); the cursor
+    # restarts at 0 when the next event's lines would leave the region (the region is a whole
+    # number of events' lines, so the walk is a cycle over all of it: subtracting the span
+    # instead, as the first version did, re-walked the same lines shifted by one)
+    out += [
+        f"    mov r12, [r15 + {slot}]",
+        f"    add r12, {round(frac * 65536)}",
+        "    mov rax, r12",
+        "    shr rax, 16",
+        "    and r12d, 65535",
+        f"    mov [r15 + {slot}], r12",
+        f"    mov r13, [r15 + {slot + 8}]",
+    ]
+    out += [f"    add r12, qword ptr [r15 + r13 + {w['off'] + 64 * j}]" for j in range(whole)]
+    # the sum of the loads is stored: when the next walker overwrote r12 in the same
+    # superblock, valgrind's JIT removed every load of this one as dead code (two walkers
+    # measured the misses of one; 9 of redis's 10 walkers missed nothing)
+    if whole:
+        out.append(f"    mov [r15 + {SINK_OFF}], r12")
+    if has_frac:
+        # the fractional line is loaded only in the events where it is new; in the others
+        # the load reads the sink (tiny region, always cached). Up to session 7 it loaded the
+        # next line every event, and that line was touched again in the next event: one access
+        # per walker and event at the distance of everything between two events, in no bin
+        # of the profile (memcached's timer body, 3.1 events per request, missed a 32 KiB D1
+        # on every walker at every event, whatever data_far_scale said; the tuner drove that
+        # knob to 0.02, the walkers' periods outgrew warm-up and window, and their lines came
+        # back from the start-up touch, out of the LL: 740% at A; see generate._touch_rows)
+        out += [
+            f"    lea r12, [r13 + {w['off'] + 64 * whole}]",
+            "    test rax, rax",
+            "    cmovz r12, rax",
+            "    mov r12, qword ptr [r15 + r12]",
+            f"    mov [r15 + {SINK_OFF}], r12",
+        ]
+    out += [
+        "    shl rax, 6",
+        f"    lea r13, [r13 + rax + {64 * whole}]",
+        "    xor eax, eax",
+        f"    cmp r13, {last + 1}",
+        "    cmovae r13, rax",
+        f"    mov [r15 + {slot + 8}], r13",
+    ]
+    return out, walker_cost(w)[0]
+
+
+def _far_tail(out: list[str], name: str, variants: list[str], tables: list[str]) -> list[str]:
+    """The far function's code rings' variants and tables, after its code."""
     if variants:
         # the code rings' variants in a section of their own, page aligned (session 13): after
         # the far function's code, every step of a knob that changes its size or a body's (the
@@ -1840,7 +1878,7 @@ def _far_function(
         ]
     if tables:
         out += ["    .section .rodata", *tables, "    .text"]
-    return out, expected
+    return out
 
 
 def _layer_regions(blocks: list[Block], ll: int) -> None:

@@ -191,6 +191,7 @@ def _split(win: vg.Window, meta: dict) -> dict:
         e["body_Ir"] += (
             t.fn_total("Ir", f"clone_body_{name}")
             + t.fn_total("Ir", f"clone_far_{name}")
+            + t.fn_total("Ir", f"clone_farp_{name}")
             + t.fn_total("Ir", f"clone_llc_{name}")
             + t.fn_total("Ir", f"clone_llcv_{name}")
             + t.fn_total("Ir", f"clone_fill_{name}")
@@ -200,7 +201,11 @@ def _split(win: vg.Window, meta: dict) -> dict:
         e["body_Dref"] += (t.fn_total("Dr", f"clone_body_{name}") + t.fn_total("Dw", f"clone_body_{name}")) / n
         e["body_Bc"] += (t.fn_total("Bc", f"clone_body_{name}") + t.fn_total("Bc", f"clone_far_{name}")) / n
         for ev in ("I1mr", "D1mr", "D1mw", "ILmr", "DLmr", "DLmw", "Bcm"):
-            out["far"][ev] = out["far"].get(ev, 0.0) + t.fn_total(ev, "clone_far_") / n
+            # (clone_farp_: the walkers every LL misses, a function of their own, counted in too)
+            farp = t.fn_total(ev, "clone_farp_") / n
+            out["far"][ev] = out["far"].get(ev, 0.0) + t.fn_total(ev, "clone_far_") / n + farp
+            out.setdefault("farp", {})
+            out["farp"][ev] = out["farp"].get(ev, 0.0) + farp
             # the conflict rings (clone_llc_<name> and its variants clone_llcv_<name>)
             out.setdefault("llc", {})
             out["llc"][ev] = out["llc"].get(ev, 0.0) + t.fn_total(ev, "clone_llc") / n
@@ -293,7 +298,7 @@ def update_knobs(
     elif t_i1 > rest_i1:
         k["icode_far_scale"] = _clamp(k["icode_far_scale"] * 2, 0.001, 50.0)
     if "DL_misses_per_request" in target and "DL_misses_per_request" in m:
-        _ll_by_side(k, m, target, far, split.get("llc") or {}, split.get("far_ll_lines"))
+        _ll_by_side(k, m, target, far, split.get("llc") or {}, split.get("far_ll_lines"), split.get("farp"))
         _l1_steps(k, m, target, split.get("brx"), d1_targets, split)
         return k
     # LL (profiles before session 10): the far-data loop's misses are linear in its rate
@@ -325,7 +330,9 @@ def _newton(k: dict, knob: str, want: float, have: float, lo: float = LL_KNOB_FL
         k[knob] = _clamp(k.get(knob, 1.0) * 2.0, lo, hi)
 
 
-def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict, far_lines: dict | None = None) -> None:
+def _ll_by_side(
+    k: dict, m: dict, target: dict, far: dict, llc: dict, far_lines: dict | None = None, farp: dict | None = None
+) -> None:
     """The LL misses per request, code and data apart (session 10). Code: the cold code ring
     (fixed by the profile) and the rest of the clone are what they are; the code conflict rings
     make up the difference. Data: the walkers beyond the LL (clone_far_) give the share that
@@ -362,10 +369,13 @@ def _ll_by_side(k: dict, m: dict, target: dict, far: dict, llc: dict, far_lines:
     # larger LL keeps them), in the shares of their lines (generate's far_ll_lines; session 24:
     # up to then all were taken as persistent, and redis's clone missed 19 data lines per window
     # at B where the original missed 31-55)
-    lines = far_lines or {}
-    keep, persist = float(lines.get("keep", 0.0)), float(lines.get("persist", 0.0))
-    share = persist / (keep + persist) if keep + persist > 0 else 1.0
-    far_p, far_k = share * far_dl, (1.0 - share) * far_dl
+    if farp is not None:  # measured: the persistent walkers are clone_farp_ (asmgen._far_function)
+        far_p = min(far_dl, max(0.0, farp.get("DLmr", 0.0) + farp.get("DLmw", 0.0)))
+    else:  # (a split without clone_farp_'s costs: by the groups' lines)
+        lines = far_lines or {}
+        keep, persist = float(lines.get("keep", 0.0)), float(lines.get("persist", 0.0))
+        far_p = (persist / (keep + persist) if keep + persist > 0 else 1.0) * far_dl
+    far_k = far_dl - far_p
     # (judged at the knob these misses were measured at, before this step)
     at_floor = k.get("data_ll_scale", 1.0) <= 2 * LL_KNOB_FLOOR
     if far_p > 0 or want_far > 0:

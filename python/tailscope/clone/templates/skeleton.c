@@ -270,17 +270,22 @@ static char *arena_new(size_t bytes)
 }
 
 /* All arenas' regions touched as one LRU stack (clone_touch: the generator's ranges, those that
- * keep the longest reuse distance first, each from its end down): the simulated caches are
- * shared by all threads, so an arena touched on its own after another pushed the other's
- * regions out of the LL (see generate._touch_rows). */
+ * keep the longest reuse distance first): the simulated caches are shared by all threads, so an
+ * arena touched on its own after another pushed the other's regions out of the LL (see
+ * generate._touch_rows). Each range from its start up (session 24; from its end down before): a
+ * cursor walker starts at its region's first line and walks up, and a slow one (memcached's and
+ * redis's walkers beyond the LL: a few hundred lines per run of a region of ~40,000) never comes
+ * round in a run, so its lines keep the distance the start-up touch left them at. Touched
+ * downwards, its first lines were the most recent of its region, within the LL of their bin's
+ * distance: redis's 4 MiB-bin walkers missed nothing at a 2 MiB LL. */
 void clone_warm(char *arena0);
 
 static void arenas_touch(char *const *arena)
 {
 	for (int i = 0; i < CLONE_N_TOUCH; i++) {
 		const struct clone_touch *t = &clone_touch[i];
-		for (size_t off = (t->off + t->bytes) / 64 * 64; off > t->off / 64 * 64; off -= 64)
-			((volatile char *)arena[t->arena])[off - 64] = 0;
+		for (size_t off = t->off / 64 * 64; off < (t->off + t->bytes) / 64 * 64; off += 64)
+			((volatile char *)arena[t->arena])[off] = 0;
 	}
 }
 
