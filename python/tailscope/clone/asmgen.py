@@ -1372,9 +1372,10 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     walkers, off = plan_walkers(spec, instructions, knobs, sum(b.region_bytes for b in blocks), off, color)
     spec.far_ll_lines = {"keep": 0.0, "persist": 0.0}
     for w in walkers:
-        side = far_data_knob(w["bin"], w["cold"], knobs)
-        if side != "data_far_scale" and (w["cold"] or w["bin"] > ll):
-            spec.far_ll_lines["keep" if side == "data_llc_scale" else "persist"] += w["lines"]
+        if is_persistent_walker(w, knobs):
+            spec.far_ll_lines["persist"] += w["lines"]
+        elif far_data_knob(w["bin"], w["cold"], knobs) == "data_llc_scale":
+            spec.far_ll_lines["keep"] += w["lines"]
     llc = llc_rings(spec, knobs)
     llc_off = off
     off = (off + llc_region_bytes(llc) + 4095) // 4096 * 4096
