@@ -2617,6 +2617,29 @@ def test_walkers_every_ll_misses_are_counted_apart(tmp_path):
     assert k["data_llc_scale"] == pytest.approx((0.04 - 0.005 - 0.005) / (0.015 + 0.004))
 
 
+def test_the_rest_a_larger_ll_keeps_leaves_the_persistent_walkers_their_share():
+    """tune._ll_by_side (session 25): the clone's misses outside its walkers and rings (the rest)
+    count against the share every LL misses only as far as the skeleton still misses at the LL
+    sweep's largest size (measure_skeleton's "_ll"). memcached's rest at A was over that share,
+    so the walkers every LL misses sat at their floor and the clone's data side at B was half
+    the original's; without the measurement, all the rest is taken as persistent, as before."""
+    from tailscope.clone import tune
+
+    target = {"IL_misses_per_request": 0.0, "DL_misses_per_request": 0.008, "DL_persistent_fraction": 0.1}
+    m = {"IL_misses_per_request": 0.0, "DL_misses_per_request": 0.008}
+    far, llc, farp = {"DLmr": 0.0025}, {"DLmr": 0.003}, {"DLmr": 0.0002}  # rest 0.0025, above 0.0008
+    k = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k, m, target, far, llc, None, farp)
+    assert k["data_ll_scale"] == pytest.approx(0.05)  # (want 0: the step's floor)
+    k = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k, m, {**target, "skeleton_DL_persistent": 0.0001}, far, llc, None, farp)
+    assert k["data_ll_scale"] == pytest.approx((0.1 * 0.008 - 0.0001) / 0.0002)
+    # the skeleton's "_ll" reaches the target; a profile without an LL sweep measures nothing more
+    assert tune.skeleton_ll_size({"valgrind": {"ll_sweep": {"sizes": [2 << 20, 4 << 20, 8 << 20]}}}) == 8 << 20
+    assert tune.skeleton_ll_size({"valgrind": {"ll_sweep": {"sizes": [2 << 20]}}}) is None
+    assert tune.skeleton_ll_size({"valgrind": {}}) is None
+
+
 def test_the_ll_sweep_is_fitted_non_increasing_by_least_squares():
     """generate.nonincreasing / llc_bins (session 22): a larger LL never misses more in LRU, so a
     sweep point above the one before it is a draw; the points are fitted by weighted least squares
