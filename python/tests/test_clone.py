@@ -1024,6 +1024,57 @@ def test_body_data_references_follow_the_profile_with_short_chunks(tmp_path):
     assert less < base - 0.05, (less, base)
 
 
+def test_set_quotas_share_the_lines_out_by_the_histogram():
+    q = asmgen.set_quotas([3] * 16 + [1] * 48, 150)
+    assert sum(q) == 150 and len(q) == 64
+    assert all(q[i] in (4, 5) for i in range(16)) and all(q[i] in (1, 2) for i in range(16, 64)), q
+    assert asmgen.set_quotas([0] * 64, 10) == [0] * 64
+
+
+@needs_gcc
+def test_shaped_blocks_lie_on_the_profiles_code_sets(tmp_path):
+    """shape_sets moves a body's chunks onto the sets the profile's hot code uses: with all of it
+    on sets 0-15, nearly all chunks land there (a quarter, contiguous), no mark is left, and the
+    same text gives the same layout. Without a histogram the marks go and the code is unchanged."""
+    spec = _spec(instructions=8000, chunk_insns=5, icode_bins=[(16384, 1.0)])
+    lines, _blocks, _arena = asmgen.generate_body(spec, np.random.default_rng(3), {})
+    text = "\n".join(["    .intel_syntax noprefix", "    .text", *lines]) + "\n"
+    hist = [4] * 16 + [0] * 48
+    shaped = asmgen.shape_sets(text, hist, tmp_path / "w")
+    assert shaped == asmgen.shape_sets(text, hist, tmp_path / "w2")
+    assert asmgen.SETGAP_MARK not in shaped and ".skip" in shaped
+    plain = asmgen.shape_sets(text, None, tmp_path / "w3")
+    assert asmgen.SETGAP_MARK not in plain and ".skip" not in plain
+
+    def sets_of_chunks(t: str) -> list[int]:
+        addr = asmgen._assemble_labels(t, tmp_path / "a")
+        base = addr["clone_body_t"]
+        return [(a - base) // 64 % 64 for k, a in addr.items() if re.fullmatch(r"\.Lt_\d+_c\d+", k)]
+
+    on = [s < 16 for s in sets_of_chunks(shaped)]
+    flat = [s < 16 for s in sets_of_chunks(plain)]
+    assert len(on) > 100 and sum(on) >= 0.9 * len(on), (sum(on), len(on))
+    assert sum(flat) <= 0.4 * len(flat)
+
+
+@needs_valgrind
+@needs_gcc
+def test_shaped_blocks_miss_by_the_ways_as_the_originals_code_does(tmp_path):
+    """Contiguous, ~150 lines of blocks fit a 16 KiB I1 at 8 ways and at 4 alike. Shaped onto a
+    profile whose hot code sits three times as thick on sets 0-15, those sets hold ~8 lines: they
+    still fit 8 ways (sets folded to 32) but not 4, so the I1 misses at 4 ways only."""
+    spec = _spec(instructions=8000, chunk_insns=5, icode_bins=[(16384, 1.0)])
+    misses = {}
+    for name, cs in (("flat", None), ("shaped", [3] * 16 + [1] * 48)):
+        d = tmp_path / name
+        asmgen.write_standalone(spec, d, seed=3, calls=300, code_sets=cs)
+        for ways in (8, 4):
+            tc = _cg_run(d, d / "harness", 300, f"i{ways}", ("--cache-sim=yes", f"--I1=16384,{ways},64"))
+            misses[name, ways] = tc.fn_total("I1mr", "clone_body_t") / 300
+    assert max(misses["flat", 8], misses["flat", 4], misses["shaped", 8]) < 5, misses
+    assert misses["shaped", 4] > 200, misses
+
+
 @needs_gcc
 def test_chunks_spread_branches_over_predictor_slots(tmp_path):
     """spread_chunks pads middle chunks inside their line: the body's conditional branches use
@@ -2046,7 +2097,9 @@ def test_a_zigzag_body_misses_half_its_code_at_half_the_i1(tmp_path):
     """Two blocks of ~12 KiB run once per event: in one order every line comes back after both
     (~24 KiB) and misses a 16 KiB I1 on every event; in the zig-zag each line comes back after
     one block on every other event, so about half the fetches hit. Same instructions per event
-    (the parity, its branch and the calls come out of the blocks' budget); both hit a 32 KiB I1."""
+    (the parity, the table reads and the calls come out of the blocks' budget); both hit a 32 KiB
+    I1. The order is an indirect call through a table, never a conditional branch on the parity
+    (in the clone its history is the skeleton's: it mispredicted on every event)."""
     smooth = [(128, 1000.0), (8192, 300.0), (16384, 150.0), (32768, 100.0)]
     got = {}
     for name, curve in (("one", None), ("zig", smooth)):
@@ -2060,7 +2113,8 @@ def test_a_zigzag_body_misses_half_its_code_at_half_the_i1(tmp_path):
         )
         d = tmp_path / name
         asmgen.write_standalone(spec, d, seed=3, calls=400)
-        assert ("_rev:" in (d / "body.S").read_text()) == (curve is not None)
+        text = (d / "body.S").read_text()
+        assert ("_order:" in text) == (curve is not None) and "_rev" not in text
         for i1 in (16384, 32768):
             tc = _cg_run(d, d / "harness", 400, f"i{i1}", ("--cache-sim=yes", f"--I1={i1},8,64"))
             fns = ("clone_body_t", "clone_far_t", "clone_fill_t")
