@@ -1136,6 +1136,19 @@ def test_generation_is_deterministic_and_builds(tmp_path):
 
 
 @needs_gcc
+def test_the_skeleton_alone_has_no_cold_code_ring(tmp_path):
+    """generate(empty_body=True), the skeleton measure_skeleton measures, runs none of the body:
+    no blocks and no cold code ring (its 4,096 one-line variants), which the clone has."""
+    prof = generate.neutral_profile("redis", icode_bins=[(4096, 1.0)])
+    prof["body"]["0"]["I_cold"] = 0.02
+    prof["valgrind"]["requests"] = prof["body"]["0"]["cold_requests"] = 1000
+    generate.generate(prof, tmp_path / "full", seed=1)
+    generate.generate(prof, tmp_path / "skel", seed=1, empty_body=True)
+    full, skel = ((tmp_path / d / "body.S").read_text() for d in ("full", "skel"))
+    assert full.count("\n    ret") > asmgen.COLD_RING_LINES > skel.count("\n    ret")
+
+
+@needs_gcc
 def test_leakage_check(tmp_path):
     orig_src = tmp_path / "orig.c"
     orig_src.write_text("""#include <stdio.h>

@@ -558,6 +558,9 @@ def generate(
         if empty_body:
             spec.instructions = 0.0
             spec.rep_per_event = 0.0  # (the skeleton alone: no rep unit either)
+            # nor the cold code ring, the original's first fetches (session 25: it ran in the
+            # skeleton's measurement, 96 of redis's skeleton's code misses per window at 8 MiB)
+            spec.cold_code_lines = 0.0
         sub_rng = np.random.default_rng([seed, ci])
         lines, blocks, arena = asmgen.generate_body(spec, sub_rng, knobs)
         asm += lines
