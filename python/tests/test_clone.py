@@ -1734,6 +1734,17 @@ def test_the_cold_code_is_capped_at_the_code_misses_no_swept_ll_keeps():
     sp = specs(0.0, 0.0)  # no first fetches at all: nothing to scale
     generate._cap_cold_code(sp, prof)
     assert sp[0].cold_code_lines == 0.0
+    # what the skeleton alone misses at that LL is left to it (session 25)
+    sp = specs(0.01, 0.0)
+    generate._cap_cold_code(sp, prof, 0.00265)
+    assert sp[0].cold_code_lines == pytest.approx(0.01)
+    sp = specs(0.01, 0.0)
+    generate._cap_cold_code(sp, prof, 0.02)
+    assert sp[0].cold_code_lines == 0.0
+    assert generate._skeleton_ll({"_ll": {"IL_at_max": 0.001}}) == {"IL_at_max": 0.001}
+    assert generate._skeleton_ll({"worker": {}}) == {}
+    with pytest.raises(CloneError, match="corrupt"):
+        generate._skeleton_ll({"_ll": {"IL_at_max": "x"}})
     for bad in ({}, {"valgrind": {"ll_sweep": {"sizes": [2 << 20], "IL": [0.001]}}}):
         sp = specs(0.01, 0.002)
         generate._cap_cold_code(sp, bad)

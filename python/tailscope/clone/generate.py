@@ -397,7 +397,20 @@ def _persistent_cold_walker(sp: asmgen.BodySpec, bins: dict, keep: int) -> None:
 COLD_RAISE_MAX = 2.0
 
 
-def _cap_cold_code(specs: dict, prof: dict) -> None:
+def _skeleton_ll(skeleton: dict | None) -> dict[str, float]:
+    """The skeleton's LL misses per request at A and at the LL sweep's largest size
+    (tune.measure_skeleton's "_ll"), its numbers checked; {} where it has none."""
+    ll = (skeleton or {}).get("_ll")
+    if ll is None:
+        return {}
+    if not isinstance(ll, dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < float("inf") for v in ll.values()
+    ):
+        raise CloneError("skeleton.json _ll holds a non-number: corrupt skeleton measurement")
+    return {k: float(v) for k, v in ll.items()}
+
+
+def _cap_cold_code(specs: dict, prof: dict, skeleton_code: float = 0.0) -> None:
     """The cold code ring's fetches miss every LL (asmgen.cold_ring), so all bodies' cold lines per
     request are set to what the original's code misses at the largest LL of its LL sweep (the
     code misses no LL keeps). The first fetches counted at the largest swept I1 (I_cold) can be
@@ -409,13 +422,14 @@ def _cap_cold_code(specs: dict, prof: dict) -> None:
     conflict rings hit there by design), and memcached's first fetches, 17.9 per window against
     the sweep's 19.5 at 8 MiB, left the clone's code misses at B at 17 where the original's four
     windows had 17-20 (its LL rate 13% under with the data side matched). No LL sweep: as
-    counted."""
+    counted. `skeleton_code`: what the skeleton alone misses at that LL (measure_skeleton's "_ll",
+    per request), which the ring leaves to it (session 25)."""
     persistent = llc_bins((prof.get("valgrind") or {}).get("ll_sweep"))["persistent_misses"].get("code")
     if persistent is None:
         return
     cold = sum(sp.cold_code_lines * sp.events_per_request for sp in specs.values())
     if cold > 0:
-        f = min(COLD_RAISE_MAX, persistent / cold)
+        f = min(COLD_RAISE_MAX, max(0.0, persistent - skeleton_code) / cold)
         for sp in specs.values():
             sp.cold_code_lines *= f
 
@@ -551,7 +565,7 @@ def generate(
             specs[ci].cold_code_lines *= _cold_window_ratio(ci, b, vgp)
     if not empty_body:
         _set_llc(specs, prof)
-        _cap_cold_code(specs, prof)
+        _cap_cold_code(specs, prof, _skeleton_ll(skeleton).get("IL_at_max", 0.0))
     asmgen.layer_walkers(list(specs.values()), knobs)
     for ci, spec in specs.items():
         name = spec.name

@@ -599,9 +599,9 @@ def tune(
     # cold code ring is the code side's knob (`_ll_by_side`)
     target["IL_ring_bins"] = float(len(bins["code"]))
     # the skeleton's data LL misses at the sweep's largest LL (`_ll_by_side`: its persistent rest)
-    skel_ll = (skeleton or {}).get("_ll") or {}
-    if isinstance(skel_ll.get("DL_at_max"), (int, float)) and skel_ll["DL_at_max"] >= 0:
-        target["skeleton_DL_persistent"] = float(skel_ll["DL_at_max"])
+    skel_ll = gen._skeleton_ll(skeleton)
+    if "DL_at_max" in skel_ll:
+        target["skeleton_DL_persistent"] = skel_ll["DL_at_max"]
     port = prof["listen"]["port"]
     load = prof["load"]["args"]
     vgp = prof["valgrind"]
