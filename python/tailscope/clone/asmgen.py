@@ -2272,28 +2272,13 @@ def spread_chunks(text: str, seed: int, workdir) -> str:
     chunk inside its line, so the I-cache line entries are unchanged. Same text + seed, same
     output. Returns the text unchanged if the assembler is not available."""
     import re
-    import subprocess
-    from pathlib import Path
+    import zlib
 
     if PAD_MARK not in text:
         return text
-    work = Path(workdir)
-    work.mkdir(parents=True, exist_ok=True)
-    src, obj = work / "spread.S", work / "spread.o"
-    src.write_text(text)
-    try:
-        subprocess.run(
-            ["gcc", "-c", "-Wa,-L", "-o", str(obj), str(src)], check=True, capture_output=True, text=True, timeout=120
-        )
-        nm = subprocess.run(["nm", str(obj)], check=True, capture_output=True, text=True, timeout=60).stdout
-    except (OSError, subprocess.SubprocessError):
+    addr = _assemble_labels(text, workdir)
+    if addr is None:
         return text
-    addr = {}
-    for ln in nm.splitlines():
-        parts = ln.split()
-        if len(parts) == 3:
-            addr[parts[2]] = int(parts[0], 16)
-    import zlib
 
     out = []
     for ln in text.split("\n"):
@@ -2310,8 +2295,6 @@ def spread_chunks(text: str, seed: int, workdir) -> str:
             rng = np.random.default_rng([seed, 0x5EED, zlib.crc32(lab.encode())])
             pad = int(rng.integers(0, room + 1)) if room > 0 else 0
         out.append(f"    .skip {pad}, 0xcc" if pad else "    # no room to pad")
-    for f in (src, obj):
-        f.unlink(missing_ok=True)
     return "\n".join(out)
 
 
