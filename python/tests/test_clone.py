@@ -1633,6 +1633,51 @@ def test_original_spread_is_the_pooled_means_uncertainty():
     assert validate.verdict([("cache A", 0.16, drift)], 0.10)["holds"] is None, drift
 
 
+def test_original_spread_pools_the_deviation_over_hierarchies():
+    """validate.pooled_deviation (session 26): the original's window-to-window deviation is the
+    service's, not the cache's. A rare stretch in about half of redis's windows adds ~50% to its
+    LL misses at every hierarchy; six windows at B that all missed it must not make the row look
+    settled (their own deviation is 0), and the stopping rule must run on at B."""
+    from tailscope.clone import validate
+
+    def side(vals, profile=()):
+        return {
+            "LL_miss_rate": sum(vals) / len(vals),
+            "runs": [{"LL_miss_rate": v} for v in vals],
+            "profile_runs": [{"LL_miss_rate": v} for v in profile],
+        }
+
+    a = side([80, 142, 80, 80, 142, 80], profile=[80, 142, 80, 142, 142, 80])
+    b_lucky = side([74.0] * 6)
+    assert validate.original_spread(b_lucky, "LL_miss_rate") == 0.0  # its own windows alone
+    pooled = validate.original_spread(b_lucky, "LL_miss_rate", [a])
+    # A's twelve windows deviate ~29% from their mean (df 11); with B's six (df 5, no deviation)
+    # the pooled deviation is ~25%, two standard errors over six windows ~20%
+    twelve = [80, 142, 80, 80, 142, 80, 80, 142, 80, 142, 142, 80]  # 5 of 12 in the mode
+    dev = validate.pooled_deviation([twelve, [74.0] * 6])
+    ss = sum((v / (1270 / 12) - 1) ** 2 for v in twelve)
+    assert dev == pytest.approx((ss / 16) ** 0.5)
+    assert pooled == pytest.approx(2 * dev / 6**0.5) and pooled > 0.15
+    # a clone at the mixture's mean is 20% off the lucky six: no longer judged on them
+    assert validate.verdict([("cache B", 0.2, pooled)], 0.10)["holds"] is None
+    assert validate.verdict([("cache B", 0.2, 0.0)], 0.10)["holds"] is False
+    # the pooled figure never lowers a side's own spread (A keeps its own, the larger)
+    assert validate.original_spread(a, "LL_miss_rate", [b_lucky]) == pytest.approx(
+        validate.original_spread(a, "LL_miss_rate")
+    )
+    # too few windows anywhere: no pooled figure, the side's own spread stands
+    assert validate.pooled_deviation([[1.0], [2.0], [3.0, 3.0]]) is None
+    assert validate.pooled_deviation([[0.0, 0.0, 0.0]]) is None
+    # errors() pools each hierarchy's original with the others
+    res = {"levels": {}, "simulated": {"A": {"original": a, "clone": a}, "B": {"original": b_lucky, "clone": a}}}
+    e = validate.errors(res)
+    assert e["original_spread"]["simulated"]["B"]["LL_miss_rate"] == pytest.approx(pooled)
+    # the stopping rule at B reads A's windows too: six lucky windows are not enough
+    why, need = validate.unjudgeable_sim_rows(b_lucky, [a])
+    assert "LL miss rate spread" in why and need == validate.windows_needed(b_lucky, pooled, 0.10) > 6
+    assert validate.unjudgeable_sim_rows(b_lucky) == ("", 0)
+
+
 def test_native_part_of_the_validation_is_checked(tmp_path):
     """validate.load_native_part: `clone-report --part simulated` reads the saved native part; a
     missing, corrupt or stale one (the clone rebuilt after it) is a one-line error."""

@@ -70,8 +70,8 @@ def register(sub) -> None:
         "--sim-windows",
         default="auto",
         metavar="N|auto",
-        help="callgrind windows per side and cache hierarchy; auto (default): 6, then more, up to 20, while "
-        "the original's own spread leaves a row unjudged and 20 would judge it; a row still unjudged says how "
+        help="callgrind windows per side and cache hierarchy; auto (default): 6, then more, up to 40, while "
+        "the original's own spread leaves a row unjudged and 40 would judge it; a row still unjudged says how "
         "many would",
     )
     r.add_argument("--quiet", action="store_true", help="no progress lines")
