@@ -912,6 +912,24 @@ def test_tuning_step_per_metric():
     assert tune.score(errs) == 22.0
 
 
+def test_the_loop_keeps_an_iteration_within_every_tolerance():
+    """tune.rank (session 26): an iteration within every tolerance (where the loop stops) is kept
+    over an earlier one with a lower score but a row out; among the rest the score decides."""
+    from tailscope.clone import tune
+
+    tol = tune.TOLERANCE
+    spot = {k: 0.0 for k in tol}
+    one_out = spot | {"branch_mispredict_rate": 1.2 * tol["branch_mispredict_rate"]}
+    all_in = {k: 0.9 * t for k, t in tol.items()}
+    assert tune.score(one_out) < tune.score(all_in)  # the score alone would keep the earlier one
+    assert tune.within(all_in) and not tune.within(one_out)
+    assert tune.rank(all_in) < tune.rank(one_out)
+    assert min([tune.rank(one_out), tune.rank(all_in)]) == tune.rank(all_in)
+    worse = spot | {"branch_mispredict_rate": 3 * tol["branch_mispredict_rate"]}
+    assert tune.rank(one_out) < tune.rank(worse)
+    assert not tune.within({k: 0.0 for k in list(tol)[1:]})  # a metric not measured is not within
+
+
 def test_the_score_counts_errors_beyond_the_targets_own_spread():
     """tune.score (session 17): an error counts beyond the target's own spread over the profile's
     windows only. redis's LL rows moved 20-30% between the profile's windows, and the loop kept an

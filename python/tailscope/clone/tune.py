@@ -571,6 +571,19 @@ def target_spread(vgp: dict) -> dict[str, float]:
     return out
 
 
+def within(errs: dict) -> bool:
+    """Every tuned metric within its tolerance: the loop's goal, where it stops."""
+    return all(k in errs and errs[k] <= tol for k, tol in TOLERANCE.items())
+
+
+def rank(errs: dict, spread: dict | None = None) -> tuple[bool, float]:
+    """Which iteration the loop keeps, the least: one within every tolerance (`within`) before
+    any that is not, then the lower `score`. Until session 26 the score alone decided, so an
+    earlier iteration with one row just out (a score of errors beyond the target's spread) could
+    be kept over the last, which met them all and ended the loop."""
+    return (not within(errs), score(errs, spread))
+
+
 def score(errs: dict, spread: dict | None = None) -> float:
     """Which iteration is best: the sum of errors in units of their tolerance, each capped at 10
     (one metric stuck far off must not decide alone). A metric an iteration failed to measure
@@ -629,6 +642,7 @@ def tune(
         m = vg.metrics(win)
         errs = {k: rel_err(m.get(k, 0.0), target.get(k, 0.0)) for k in TOLERANCE}
         sc = score(errs, spread)
+        rk = rank(errs, spread)
         split = _split(win, meta)
         split["far_ll_lines"] = meta.get("far_ll_lines") or {}
         history.append(
@@ -638,9 +652,9 @@ def tune(
             f"tuning iteration {it}/{max_iter}: "
             + ", ".join(f"{k.split('_')[0]} {100 * v:.1f}%" for k, v in errs.items())
         )
-        if best is None or sc < best[0]:
-            best = (sc, dict(knobs), it)
-        if all(errs[k] <= tol for k, tol in TOLERANCE.items()):
+        if best is None or rk < best[0]:
+            best = (rk, dict(knobs), it)
+        if within(errs):
             break
         knobs = freeze_layout(update_knobs(knobs, m, target, split, body_targets, d1_targets), best[1], it)
         knobs = i1_secant(knobs, history, target)
