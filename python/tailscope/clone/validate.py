@@ -549,7 +549,7 @@ def pooled_deviation(groups: list[list[float]]) -> float | None:
     Why (session 26): what varies between windows is the service, not the cache. redis's main
     thread runs a rare stretch of jemalloc (its background thread's wake-up, ~56 code and ~25
     data LL misses on top of a window's ~110) in about half its windows, at every hierarchy:
-    profile 3 of 6 at A, its LL sweep 3 of 6 at 4 MiB and 8 MiB. Session 25's run had 3 of 12 at
+    profile 3 of 6 at A, its LL sweep 4 of 6 at 4 MiB and 3 of 6 at 8 MiB. Session 25's run had 3 of 12 at
     B, and this session's six windows at B had none: their own deviation put the original's
     spread at 7.8%, the LL row was judged on them, and the clone, which misses the mixture's
     mean every window, was 13.6% "off" (+36% code, -36% data). Pooled with A's twelve windows
