@@ -208,10 +208,7 @@ def load_service(name: str, work: Path) -> dict:
     try:
         r = {k: json.loads((priv / f"{k}.json").read_text()) for k in ("profile", "tuning", "leakage")}
         r["validation"] = json.loads((priv / "validation.json").read_text())
-        # judged by this checkout's rules (session 26: the spread pooled over hierarchies), not
-        # by those of the run that measured it: both services' rows in one report read alike
-        r["validation"]["errors"] = validate.errors(r["validation"])
-    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+    except (OSError, json.JSONDecodeError) as exc:
         raise SystemExit(f"bench ditto: --also {name}: no complete earlier run in {out} ({exc})") from None
     r.update(
         read_times(
@@ -220,6 +217,14 @@ def load_service(name: str, work: Path) -> dict:
             f"re-run it: --services {name} --stage pipeline, then --stage report",
         )
     )
+    # judged by this checkout's rules (session 26: the spread pooled over hierarchies), not by
+    # those of the run that measured it: both services' rows in one report read alike
+    v = r["validation"]
+    if isinstance(v, dict) and "levels" in v:
+        try:
+            v["errors"] = validate.errors(v)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:
+            raise SystemExit(f"bench ditto: --also {name}: {priv / 'validation.json'} is corrupt ({exc!r})") from None
     r["clone_dir"] = str(out.relative_to(ROOT))
     return r
 
