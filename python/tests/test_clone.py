@@ -1501,6 +1501,10 @@ def test_auto_sim_windows_run_until_the_original_can_be_judged():
     why, need = validate.unjudgeable_sim_rows(m)
     assert "LL miss rate spread" in why and need > 20
     assert need == validate.windows_needed(m, validate.original_spread(m, "LL_miss_rate"), 0.10)
+    # one whose six windows say it needs more than the cap, but not twice as many (session 26:
+    # the need is the square of a six-window estimate): it runs on to the cap (~26 needed here)
+    n, lines = run(lambda i: (10_000, 16_000)[i % 2], 13_000)
+    assert n == 20 and "stopping" not in lines[-1], lines[-2:]
     # ... and one that looked within reach at six windows but got noisier stops once it is not
     n, lines = run(lambda i: (10_000, 13_000)[i % 2] if i < 6 else (2_000, 30_000)[i % 2], 16_000)
     assert n == 7 and "stopping at 7" in lines[-1], lines[-2:]
