@@ -641,8 +641,8 @@ def tune(
         )
         m = vg.metrics(win)
         errs = {k: rel_err(m.get(k, 0.0), target.get(k, 0.0)) for k in TOLERANCE}
-        sc = score(errs, spread)
         rk = rank(errs, spread)
+        sc = rk[1]  # (score)
         split = _split(win, meta)
         split["far_ll_lines"] = meta.get("far_ll_lines") or {}
         history.append(

@@ -531,8 +531,9 @@ def original_spread(side: dict, key: str, peers: tuple | list = ()) -> float | N
         return sp if floor is None else max(sp, floor)
     if "runs" in side and len(side["runs"]) >= 2 and key in side["runs"][0] and key in SIM_KEYS:
         n = len(side["runs"])
-        sp = mean_spread(_window_values(side, key), n)
-        rel = pooled_deviation([_window_values(s, key) for s in (side, *peers)])
+        own = _window_values(side, key)
+        sp = mean_spread(own, n)
+        rel = pooled_deviation([own, *(_window_values(s, key) for s in peers)])
         if rel is not None:
             sp = max(sp, 2 * rel / n**0.5)
         floor = counting_floor(side, key)
