@@ -1729,6 +1729,56 @@ def test_native_part_of_the_validation_is_checked(tmp_path):
         validate.load_native_part(tmp_path)
     with pytest.raises(CloneError, match="--part bogus"):
         validate.validate({}, tmp_path, print, part="bogus")
+    with pytest.raises(CloneError, match="--idle bogus: one of poll, halt"):
+        validate.validate({}, tmp_path, print, idle="bogus")
+
+
+def _cpu_latency_request(dev) -> int:
+    import os
+    import struct
+
+    fd = os.open(dev, os.O_RDONLY)
+    try:
+        return struct.unpack("i", os.read(fd, 4))[0]
+    finally:
+        os.close(fd)
+
+
+def test_cpus_awake_holds_the_idle_state_and_lets_it_go(tmp_path):
+    """runner.cpus_awake (session 27): "poll" holds a CPU latency request of 0 µs while the block
+    runs and lifts it after (also when the block raises); "halt" touches nothing; a device that
+    cannot be opened falls back to halt, with the reason, for the report; an unknown mode is an
+    error."""
+    from tailscope.clone import report, runner
+
+    with pytest.raises(CloneError, match="--idle spin: one of poll, halt"):
+        with runner.cpus_awake("spin"):
+            pass
+    missing = tmp_path / "no-such-device"
+    with runner.cpus_awake("poll", device=missing) as how:
+        assert how.startswith("halt (could not hold the CPUs awake:") and "No such file" in how
+    assert "No such file" in report.idle_note({"idle": how})
+    with runner.cpus_awake("halt", device=missing) as how:
+        assert how == "halt"
+    assert "wake-up" in report.idle_note({"idle": how})
+    assert report.idle_note({}) == ""
+    dev = runner.CPU_DMA_LATENCY
+    if not dev.exists():
+        pytest.skip(f"{dev} is missing: this kernel has no CPU latency QoS")
+    try:
+        before = _cpu_latency_request(dev)
+    except PermissionError:
+        pytest.skip(f"{dev} needs root")
+    with runner.cpus_awake("poll") as how:
+        assert how == "poll"
+        assert _cpu_latency_request(dev) == 0
+    assert "polled" in report.idle_note({"idle": how})
+    assert _cpu_latency_request(dev) == before
+    with pytest.raises(RuntimeError):
+        with runner.cpus_awake("poll"):
+            assert _cpu_latency_request(dev) == 0
+            raise RuntimeError("the timed runs failed")
+    assert _cpu_latency_request(dev) == before
 
 
 @needs_valgrind

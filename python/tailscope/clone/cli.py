@@ -74,6 +74,14 @@ def register(sub) -> None:
         "the original's own spread leaves a row unjudged and 40 would judge it; a row still unjudged says how "
         "many would",
     )
+    r.add_argument(
+        "--idle",
+        choices=("poll", "halt"),
+        default="poll",
+        help="how the CPUs idle during the timed runs: poll (default) holds them out of their idle halt "
+        "(/dev/cpu_dma_latency = 0, as latency benchmarks do), so that a vCPU's wake-up does not land in every "
+        "latency; halt leaves them as they are",
+    )
     r.add_argument("--quiet", action="store_true", help="no progress lines")
     r.add_argument("--debug", action="store_true", help=argparse.SUPPRESS)
 
@@ -190,7 +198,14 @@ def cmd_clone_report(ns) -> int:
         raise CloneError(f"{d} has no private/profile.json: not a clone directory written by `tailscope clone`")
     prof = profile.load_profile(pp)
     res = validate.validate(
-        prof, d, Progress(ns.quiet), duration=ns.duration, part=ns.part, sim_runs=sim_runs, sim_max=sim_max
+        prof,
+        d,
+        Progress(ns.quiet),
+        duration=ns.duration,
+        part=ns.part,
+        sim_runs=sim_runs,
+        sim_max=sim_max,
+        idle=ns.idle,
     )
     if ns.part == "native":
         if ns.json:

@@ -168,7 +168,21 @@ def host_note(res: dict) -> str:
     )
     if stuck:
         out += " The extra tries ran out, and a busy run was kept, for: " + ", ".join(stuck) + "."
-    return out
+    idle = idle_note(res)
+    return f"{idle} {out[0].upper()}{out[1:]}" if idle else out
+
+
+def idle_note(res: dict) -> str:
+    """How the CPUs idled during the timed runs (validate's `idle`, runner.cpus_awake, session 27);
+    "" for results from before it, whose CPUs halted."""
+    idle = res.get("idle")
+    if not isinstance(idle, str):
+        return ""
+    if idle == "poll":
+        return "The CPUs polled instead of halting when idle (/dev/cpu_dma_latency held at 0 µs)."
+    if idle == "halt":
+        return "The CPUs halted when idle (--idle halt): each latency includes a vCPU's wake-up."
+    return f"The CPUs halted when idle: {idle.removeprefix('halt (').rstrip(')')}."
 
 
 def error_table_md(service: str, res: dict) -> str:

@@ -211,6 +211,31 @@ def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, ta
         srv.stop()
 
 
+def _native_levels(res, levels, launch, cl, port, load, medium, duration, work, preload, progress) -> None:
+    """The timed runs of every load level, into res["levels"] and res["rates"]."""
+    for lvl, f in levels.items():
+        rate = medium * f
+        res["rates"][lvl] = rate
+        got = {}
+        # A, B, A, B: each side in two sessions, interleaved, so that a drift or a burst of the
+        # host's noise falls on both sides and no side's figure rests on one stretch of time
+        # (session 15: one clone session gave p99 0.86-1.6 ms at medium in all three of its runs
+        # while the same clone, rerun, matched the original's 0.32-0.58 ms)
+        for side, lch, tag in (
+            ("original", launch, "original"),
+            ("clone", cl, "clone"),
+            ("original again", launch, "original2"),
+            ("clone again", cl, "clone2"),
+        ):
+            progress(f"validate {lvl} load ({rate:g} req/s): {side}")
+            with runner.NetNs() as ns:
+                got[tag] = _native_level(ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload)
+        res["levels"][lvl] = {
+            "original": pool_sessions(got["original"], got["original2"]),
+            "clone": pool_sessions(got["clone"], got["clone2"]),
+        }
+
+
 def _medians(runs: list[dict]) -> dict:
     """Each numeric field's median over the runs (`host_top`, a list, is per run only)."""
     return {
@@ -293,14 +318,19 @@ def validate(
     part: str = "all",
     sim_runs: int = SIM_RUNS,
     sim_max: int | None = None,
+    idle: str = "poll",
 ) -> dict:
     """part: "all"; "native" (the load levels only, written to private/validation-native.json,
     so that the timed runs can hold an exclusive lock on a shared machine); "simulated" (the
     callgrind windows, with the native part read back). sim_runs: callgrind windows per side and
     hierarchy (`clone-report --sim-windows`); sim_max: more, up to this many, while a judged row's
-    original spread is above its limit (`unjudgeable_sim_rows`; `--sim-windows auto`)."""
+    original spread is above its limit (`unjudgeable_sim_rows`; `--sim-windows auto`). idle: how the
+    CPUs idle during the timed runs (`runner.cpus_awake`: "poll" holds them out of their halt, the
+    default since session 27; "halt" leaves them as they are); what was in force is kept as "idle"."""
     if part not in PARTS:
         raise CloneError(f"--part {part}: one of {', '.join(PARTS)}")
+    if idle not in runner.IDLE_MODES:
+        raise CloneError(f"--idle {idle}: one of {', '.join(runner.IDLE_MODES)}")
     if not 2 <= sim_runs <= MAX_SIM_RUNS or not (sim_max or 0) <= MAX_SIM_RUNS:
         raise CloneError(f"--sim-windows {sim_runs}: must be between 2 and {MAX_SIM_RUNS}")
     levels = levels or LEVELS
@@ -318,28 +348,13 @@ def validate(
     if part == "simulated":
         nat = load_native_part(clone_dir)
         res["levels"], res["rates"], res["native_created"] = nat["levels"], nat["rates"], nat.get("created")
+        if "idle" in nat:
+            res["idle"] = nat["idle"]
         levels = {}
-    for lvl, f in levels.items():
-        rate = medium * f
-        res["rates"][lvl] = rate
-        got = {}
-        # A, B, A, B: each side in two sessions, interleaved, so that a drift or a burst of the
-        # host's noise falls on both sides and no side's figure rests on one stretch of time
-        # (session 15: one clone session gave p99 0.86-1.6 ms at medium in all three of its runs
-        # while the same clone, rerun, matched the original's 0.32-0.58 ms)
-        for side, lch, tag in (
-            ("original", launch, "original"),
-            ("clone", cl, "clone"),
-            ("original again", launch, "original2"),
-            ("clone again", cl, "clone2"),
-        ):
-            progress(f"validate {lvl} load ({rate:g} req/s): {side}")
-            with runner.NetNs() as ns:
-                got[tag] = _native_level(ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload)
-        res["levels"][lvl] = {
-            "original": pool_sessions(got["original"], got["original2"]),
-            "clone": pool_sessions(got["clone"], got["clone2"]),
-        }
+    with runner.cpus_awake(idle if levels else "halt") as how:
+        if levels:
+            res["idle"] = how
+        _native_levels(res, levels, launch, cl, port, load, medium, duration, work, preload, progress)
     if part == "native":
         (clone_dir / "private" / "validation-native.json").write_text(json.dumps(res, indent=1))
         return res
