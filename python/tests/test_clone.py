@@ -2297,6 +2297,50 @@ def test_the_i1_step_is_a_secant_over_the_far_rate():
     assert tune.i1_secant(newton, [it(1.6)], target) == newton
 
 
+def test_the_branch_unit_step_is_a_secant_over_its_rate():
+    """tune.branch_secant (session 27): the unit's random outcomes fill the global history the
+    rest of the clone's branches are predicted on, so the total moves ~18 times what the unit's
+    own mispredictions say (memcached: 0.5 of 24 per request at branch_x 1.0, a slope of ~9).
+    On memcached's measured pair (0.1 -> 16.4, 1.0 -> 24.0 per request, 1335 branches, target
+    rate 0.01764) the Newton step went to 0.17; the secant stays near 0.95. It keeps the Newton
+    step when the layout or the transition rates moved, the rates are too close, or the slope is
+    not positive (noise)."""
+    from tailscope.clone import tune
+
+    def it(x, total, mask=0.127, r=1.0):
+        return {
+            "knobs": {
+                "branch_x": x,
+                "cond_scale": 1.33,
+                "mem_scale": 1.0,
+                "branch_mask_frac": mask,
+                "branch_r_scale": r,
+            },
+            "metrics": {"branch_mispredict_rate": total / 1335.3, "cond_branches_per_request": 1335.3},
+        }
+
+    target = {"branch_mispredict_rate": 0.017641}
+    newton = {**it(0.174, 0)["knobs"]}
+    hist = [it(0.1, 16.387), it(1.0, 23.975)]
+    k = tune.branch_secant(newton, hist, target)
+    slope = (23.975 - 16.387) / 0.9
+    assert k["branch_x"] == pytest.approx(1.0 + (0.017641 * 1335.3 - 23.975) / slope)
+    assert 0.9 < k["branch_x"] < 1.0
+    assert {key: v for key, v in k.items() if key != "branch_x"} == {
+        key: v for key, v in newton.items() if key != "branch_x"
+    }
+    # not a clean pair: the Newton step stays
+    assert tune.branch_secant(newton, [it(0.1, 16.387, mask=0.0), it(1.0, 23.975)], target) == newton
+    assert tune.branch_secant(newton, [it(0.1, 16.387, r=0.7), it(1.0, 23.975)], target) == newton
+    assert tune.branch_secant({**newton, "branch_mask_frac": 0.3}, hist, target) == {**newton, "branch_mask_frac": 0.3}
+    assert tune.branch_secant(newton, [it(0.95, 16.387), it(1.0, 23.975)], target) == newton
+    assert tune.branch_secant(newton, [it(0.1, 25.0), it(1.0, 23.975)], target) == newton
+    assert tune.branch_secant(newton, hist[-1:], target) == newton
+    # far from the target, the step is at most x4 either way
+    far = tune.branch_secant(newton, [it(0.1, 1.0), it(0.2, 1.5)], target)
+    assert far["branch_x"] == pytest.approx(0.8)
+
+
 def test_the_layer_model_counts_the_traffic_the_walkers_make():
     """layer_walkers takes the walkers from walker_list, as plan_walkers does (session 17). Up to
     session 16 the LRU stack counted every bin's accesses at the profile's rate, and the lines the

@@ -1,10 +1,11 @@
 """Validation: original vs clone, metric by metric, at low, medium and high load.
 
 Both run natively in their own network namespace, the server pinned to CPU 0 and the load
-generator to CPU 1, driven by the same open-loop load (tailscope-loadgen, same seed). Per
-load level: REPEATS clean runs (throughput, latency, CPU, context switches, page faults; the
-median is kept) and one run with the eBPF syscall trace (syscalls by type and size, network
-bytes; in every session since session 16, so that the syscall mix has an own spread too).
+generator to CPU 1, driven by the same open-loop load (tailscope-loadgen, same seed), with the
+CPUs held out of their idle halt (`runner.cpus_awake`, `--idle`, session 27). Per load level:
+REPEATS clean runs (throughput, latency, CPU, context switches, page faults; the median is kept)
+and one run with the eBPF syscall trace (syscalls by type and size, network bytes; in every
+session since session 16, so that the syscall mix has an own spread too).
 Under valgrind: simulated I1/D1/LL miss rates, branch mispredictions and instructions per
 request at the profiled hierarchy (CONFIG_A) and at a held-out one (CONFIG_B) that neither
 profiling nor tuning used.
