@@ -42,10 +42,12 @@ from .tools import need
 from .tune import clone_launch, mean_spread, rel_err
 
 LEVELS = {"low": 0.3, "medium": 1.0, "high": 1.6}
-# timed runs per session: 5 since session 22 (was 3), so that each side's median rests on 10 runs and
-# its sampling noise (`median_floor`) is sqrt(3/5) of what six runs gave: ~13% for a p99 whose runs
-# scatter by +-20%
-REPEATS = 5
+# timed runs per session: 9 since session 27 (5 since session 22, 3 before). Session 27, with the CPUs
+# polling: memcached's original at 1,800 req/s had three of its first session's five runs in one
+# episode of the host's (p99 212-461 µs against 55-76, no steal counted), and the session's median
+# was one of them: its sessions' p99s 212 and 58, an own spread of 114%. Nine runs outvote an episode
+# of three or four, and the median's sampling noise (`median_floor`) is sqrt(5/9) of five runs'
+REPEATS = 9
 # the syscall run of each native session (eBPF attached). Every session is traced since session 16:
 # redis's epoll_waits per request (how many requests one wait returns) moved 0.74-0.79 between
 # 2-s runs of the same server, 1.4% of its whole mix, and one run per side gave a 2.9% error
