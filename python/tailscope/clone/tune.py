@@ -522,21 +522,18 @@ def i1_secant(knobs: dict, history: list[dict], target: dict) -> dict:
     step overshot by about that share: memcached's loop went 0.63 -> 2.1 -> 0.76 -> 1.85 -> 0.63
     with I1 at A 68-93% off (session 15; the same swing as session 14's 35.7 -> 4.4%). The secant
     measures the whole response, the flushes included."""
-    if len(history) < 2 or knobs.get("code_scale") != history[-1]["knobs"].get("code_scale"):
-        return knobs
-    (k0, m0), (k1, m1) = ((h["knobs"], h["metrics"]) for h in history[-2:])
-    same = all(k0.get(key) == k1.get(key) for key in ("code_scale", *LAYOUT_KNOBS))
-    s0, s1 = k0.get("icode_far_scale", 1.0), k1.get("icode_far_scale", 1.0)
-    if not same or abs(s1 - s0) < 0.1 * max(s0, s1):
-        return knobs
-    c0 = m0.get("I1_miss_rate", 0.0) * m0.get("instructions_per_request", 0.0)
-    c1 = m1.get("I1_miss_rate", 0.0) * m1.get("instructions_per_request", 0.0)
-    slope = (c1 - c0) / (s1 - s0)
-    if slope <= 0:  # noise larger than the step: keep the Newton step
-        return knobs
-    t = target.get("I1_miss_rate", 0.0) * m1.get("instructions_per_request", 0.0)
-    new = _clamp(s1 + (t - c1) / slope, s1 / 4, s1 * 4)
-    return {**knobs, "icode_far_scale": _clamp(new, 0.001, 50.0)}
+    fixed = ("code_scale", *LAYOUT_KNOBS)
+    return _secant(
+        knobs,
+        history,
+        target,
+        "icode_far_scale",
+        "I1_miss_rate",
+        "instructions_per_request",
+        fixed,
+        ("code_scale",),
+        (0.001, 50.0),
+    )
 
 
 def branch_secant(knobs: dict, history: list[dict], target: dict) -> dict:
@@ -552,23 +549,40 @@ def branch_secant(knobs: dict, history: list[dict], target: dict) -> dict:
     1.0, a slope of ~9 where the unit's own share says 0.5. Within 1.8% of the target at 1.0,
     the Newton step sent it to 0.17, and the knob swung 0.17-8.1 for the rest of the loop (the
     branch row 10-32% off from iteration 4). The secant measures the whole response."""
+    fixed = (*LAYOUT_KNOBS, "branch_r_scale")
+    return _secant(
+        knobs,
+        history,
+        target,
+        "branch_x",
+        "branch_mispredict_rate",
+        "cond_branches_per_request",
+        fixed,
+        fixed,
+        (0.01, 400.0),
+    )
+
+
+def _secant(knobs, history, target, knob, rate, count, fixed, keep, bounds) -> dict:
+    """A secant step of `knob` on the events per request (`rate` x `count`) over the last two
+    iterations: when they differ in the knob by 10% or more, agree on `fixed`, the next step
+    keeps `keep` as the last iteration had them, and the response rose with the knob (else the
+    Newton step in `knobs` stays). At most x4 either way, within `bounds`."""
     if len(history) < 2:
         return knobs
     (k0, m0), (k1, m1) = ((h["knobs"], h["metrics"]) for h in history[-2:])
-    fixed = (*LAYOUT_KNOBS, "branch_r_scale")
-    if not all(k0.get(key) == k1.get(key) == knobs.get(key) for key in fixed):
+    if any(k0.get(key) != k1.get(key) for key in fixed) or any(knobs.get(key) != k1.get(key) for key in keep):
         return knobs
-    x0, x1 = k0.get("branch_x", 1.0), k1.get("branch_x", 1.0)
+    x0, x1 = k0.get(knob, 1.0), k1.get(knob, 1.0)
     if abs(x1 - x0) < 0.1 * max(x0, x1):
         return knobs
-    c0 = m0.get("branch_mispredict_rate", 0.0) * m0.get("cond_branches_per_request", 0.0)
-    c1 = m1.get("branch_mispredict_rate", 0.0) * m1.get("cond_branches_per_request", 0.0)
+    c0 = m0.get(rate, 0.0) * m0.get(count, 0.0)
+    c1 = m1.get(rate, 0.0) * m1.get(count, 0.0)
     slope = (c1 - c0) / (x1 - x0)
     if slope <= 0:  # noise larger than the step: keep the Newton step
         return knobs
-    t = target.get("branch_mispredict_rate", 0.0) * m1.get("cond_branches_per_request", 0.0)
-    new = _clamp(x1 + (t - c1) / slope, x1 / 4, x1 * 4)
-    return {**knobs, "branch_x": _clamp(new, 0.01, 400.0)}
+    t = target.get(rate, 0.0) * m1.get(count, 0.0)
+    return {**knobs, knob: _clamp(_clamp(x1 + (t - c1) / slope, x1 / 4, x1 * 4), *bounds)}
 
 
 def mean_spread(values: list[float], n: int) -> float:
