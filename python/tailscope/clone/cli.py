@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from .errors import CloneError
+from .runner import IDLE_MODES
 
 # `clone --profile-windows`: at ~20 s a window, 40 add some 13 min to the pipeline (the tuning
 # target of a service whose windows are bimodal, like redis's LL misses, needs tens to settle)
@@ -76,7 +77,7 @@ def register(sub) -> None:
     )
     r.add_argument(
         "--idle",
-        choices=("poll", "halt"),
+        choices=IDLE_MODES,
         default="poll",
         help="how the CPUs idle during the timed runs: poll (default) holds them out of their idle halt "
         "(/dev/cpu_dma_latency = 0, as latency benchmarks do), so that a vCPU's wake-up does not land in every "
