@@ -214,31 +214,6 @@ def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, ta
         srv.stop()
 
 
-def _native_levels(res, levels, launch, cl, port, load, medium, duration, work, preload, progress) -> None:
-    """The timed runs of every load level, into res["levels"] and res["rates"]."""
-    for lvl, f in levels.items():
-        rate = medium * f
-        res["rates"][lvl] = rate
-        got = {}
-        # A, B, A, B: each side in two sessions, interleaved, so that a drift or a burst of the
-        # host's noise falls on both sides and no side's figure rests on one stretch of time
-        # (session 15: one clone session gave p99 0.86-1.6 ms at medium in all three of its runs
-        # while the same clone, rerun, matched the original's 0.32-0.58 ms)
-        for side, lch, tag in (
-            ("original", launch, "original"),
-            ("clone", cl, "clone"),
-            ("original again", launch, "original2"),
-            ("clone again", cl, "clone2"),
-        ):
-            progress(f"validate {lvl} load ({rate:g} req/s): {side}")
-            with runner.NetNs() as ns:
-                got[tag] = _native_level(ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload)
-        res["levels"][lvl] = {
-            "original": pool_sessions(got["original"], got["original2"]),
-            "clone": pool_sessions(got["clone"], got["clone2"]),
-        }
-
-
 def _medians(runs: list[dict]) -> dict:
     """Each numeric field's median over the runs (`host_top`, a list, is per run only)."""
     return {
@@ -357,7 +332,27 @@ def validate(
     with runner.cpus_awake(idle if levels else "halt") as how:
         if levels:
             res["idle"] = how
-        _native_levels(res, levels, launch, cl, port, load, medium, duration, work, preload, progress)
+        for lvl, f in levels.items():
+            rate = medium * f
+            res["rates"][lvl] = rate
+            got = {}
+            # A, B, A, B: each side in two sessions, interleaved, so that a drift or a burst of the
+            # host's noise falls on both sides and no side's figure rests on one stretch of time
+            # (session 15: one clone session gave p99 0.86-1.6 ms at medium in all three of its runs
+            # while the same clone, rerun, matched the original's 0.32-0.58 ms)
+            for side, lch, tag in (
+                ("original", launch, "original"),
+                ("clone", cl, "clone"),
+                ("original again", launch, "original2"),
+                ("clone again", cl, "clone2"),
+            ):
+                progress(f"validate {lvl} load ({rate:g} req/s): {side}")
+                with runner.NetNs() as ns:
+                    got[tag] = _native_level(ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload)
+            res["levels"][lvl] = {
+                "original": pool_sessions(got["original"], got["original2"]),
+                "clone": pool_sessions(got["clone"], got["clone2"]),
+            }
     if part == "native":
         (clone_dir / "private" / "validation-native.json").write_text(json.dumps(res, indent=1))
         return res
