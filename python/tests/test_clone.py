@@ -1600,6 +1600,101 @@ def test_profile_windows_pool_into_the_tuning_target():
     assert tune._d1_targets_by_body(prof) == {}
 
 
+def test_pooled_metrics_are_the_metrics_of_the_pooled_windows():
+    """valgrind.pool_metrics: the windows' own metrics and requests pool to what `metrics` gives
+    the pooled windows (the tuning target grows by windows kept as metrics only)."""
+    from tailscope.clone import valgrind as vg
+
+    def t(ir, d1m, il, dl, bcm):
+        return {"Ir": ir, "Dr": 400_000, "Dw": 90_000, "I1mr": ir // 300, "D1mr": d1m, "ILmr": il, "DLmr": dl}
+
+    ws = [
+        _fake_window(5855, {1: t(9_000_000, 4000, 70, 20, 0) | {"Bc": 900_000, "Bcm": 30_000}}),
+        _fake_window(6000, {1: t(8_000_000, 6000, 90, 41, 0) | {"Bc": 700_000, "Bcm": 50_000}}),
+        _fake_window(4100, {1: t(7_000_000, 1000, 60, 3, 0) | {"Bc": 500_000, "Bcm": 10_000}}),
+    ]
+    want = vg.metrics(vg.pool(ws))
+    got = vg.pool_metrics([vg.metrics(w) | {"requests": w.requests} for w in ws])
+    assert got.keys() == want.keys()
+    for k in want:
+        assert got[k] == pytest.approx(want[k], rel=1e-12), k
+    # the pool is not the windows' mean rate: the first window alone is 20 / 5855 on the data side
+    assert got["DL_misses_per_request"] == pytest.approx(64 / 15955)
+
+
+def test_the_tuning_loop_pools_its_windows_of_the_original_into_the_target(monkeypatch, tmp_path):
+    """tune.tune (session 28): each iteration runs the clone beside a window of the original, that
+    window joins the target's pool, and an iteration within every tolerance runs again with the
+    same knobs (no new build; the clone's windows pooled) until the target pools
+    MIN_TARGET_WINDOWS windows. The kept iteration is ranked against the final target."""
+    from tailscope.clone import tune
+    from tailscope.clone import valgrind as vg
+
+    def counts(il, dl):
+        return {
+            "Ir": 8_000_000,
+            "Dr": 3_000_000,
+            "Dw": 1_000_000,
+            "I1mr": 40_000,
+            "D1mr": 60_000,
+            "ILmr": il,
+            "DLmr": dl,
+            "Bc": 800_000,
+            "Bcm": 40_000,
+        }
+
+    orig = [_fake_window(6000, {1: counts(70, 30 if i % 2 else 24)}) for i in range(20)]
+    clone = _fake_window(6000, {1: counts(70, 27)})
+    builds, seen = [], []
+
+    def side_by_side(jobs):
+        seen.append([j["tag"] for j in jobs])
+        assert jobs[1]["launch"] == {"argv": ["orig"]} and jobs[1]["cache"] == vg.CONFIG_A
+        return [clone, orig[len(seen) - 1]]
+
+    monkeypatch.setattr(vg, "side_by_side", side_by_side)
+    monkeypatch.setattr(generate, "generate", lambda *a, **k: {"thread_map": [], "targets": {}})
+    monkeypatch.setattr(generate, "build", lambda d: builds.append(d) or 0.1)
+    profile_windows = [vg.metrics(orig[10 + i]) | {"requests": 6000} for i in range(6)]
+    prof = {
+        "valgrind": {
+            "metrics": vg.pool_metrics(profile_windows),
+            "windows": profile_windows,
+            "rate": 400,
+            "window_requests": 6000,
+        },
+        "listen": {"port": 11211},
+        "load": {"args": []},
+        "private": {"launch": {"argv": ["orig"]}},
+        "body": {},
+    }
+    res = tune.tune(prof, tmp_path, lambda msg: None)
+    # every iteration within: the same clone six times, until 6 + 6 windows of the original
+    assert res["iterations"] == 6 and len(builds) == 1
+    assert [h["clone_windows"] for h in res["history"]] == [1, 2, 3, 4, 5, 6]
+    assert [h["target_windows"] for h in res["history"]] == [7, 8, 9, 10, 11, 12]
+    assert seen[0] == ["tune1", "tune1-original"]
+    assert res["target"]["DL_misses_per_request"] == pytest.approx(27 / 6000)
+    assert res["best_iteration"] == 6
+    # a first clone off on its D1 misses: a step, a new build, and its window is not pooled with
+    # the next clone's
+    far = _fake_window(6000, {1: counts(70, 27) | {"D1mr": 120_000}})
+    builds.clear()
+    seen.clear()
+    monkeypatch.setattr(vg, "side_by_side", lambda jobs: seen.append(1) or [far if len(seen) == 1 else clone, orig[0]])
+    res = tune.tune(prof, tmp_path, lambda msg: None)
+    assert len(builds) == 2 and res["history"][0]["knobs"] != res["history"][1]["knobs"]
+    assert [h["clone_windows"] for h in res["history"]] == [1, 1, 2, 3, 4, 5]
+    assert res["best_iteration"] == 6
+    # without the original's launch (a profile from before it was kept): one window a side, as
+    # before, and the loop stops at the first iteration within every tolerance
+    del prof["private"]
+    seen.clear()
+    monkeypatch.setattr(vg, "side_by_side", lambda jobs: seen.append(len(jobs)) or [clone])
+    res = tune.tune(prof, tmp_path, lambda msg: None)
+    assert res["iterations"] == 1 and seen == [1]
+
+
 def test_d1_tuning_step_per_body():
     """With per-body D1 targets the D1 knob moves per body (data_far_scale:<body>), each on its own
     threads' misses: memcached's one factor matched the total at A with the timer 41% over its

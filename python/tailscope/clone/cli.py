@@ -123,11 +123,11 @@ def cmd_clone(ns) -> int:
     progress("leakage check")
     lk = leak_check(prof, out)
     total = time.monotonic() - t0
-    last = next(h for h in tu["history"] if h["iteration"] == tu["best_iteration"])
+    errs = tu["errors"]
     print(f"clone written to {out}/ (built in {build_s:.1f} s; pipeline {total / 60:.1f} min)")
     print(
         "tuned at cache A after {} iteration(s): {}".format(
-            tu["iterations"], ", ".join(f"{k} {100 * v:.1f}%" for k, v in last["errors"].items())
+            tu["iterations"], ", ".join(f"{k} {100 * v:.1f}%" for k, v in errs.items())
         )
     )
     print(

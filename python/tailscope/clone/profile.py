@@ -36,7 +36,7 @@ PROTOCOLS = {"memcached": 1, "redis": 2, "line": 3, "http": 4}
 # window (0-12 in twelve windows of the original, mean 4.4), and the two windows of one profile
 # counted 3 in all, so the clone's persistent data walkers were tuned to 1.5 per window and its LL
 # rate at B sat 13% under. Each more pair costs ~20 s per size
-LL_SWEEP_WINDOWS = 6
+LL_SWEEP_WINDOWS = 12
 LL_SWEEP_SIDE_BY_SIDE = 2
 
 

@@ -61,6 +61,46 @@ def metrics(win: Window, threads: list[int] | None = None) -> dict:
     return out
 
 
+def pool_metrics(ms: list[dict]) -> dict:
+    """`metrics` of several windows as one, from each window's own metrics and its "requests"
+    (what profile.pool_windows keeps of the tuning target's windows): the counts are taken back
+    from the rates and summed, so this is `metrics(pool(windows))` without the windows' dumps."""
+    req = sum(m["requests"] for m in ms)
+    tot: dict[str, float] = {}
+
+    def add(key: str, v: float) -> None:
+        tot[key] = tot.get(key, 0.0) + v
+
+    for m in ms:
+        r = m["requests"]
+        ir, dref = m["instructions_per_request"] * r, m["data_refs_per_request"] * r
+        add("Ir", ir)
+        add("Dref", dref)
+        add("I1m", m["I1_miss_rate"] * ir)
+        add("D1m", m["D1_miss_rate"] * dref)
+        add("IL", m["IL_misses_per_request"] * r)
+        add("DL", m["DL_misses_per_request"] * r)
+        if "cond_branches_per_request" in m:
+            bc = m["cond_branches_per_request"] * r
+            add("Bc", bc)
+            add("Bcm", m["branch_mispredict_rate"] * bc)
+    ir, dref = tot.get("Ir", 0.0), tot.get("Dref", 0.0)
+    out = {
+        "instructions_per_request": ir / max(1, req),
+        "data_refs_per_request": dref / max(1, req),
+        "I1_miss_rate": tot.get("I1m", 0.0) / ir if ir else 0.0,
+        "D1_miss_rate": tot.get("D1m", 0.0) / dref if dref else 0.0,
+        "LL_miss_rate": (tot.get("IL", 0.0) + tot.get("DL", 0.0)) / (ir + dref) if ir + dref else 0.0,
+        "IL_misses_per_request": tot.get("IL", 0.0) / max(1, req),
+        "DL_misses_per_request": tot.get("DL", 0.0) / max(1, req),
+    }
+    if ms and all("cond_branches_per_request" in m for m in ms):
+        bc = tot.get("Bc", 0.0)
+        out["branch_mispredict_rate"] = tot.get("Bcm", 0.0) / bc if bc else 0.0
+        out["cond_branches_per_request"] = bc / max(1, req)
+    return out
+
+
 def window(
     launch: dict,
     port: int,
