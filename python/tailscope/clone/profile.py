@@ -35,7 +35,9 @@ PROTOCOLS = {"memcached": 1, "redis": 2, "line": 3, "http": 4}
 # per size). Six since session 24: memcached's data-side misses at an 8 MiB LL are a few per
 # window (0-12 in twelve windows of the original, mean 4.4), and the two windows of one profile
 # counted 3 in all, so the clone's persistent data walkers were tuned to 1.5 per window and its LL
-# rate at B sat 13% under. Each more pair costs ~20 s per size
+# rate at B sat 13% under. Twelve since session 28: six gave memcached's data side a persistent
+# share of 0.05, where the validation's windows of the original at B kept 0.14 of A's. Each more
+# pair costs ~19 s per size (twelve: ~3.7 min of the pipeline for both sizes)
 LL_SWEEP_WINDOWS = 12
 LL_SWEEP_SIDE_BY_SIDE = 2
 
