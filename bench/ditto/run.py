@@ -330,7 +330,8 @@ def main() -> int:
         "wake-up was ~45 µs of every latency, and its tail moved with the host's load.",
         "",
         "Simulated rows (callgrind): each side is the pool (summed counts) of its windows at that hierarchy; the "
-        "clone was tuned to a pool of the original's windows at A taken by the profile. The original's own spread "
+        "clone was tuned to a pool of the original's windows at A taken by the profile and by the tuning loop (one "
+        "beside each of its clone's windows). The original's own spread "
         "there is two standard errors of its pooled mean, 2·sd/√n, the deviation taken over its windows (at A the "
         "profile's windows too); for two windows this is |a − b| / mean, the sessions 7–8 figure. It is never less "
         "than the same taken with the deviation pooled over every hierarchy's windows (each relative to its own "
