@@ -3,7 +3,8 @@
 First the skeleton alone (an empty body) is measured with the same callgrind window and sweep,
 so the body is generated for what the original does *beyond* the skeleton's own event loop,
 framing and libc work. Then, at most MAX_ITERATIONS times: generate, build, run the clone's
-callgrind window at the profiled cache configuration (CONFIG_A), and update one knob group per
+callgrind window at the profiled cache configuration (CONFIG_A) beside a window of the original
+(which joins the target's pool, `tune`), and update one knob group per
 metric, multiplicatively (the relations are close to linear, and the groups are nearly
 orthogonal, as the paper observes):
 
