@@ -36,69 +36,70 @@ class Window:
         return self.total(event) / max(1, self.requests)
 
 
+def _rates(c: dict[str, float], requests: int, branch: bool) -> dict:
+    """The simulated miss rates and per-request counts (cachegrind's definitions) of summed
+    counts: Ir, Dref (Dr + Dw), I1m, D1m (D1mr + D1mw), IL (ILmr), DL (DLmr + DLmw) and, with
+    `branch`, Bc and Bcm. The one place `metrics` and `pool_metrics` take them from."""
+    ir, dref, n = c["Ir"], c["Dref"], max(1, requests)
+    out = {
+        "instructions_per_request": ir / n,
+        "data_refs_per_request": dref / n,
+        "I1_miss_rate": c["I1m"] / ir if ir else 0.0,
+        "D1_miss_rate": c["D1m"] / dref if dref else 0.0,
+        "LL_miss_rate": (c["IL"] + c["DL"]) / (ir + dref) if ir + dref else 0.0,
+        # the LL misses by side: instruction fetches (cold code) and data, tuned apart
+        "IL_misses_per_request": c["IL"] / n,
+        "DL_misses_per_request": c["DL"] / n,
+    }
+    if branch:
+        out["branch_mispredict_rate"] = c["Bcm"] / c["Bc"] if c["Bc"] else 0.0
+        out["cond_branches_per_request"] = c["Bc"] / n
+    return out
+
+
 def metrics(win: Window, threads: list[int] | None = None) -> dict:
     """Simulated miss rates and per-request counts of a window (cachegrind's definitions)."""
     ts = [t for t in win.threads if threads is None or t.thread in threads]
 
-    def tot(e):
-        return sum(t.summary.get(e, 0) for t in ts)
+    def tot(*events):
+        return sum(t.summary.get(e, 0) for t in ts for e in events)
 
-    ir, dr, dw = tot("Ir"), tot("Dr"), tot("Dw")
-    out = {
-        "instructions_per_request": ir / max(1, win.requests),
-        "data_refs_per_request": (dr + dw) / max(1, win.requests),
-        "I1_miss_rate": tot("I1mr") / ir if ir else 0.0,
-        "D1_miss_rate": (tot("D1mr") + tot("D1mw")) / (dr + dw) if dr + dw else 0.0,
-        "LL_miss_rate": (tot("ILmr") + tot("DLmr") + tot("DLmw")) / (ir + dr + dw) if ir + dr + dw else 0.0,
-        # the LL misses by side: instruction fetches (cold code) and data, tuned apart
-        "IL_misses_per_request": tot("ILmr") / max(1, win.requests),
-        "DL_misses_per_request": (tot("DLmr") + tot("DLmw")) / max(1, win.requests),
+    counts = {
+        "Ir": tot("Ir"),
+        "Dref": tot("Dr", "Dw"),
+        "I1m": tot("I1mr"),
+        "D1m": tot("D1mr", "D1mw"),
+        "IL": tot("ILmr"),
+        "DL": tot("DLmr", "DLmw"),
+        "Bc": tot("Bc"),
+        "Bcm": tot("Bcm"),
     }
-    if "Bc" in (ts[0].events if ts else []):
-        bc = tot("Bc")
-        out["branch_mispredict_rate"] = tot("Bcm") / bc if bc else 0.0
-        out["cond_branches_per_request"] = bc / max(1, win.requests)
-    return out
+    return _rates(counts, win.requests, "Bc" in (ts[0].events if ts else []))
 
 
 def pool_metrics(ms: list[dict]) -> dict:
     """`metrics` of several windows as one, from each window's own metrics and its "requests"
     (what profile.pool_windows keeps of the tuning target's windows): the counts are taken back
     from the rates and summed, so this is `metrics(pool(windows))` without the windows' dumps."""
-    req = sum(m["requests"] for m in ms)
-    tot: dict[str, float] = {}
-
-    def add(key: str, v: float) -> None:
-        tot[key] = tot.get(key, 0.0) + v
-
+    counts = dict.fromkeys(("Ir", "Dref", "I1m", "D1m", "IL", "DL", "Bc", "Bcm"), 0.0)
+    branch = bool(ms) and all("cond_branches_per_request" in m for m in ms)
     for m in ms:
         r = m["requests"]
         ir, dref = m["instructions_per_request"] * r, m["data_refs_per_request"] * r
-        add("Ir", ir)
-        add("Dref", dref)
-        add("I1m", m["I1_miss_rate"] * ir)
-        add("D1m", m["D1_miss_rate"] * dref)
-        add("IL", m["IL_misses_per_request"] * r)
-        add("DL", m["DL_misses_per_request"] * r)
-        if "cond_branches_per_request" in m:
-            bc = m["cond_branches_per_request"] * r
-            add("Bc", bc)
-            add("Bcm", m["branch_mispredict_rate"] * bc)
-    ir, dref = tot.get("Ir", 0.0), tot.get("Dref", 0.0)
-    out = {
-        "instructions_per_request": ir / max(1, req),
-        "data_refs_per_request": dref / max(1, req),
-        "I1_miss_rate": tot.get("I1m", 0.0) / ir if ir else 0.0,
-        "D1_miss_rate": tot.get("D1m", 0.0) / dref if dref else 0.0,
-        "LL_miss_rate": (tot.get("IL", 0.0) + tot.get("DL", 0.0)) / (ir + dref) if ir + dref else 0.0,
-        "IL_misses_per_request": tot.get("IL", 0.0) / max(1, req),
-        "DL_misses_per_request": tot.get("DL", 0.0) / max(1, req),
-    }
-    if ms and all("cond_branches_per_request" in m for m in ms):
-        bc = tot.get("Bc", 0.0)
-        out["branch_mispredict_rate"] = tot.get("Bcm", 0.0) / bc if bc else 0.0
-        out["cond_branches_per_request"] = bc / max(1, req)
-    return out
+        got = {
+            "Ir": ir,
+            "Dref": dref,
+            "I1m": m["I1_miss_rate"] * ir,
+            "D1m": m["D1_miss_rate"] * dref,
+            "IL": m["IL_misses_per_request"] * r,
+            "DL": m["DL_misses_per_request"] * r,
+        }
+        if branch:
+            got["Bc"] = m["cond_branches_per_request"] * r
+            got["Bcm"] = m["branch_mispredict_rate"] * got["Bc"]
+        for k, v in got.items():
+            counts[k] += v
+    return _rates(counts, sum(m["requests"] for m in ms), branch)
 
 
 def window(
