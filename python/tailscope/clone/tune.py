@@ -703,6 +703,7 @@ def tune(
         "requests": vgp["window_requests"],
         "cache": vg.CONFIG_A,
         "preload": "--preload" in load,
+        "workdir": clone_dir / "private" / "work",
     }
     for it in range(1, max_iter + 1):
         again = bool(history) and knobs == history[-1]["knobs"]
@@ -713,18 +714,9 @@ def tune(
             knobs = pin_layout(knobs, meta)  # (the same generation: it was sized on these budgets)
             build_s = gen.build(clone_dir)
             clone_wins = []
-        jobs = [
-            {
-                **job,
-                "launch": clone_launch(clone_dir, port),
-                "workdir": clone_dir / "private" / "work",
-                "tag": f"tune{it}",
-            }
-        ]
+        jobs = [{**job, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}"}]
         if original:
-            jobs.append(
-                {**job, "launch": original, "workdir": clone_dir / "private" / "work", "tag": f"tune{it}-original"}
-            )
+            jobs.append({**job, "launch": original, "tag": f"tune{it}-original"})
         got = vg.side_by_side(jobs)
         clone_wins.append(got[0])
         if original:
