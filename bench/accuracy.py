@@ -9,7 +9,7 @@ the analyser only sees the recording:
     lock    another thread holds the handler's mutex  -> blocked_wait_ns
     faults  MADV_DONTNEED + re-touch in some handlers -> fault_user_count
     ipi     mprotect loop on the other CPU (TLB IPIs) -> irq_ns
-    none    null run: no cause may claim > 10% of p99
+    none    null run: no cause but the platform's interrupts may claim > 10% of p99
 
 For each cause and seed: launch the server under `tailscope-agent record` in
 marker mode at 100% sampling, drive open-loop load from CPU 1, then rank with
@@ -49,8 +49,8 @@ EXPECTED = {
     "none": None,
     "none-short": None,
 }
-# Events the platform's own interrupts make: the short null run may blame
-# them (see WORKLOAD), nothing else.
+# Events the platform's own interrupts make: the null runs may blame them
+# (see WORKLOAD), nothing else.
 PLATFORM_EVENTS = ("irq_ns", "softirq_ns", "irq_count", "softirq_count")
 # Per-cause workload: (work per request in µs, offered rate in req/s).
 # The null run's requests are long (500 µs, 50% load) on purpose. It checks
@@ -59,20 +59,28 @@ PLATFORM_EVENTS = ("irq_ns", "softirq_ns", "irq_count", "softirq_count")
 # ~20 µs and a loopback reply's softirq 10-30 µs (session 6, bpftrace). With
 # 100 µs requests those events ARE the cause of the p99 (irq or softirq at
 # 9-12% of p99 in 5 seeds, correctly reported); at 500 µs they are 1-4%.
+# Not always: in session 29 two of five 500 µs null runs here put softirq at
+# 12% and 19% of p99 (p99 876-883 µs against 573-652 in the others). bpftrace
+# on CPU 0 over such runs: NET_RX softirqs of 8-32 µs, with a tail of 47 in
+# 100 s at 128 µs to 4 ms (the host holding the vCPU mid-softirq). Those ARE
+# the cause of that p99 and the report is right to name them, so the null run
+# exempts the platform's interrupt events too (PLATFORM_EVENTS) and checks that
+# nothing else (scheduler, blocking, faults, ...) is blamed.
 # `none-short` keeps the 100 µs requests of the lock and fault runs as a matched
 # control: there only the platform's interrupt events may pass 10%.
-# The ipi requests are 200 µs: an injected IPI costs ~5 µs of handler time
-# (32 INVLPGs), and a request inside a burst takes one every ~10 µs of its
-# run, so the evidence grows with the request, while the platform's reply
-# softirq stays one per request (~40 µs). At 100 µs the two were close: irq
-# 10-17% of p99 against softirq up to 11% here, and on a CI machine softirq
-# ranked first in 2 of 5 seeds (irq 7.8-8.5%, softirq 10.5-10.9%). At 200 µs
-# (8 seeds here): irq 15-17%, softirq at most 6.4%.
+# The ipi requests are 500 µs at 1000/s (50% load, like the null run). An
+# injected IPI costs ~5 µs of handler time (32 INVLPGs) and lands every ~10 µs
+# of a request inside a burst, so irq's share of a request is a fraction of its
+# time, whatever its length; the platform's reply softirq is one per request
+# (10-40 µs), so its share falls as the request grows. At 100 µs softirq ranked
+# first in 2 of 5 seeds on CI; at 200 µs in 2 of 5 on CI (irq 7.5-9%, softirq
+# 4.5-13%) and 1 of 5 here in session 29 (irq 8-10%, softirq up to 18%). At
+# 500 µs (10 seeds here): irq 7-11% of p99, softirq at most 2.7%.
 WORKLOAD = {
     "hog": (200, 2000),
     "lock": (100, 2000),
     "faults": (100, 2000),
-    "ipi": (200, 2000),
+    "ipi": (500, 1000),
     "none": (500, 1000),
     # the lock and fault runs' request size, nothing injected: the matched control
     "none-short": (100, 2000),
@@ -229,10 +237,7 @@ def run_one(cause: str, seed: int, port: int, seconds: float, tmp: Path) -> dict
 
 
 def verdict(cause: str, runs: list[dict]) -> dict:
-    if cause == "none":
-        ok = sum(1 for r in runs if r["max_pct"] <= NULL_MAX_PCT)
-        return {"passed": ok == len(runs), "score": f"{ok}/{len(runs)} runs with no cause > {NULL_MAX_PCT:.0f}% of p99"}
-    if cause == "none-short":
+    if cause in ("none", "none-short"):
         ok = sum(1 for r in runs if all((p or 0.0) <= NULL_MAX_PCT for e, p in r["all"] if e not in PLATFORM_EVENTS))
         return {
             "passed": ok == len(runs),
@@ -319,7 +324,9 @@ def render(res: dict, command: str) -> str:
         "The null run's requests are 500 µs: with 100 µs requests this VM's own timer ticks "
         "(~20 µs) and loopback reply softirqs (10-30 µs) are genuinely the cause of p99 "
         "(9-12% of it), see WORKLOAD in bench/accuracy.py. `none-short` is the matched control "
-        "at the lock and fault runs' 100 µs: there only those interrupt events may pass 10%.",
+        "at the lock and fault runs' 100 µs. In both null runs only the platform's interrupt events "
+        "may pass 10%: the host sometimes holds the vCPU inside a softirq for 0.1-4 ms (bpftrace), "
+        "and then that softirq is the cause of p99.",
     ]
     return "\n".join(lines) + "\n"
 
