@@ -1647,10 +1647,17 @@ def test_the_tuning_loop_pools_its_windows_of_the_original_into_the_target(monke
     clone = _fake_window(6000, {1: counts(70, 27)})
     builds, seen = [], []
 
+    half = [_fake_window(6000, {1: counts(70, 27) | {"I1mr": 900_000 + 10_000 * i}}) for i in range(20)]
+    half_clone = _fake_window(6000, {1: counts(70, 27) | {"I1mr": 900_000}})
+
     def side_by_side(jobs):
         seen.append([j["tag"] for j in jobs])
-        assert jobs[1]["launch"] == {"argv": ["orig"]} and jobs[1]["cache"] == vg.CONFIG_A
-        return [clone, orig[len(seen) - 1]]
+        assert jobs[1]["launch"] == {"argv": ["orig"]}
+        if jobs[0]["tag"].endswith("-half"):  # (session 29) the pair at half of A's I1
+            assert jobs[0]["cache"] == jobs[1]["cache"] == tune.half_i1_config()
+            return [half_clone, half[len(seen) // 2 - 1]]
+        assert jobs[1]["cache"] == vg.CONFIG_A
+        return [clone, orig[(len(seen) - 1) // 2]]
 
     monkeypatch.setattr(vg, "side_by_side", side_by_side)
     monkeypatch.setattr(generate, "generate", lambda *a, **k: {"thread_map": [], "targets": {}})
@@ -1673,7 +1680,10 @@ def test_the_tuning_loop_pools_its_windows_of_the_original_into_the_target(monke
     assert res["iterations"] == 6 and len(builds) == 1
     assert [h["clone_windows"] for h in res["history"]] == [1, 2, 3, 4, 5, 6]
     assert [h["target_windows"] for h in res["history"]] == [7, 8, 9, 10, 11, 12]
-    assert seen[0] == ["tune1", "tune1-original"]
+    assert seen[0] == ["tune1", "tune1-original"] and seen[1] == ["tune1-half", "tune1-half-original"]
+    # the half-I1 target pools the loop's windows of the original too: 900,000 .. 950,000 misses
+    assert res["target"][tune.HALF_I1_KEY] == pytest.approx(925_000 / 8_000_000)
+    assert res["errors"][tune.HALF_I1_KEY] == pytest.approx(25 / 925)
     assert res["target"]["DL_misses_per_request"] == pytest.approx(27 / 6000)
     assert res["best_iteration"] == 6
     # a first clone off on its D1 misses: a step, a new build, and its window is not pooled with
@@ -1681,7 +1691,14 @@ def test_the_tuning_loop_pools_its_windows_of_the_original_into_the_target(monke
     far = _fake_window(6000, {1: counts(70, 27) | {"D1mr": 120_000}})
     builds.clear()
     seen.clear()
-    monkeypatch.setattr(vg, "side_by_side", lambda jobs: seen.append(1) or [far if len(seen) == 1 else clone, orig[0]])
+    monkeypatch.setattr(
+        vg,
+        "side_by_side",
+        lambda jobs: (
+            seen.append(1)
+            or ([half_clone, half[0]] if "half" in jobs[0]["tag"] else [far if len(seen) == 1 else clone, orig[0]])
+        ),
+    )
     res = tune.tune(prof, tmp_path, lambda msg: None)
     assert len(builds) == 2 and res["history"][0]["knobs"] != res["history"][1]["knobs"]
     assert [h["clone_windows"] for h in res["history"]] == [1, 1, 2, 3, 4, 5]
@@ -2080,6 +2097,49 @@ def test_layout_knobs_freeze_at_the_best_iteration():
     frozen = tune.freeze_layout(new, best, tune.LAYOUT_FREEZE_AFTER)
     assert {k: frozen[k] for k in tune.LAYOUT_KNOBS} == {k: best[k] for k in tune.LAYOUT_KNOBS}
     assert frozen["branch_x"] == 7.0 and new["cond_scale"] == 1.23  # (the step's dict is not changed)
+    # (session 29) the bodies' footprints freeze too: the best's, 1.0 where the best had none
+    new = {**new, "footprint_scale:bg3": 0.6, "footprint_scale:worker": 0.8}
+    best = {**best, "footprint_scale:worker": 0.9}
+    frozen = tune.freeze_layout(new, best, tune.LAYOUT_FREEZE_AFTER)
+    assert frozen["footprint_scale:worker"] == 0.9 and frozen["footprint_scale:bg3"] == 1.0
+
+
+def test_half_i1_step_moves_each_bodys_footprint():
+    """tune.half_i1_step (session 29): each body whose misses per request at half of A's I1 are
+    off by more than HALF_I1_DEADBAND steps its own footprint knob; a body within it, or with less
+    than HALF_I1_MIN_SHARE of the misses, does not. The figures: memcached's clone against its
+    original at 16 KiB (8 ways)."""
+    from tailscope.clone import tune
+    from tailscope.clone import valgrind as vg
+
+    assert tune.half_i1_config() == {**vg.CONFIG_A, "I1": "16384,8,64"}
+    assert tune.half_i1_config()["I1"] != vg.CONFIG_B["I1"]  # B stays held out
+    knobs = dict(generate.DEFAULT_KNOBS)
+    target = {"acceptor": 0.4, "worker": 137.6, "bg3": 32.0}
+    clone = {"acceptor": 0.5, "worker": 140.0, "bg3": 55.4}
+    k = tune.half_i1_step(knobs, clone, target)
+    lo, hi = tune.FOOTPRINT_STEP
+    want = max(lo, min(hi, (32.0 / 55.4) ** tune.FOOTPRINT_POWER))
+    assert k["footprint_scale:bg3"] == pytest.approx(want) and want < 1.0
+    assert "footprint_scale:worker" not in k  # 1.7% off: within
+    assert "footprint_scale:acceptor" not in k  # 25% off, but 0.2% of the misses
+    # a second step multiplies the first; under target steps up
+    k2 = tune.half_i1_step(k, {**clone, "bg3": 20.0}, target)
+    assert k2["footprint_scale:bg3"] == pytest.approx(want * min(hi, (32.0 / 20.0) ** tune.FOOTPRINT_POWER))
+    # the generator's factor: the global code_scale times the body's own
+    k2["code_scale"] = 0.9
+    assert asmgen.code_footprint_scale(k2, "bg3") == pytest.approx(0.9 * k2["footprint_scale:bg3"])
+    assert asmgen.code_footprint_scale(k2, "worker") == pytest.approx(0.9)
+    # the half-I1 error joins the stop rule and the score where it was measured
+    errs = {key: 0.0 for key in tune.TOLERANCE}
+    assert tune.within(errs) and tune.score(errs) == 0.0
+    errs[tune.HALF_I1_KEY] = tune.HALF_I1_TOLERANCE
+    assert tune.within(errs)
+    errs[tune.HALF_I1_KEY] = 2 * tune.HALF_I1_TOLERANCE
+    assert not tune.within(errs) and tune.score(errs) == pytest.approx(2.0)
+    m = {"I1_miss_rate": 0.01, tune.HALF_I1_KEY: 0.03}
+    assert tune.HALF_I1_KEY not in tune.errors(m, {"I1_miss_rate": 0.01})
+    assert tune.errors(m, {"I1_miss_rate": 0.01, tune.HALF_I1_KEY: 0.025})[tune.HALF_I1_KEY] == pytest.approx(0.2)
 
 
 @needs_valgrind

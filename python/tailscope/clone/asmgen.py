@@ -482,6 +482,14 @@ def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:
     return float(knobs.get(f"{key}:{name}", knobs.get(key, default)))
 
 
+def code_footprint_scale(knobs: dict, name: str) -> float:
+    """The factor on a body's blocks' code sizes: `code_scale` (all bodies, the I1 step at A) times
+    `footprint_scale:<name>` (the body's own, the step at half of A's I1; tune.half_i1_step). The
+    body's key multiplies the global one, where `body_knob`'s replaces it: the two steps act on
+    different figures and both stay in force."""
+    return float(knobs.get("code_scale", 1.0)) * float(knobs.get(f"footprint_scale:{name}", 1.0))
+
+
 def body_instructions(spec: BodySpec, knobs: dict) -> float:
     """A body's instructions per event as generated: the rep unit's are the profile's, not
     scaled; `instr_scale` scales the rest, so the blocks' share stays proportional to it (tune.py's
@@ -1280,11 +1288,11 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
     for i, sp in enumerate(specs):
         ins = body_instructions(sp, knobs)
         if sp.hot_code_bytes > 0:  # the footprint _code_fit gives the blocks
-            blocks_lines = sp.hot_code_bytes * knobs.get("code_scale", 1.0) / 64
+            blocks_lines = sp.hot_code_bytes * code_footprint_scale(knobs, sp.name) / 64
         else:
             i1 = knobs.get("i1_bytes", 32768)
             blocks_lines = sum(
-                max(64, min(b.code_bytes, i1 // 2) * knobs.get("code_scale", 1.0)) / 64
+                max(64, min(b.code_bytes, i1 // 2) * code_footprint_scale(knobs, sp.name)) / 64
                 for b in _near_blocks(sp, ll, i1)
                 if b.weight > 0
             )
@@ -1544,7 +1552,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     out += [f"    pxor {x}, {x}" for x in XMM[:4]]
     expected = 12.0 + 4 + 7  # prologue above; epilogue: 6 pops, ret
     carry = 0.0
-    code_scale = knobs.get("code_scale", 1.0) * _code_fit(spec, blocks, layout_budget, i1)
+    code_scale = code_footprint_scale(knobs, spec.name) * _code_fit(spec, blocks, layout_budget, i1)
     block_fns: list[tuple[str, list[str]]] = []
     for b in blocks:
         if b.weight <= 0:
