@@ -310,7 +310,7 @@ def main() -> int:
     (out_dir / "ditto.json").write_text(json.dumps(summary, indent=1, default=str))
 
     def held_out(r: dict) -> list[str]:
-        note = report.held_out_note(r["validation"].get("configs", {}), r["profile"])
+        note = report.held_out_note(r["validation"].get("configs", {}), r["profile"], r.get("tuning"))
         busy = report.host_note(r["validation"])
         wins = report.windows_note(r["validation"])
         return (

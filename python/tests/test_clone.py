@@ -2636,6 +2636,13 @@ def test_the_report_says_how_close_the_held_out_l1s_lie_to_the_profiled_sizes():
     note = report.held_out_note(configs, with_mid)
     assert "lies 0.13 octave from the nearest profiled one (44 KiB, 11 ways, 64 sets)" in note
     assert "I1 (16 KiB, 4 ways, 64 sets) has the size of the nearest profiled one (16 KiB, 8 ways, 32 sets)" in note
+    assert note.endswith("Nothing is tuned at B.")
+    # a loop that tuned the I1's second point (session 29) says so
+    tuning = {"history": [{"metrics": {"I1_miss_rate": 0.001, "I1half_miss_rate": 0.02}}]}
+    note = report.held_out_note(configs, with_mid, tuning)
+    assert "matched the I1 at A and at its second point, 16 KiB with 8 ways (32 sets)" in note
+    assert "Nothing is tuned at B" not in note
+    assert report.held_out_note(configs, with_mid, {"history": [{"metrics": {}}]}).endswith("Nothing is tuned at B.")
     # nothing to compare with, or a description that is not "size,ways,line": no claim
     assert report.held_out_note(configs, {"body": {}}) == ""
     assert report.held_out_note({"B": {"D1": "big"}}, with_mid) == ""

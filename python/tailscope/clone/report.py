@@ -89,7 +89,7 @@ def _geometry(arg: str) -> tuple[int, int, int]:
     return size, ways, size // max(1, ways * line)
 
 
-def held_out_note(configs: dict, prof: dict) -> str:
+def held_out_note(configs: dict, prof: dict, tuning: dict | None = None) -> str:
     """How close the held-out hierarchy's L1s lie to the geometries the profile's sweeps simulated
     (the octave sizes, and since session 19 each bin's mid size: workingset.mid_sizes). With a
     finer sweep, B's D1 tests the clone between profiled sizes, not beyond them; said, not hidden.
@@ -124,7 +124,20 @@ def held_out_note(configs: dict, prof: dict) -> str:
             f"B's {level} ({size // 1024} KiB, {ways} ways, {sets} sets) {where} the nearest profiled one "
             f"({near[0] // 1024} KiB, {near[1]} ways, {near[2]} sets)"
         )
-    return "; ".join(out) + ". Nothing is tuned at B." if out else ""
+    if not out:
+        return ""
+    hist = (tuning or {}).get("history") or []
+    from .tune import HALF_I1_KEY, half_i1_config
+
+    if any(isinstance(h, dict) and HALF_I1_KEY in (h.get("metrics") or {}) for h in hist):
+        size, ways, sets = _geometry(half_i1_config()["I1"])
+        tuned = (
+            f"The tuning loop matched the I1 at A and at its second point, {size // 1024} KiB with {ways} ways "
+            f"({sets} sets), chosen after B's I1 row had failed; nothing was run at B before this validation."
+        )
+    else:
+        tuned = "Nothing is tuned at B."
+    return "; ".join(out) + ". " + tuned
 
 
 def windows_note(res: dict) -> str:
@@ -254,7 +267,7 @@ def write_html(path: Path, services: dict[str, dict], command: str = "") -> None
         res, prof = d["validation"], d.get("profile", {})
         parts.append(f"<h2>{html.escape(name)}</h2>")
         parts.append("<h3>Targets</h3>" + _md_to_html(error_table_md(name, res)))
-        note = held_out_note(res.get("configs", {}), prof)
+        note = held_out_note(res.get("configs", {}), prof, d.get("tuning"))
         if note:
             parts.append(f"<p>Held-out hierarchy: {html.escape(note)}</p>")
         wins = windows_note(res)
