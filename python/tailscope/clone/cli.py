@@ -125,10 +125,14 @@ def cmd_clone(ns) -> int:
     total = time.monotonic() - t0
     errs = tu["errors"]
     print(f"clone written to {out}/ (built in {build_s:.1f} s; pipeline {total / 60:.1f} min)")
+    half = errs.pop(tune.HALF_I1_KEY, None)
+    # (the loop's second I1 point is not A: name its geometry)
+    at_half = f"; I1 at {tune.half_i1_config()['I1']} (size,ways,line) {100 * half:.1f}%" if half is not None else ""
     print(
         "tuned at cache A after {} iteration(s): {}".format(
             tu["iterations"], ", ".join(f"{k} {100 * v:.1f}%" for k, v in errs.items())
         )
+        + at_half
     )
     print(
         f"leakage check: {'passed' if lk['ok'] else 'FAILED'} ({len(lk['leaked_strings'])} strings, "
