@@ -256,6 +256,23 @@ def _branch_patterns(spec, bw, knobs, rng) -> list:
 
 
 FORCED = -1  # a pattern the tuning loop moved to the counter form (_branch_patterns, _threshold_branch)
+DETERMINED_BITS = 6  # a branch whose rare outcome comes at most once in 2^6 runs counts as one-way
+DETERMINED_PASSES = 1 << DETERMINED_BITS  # (a loop's back edge: passes per event, taken all but once)
+
+
+def _outcome_class(p: float, r: float, pat) -> str:
+    """A generated conditional branch's outcome class, as spread_chunks keeps branches apart:
+    't' taken or 'n' not taken all but at most once in 2^DETERMINED_BITS runs, 'v' varying."""
+    if pat == FORCED:
+        t = max(1, min(255, round(256 * p)))
+        rare = min(t, 256 - t) / 256
+    elif pat is None:
+        rare = 2.0 ** -_mask_bits(p, r)[0]
+    else:
+        return "v"  # a 64-bit pattern: at least two of each outcome (_pattern)
+    if rare > 2.0**-DETERMINED_BITS:
+        return "v"
+    return "t" if p >= 0.5 else "n"
 
 
 def _threshold_branch(p: float, target: str, ctr: int) -> tuple[list[str], float]:
@@ -267,6 +284,14 @@ def _threshold_branch(p: float, target: str, ctr: int) -> tuple[list[str], float
     return [f"    cmp byte ptr [rdi + {ctr}], {t}", f"    jb {target}"], t / 256
 
 
+def _mask_bits(p: float, r: float) -> tuple[int, int]:
+    """`_mask_branch`'s j (the rare outcome's bits) and s (their shift)."""
+    q = max(min(p, 1 - p), 1e-9)
+    j = max(1, min(30, round(-math.log2(q))))
+    rr = max(r, 2.0**-30)
+    return j, max(0, min(31 - j, round(1 - j - math.log2(rr))))
+
+
 def _mask_branch(p: float, r: float, target: str, ctr: int = STATE_ITER) -> list[str]:
     """`test dword ptr [rdi + ctr], M; jz/jnz` on a pass counter in the state (the block's own
     since session 13, `st->iter` for the rings' variants): M = j ones shifted left by s.
@@ -275,10 +300,7 @@ def _mask_branch(p: float, r: float, target: str, ctr: int = STATE_ITER) -> list
     rare outcome has probability 2^-j and there are two transitions per 2^(s+j) iterations,
     so j = round(-log2 min(p, 1-p)) and s = round(1 - j - log2 r) (clamped to 31 bits).
     """
-    q = max(min(p, 1 - p), 1e-9)
-    j = max(1, min(30, round(-math.log2(q))))
-    rr = max(r, 2.0**-30)
-    sh = max(0, min(31 - j, round(1 - j - math.log2(rr))))
+    j, sh = _mask_bits(p, r)
     mask = ((1 << j) - 1) << sh
     jcc = "jz" if p < 0.5 else "jnz"
     return [f"    test dword ptr [rdi + {ctr}], {mask}", f"    {jcc} {target}"]
@@ -1652,7 +1674,7 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
             ]
         fn.append(f"    inc qword ptr [rdi + {passes_slot}]")
         if mode != "once":
-            fn += ["    dec r12", f"    jnz {lab}"]
+            fn += [f"{lab}_qb{'t' if passes >= DETERMINED_PASSES else 'v'}:", "    dec r12", f"    jnz {lab}"]
         if b.region_bytes:
             fn.append(f"    mov [r15 + {cur_slot}], r13")
         fn += [f"{lab}_done:", "    ret"]
@@ -2093,6 +2115,8 @@ def _block_body(
         reg = f"qword ptr [rdi + {STATE_PATTERNS[which]}]"
         skip = target or f"{lab}_s{state['count']}"
         bit = int(g[0].integers(0, 64))  # drawn whatever the form: a form change moves nothing else
+        # a label naming the branch's outcome class for spread_chunks (no code)
+        body.append(f"{lab}_q{state['count']}{_outcome_class(p, _r, pat)}:")
         if pat == FORCED:
             lines, p = _threshold_branch(p, skip, ctr)
             body.extend(lines)
@@ -2198,6 +2222,14 @@ def set_quotas(hist: list[int], lines: int) -> list[int]:
 
 def _assemble_labels(text: str, work) -> dict[str, int] | None:
     """Each label's address in the assembled text (local labels kept), None without gcc/nm."""
+    got = _assemble(text, work)
+    return got[0] if got else None
+
+
+def _assemble(text: str, work, jumps: bool = False) -> tuple[dict[str, int], list[int]] | None:
+    """`_assemble_labels`, and with `jumps` the addresses of the conditional jumps (objdump),
+    sorted; None without gcc, nm or objdump."""
+    import re
     import subprocess
     from pathlib import Path
 
@@ -2210,6 +2242,10 @@ def _assemble_labels(text: str, work) -> dict[str, int] | None:
             ["gcc", "-c", "-Wa,-L", "-o", str(obj), str(src)], check=True, capture_output=True, text=True, timeout=120
         )
         nm = subprocess.run(["nm", str(obj)], check=True, capture_output=True, text=True, timeout=60).stdout
+        dis = ""
+        if jumps:
+            cmd = ["objdump", "-d", "--no-show-raw-insn", str(obj)]
+            dis = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120).stdout
     except (OSError, subprocess.SubprocessError):
         return None
     finally:
@@ -2220,7 +2256,8 @@ def _assemble_labels(text: str, work) -> dict[str, int] | None:
         parts = ln.split()
         if len(parts) == 3:
             addr[parts[2]] = int(parts[0], 16)
-    return addr
+    jcc = sorted(int(m.group(1), 16) for m in re.finditer(r"^\s*([0-9a-f]+):\s+j(?!mp)[a-z]+\s", dis, re.M))
+    return addr, jcc
 
 
 def shape_sets(text: str, hist: list[int] | None, workdir) -> str:
@@ -2277,26 +2314,92 @@ def shape_sets(text: str, hist: list[int] | None, workdir) -> str:
 PAD_MARGIN = 4  # bytes a chunk keeps free at its line's end (a short jump may relax to a near one)
 
 
+PREDICTOR_SLOTS = 128  # callgrind's predictor: the branch address's low 7 bits (with 7 of history)
+
+
+def _clash(a: str, b: str) -> int:
+    """Whether two branches on one predictor slot evict each other's counts: unless both go the
+    same one way (`_outcome_class`)."""
+    return 0 if a == b and a in "tn" else 1
+
+
 def spread_chunks(text: str, seed: int, workdir) -> str:
-    """Place each middle chunk at a seeded random offset inside its 64-byte line.
+    """Place each middle chunk at an offset inside its 64-byte line that keeps its conditional
+    branches off the predictor slots the other branches of its block's loop use.
 
     Chunks start line-aligned, so their conditional branches sit at a handful of offsets. The
     simulated predictor (callgrind: 2-bit counters indexed by 7 bits of global history and the
     branch address's low 7 bits) then maps most of a body's branches onto a few counters, and
     branches with opposite outcomes evict each other: on memcached's clone, 160 branches shared
     17 of the 128 address slots and ~6 branches run once per request mispredicted every time.
-    Real code has its branches at every offset. The chunk sizes come from assembling the text
-    once (local labels kept); each pad (never executed: chunks are entered by a jump) keeps the
-    chunk inside its line, so the I-cache line entries are unchanged. Same text + seed, same
-    output. Returns the text unchanged if the assembler is not available."""
+    Real code has its branches at every offset. Up to session 29 each pad was drawn at random;
+    that still left pairs on one slot, and in a loop run 34 times per request one pair is 33
+    mispredictions per request: redis's clone read 4.5-5.0 or 35-50 per request by layout (the
+    original 23.2-23.7), a never-taken branch at 0x...ef mispredicting 33 of its 34 runs beside
+    an always-taken one at 0x...3ef (session 30). Now, loop by loop (a block's function, where
+    two branches alternate every pass), each chunk in text order takes, of the pads its line has
+    room for, one whose branches clash (`_clash`) with the fewest branches already placed (the
+    loop's others: its unpadded chunks and its back edge), drawn at random among those. The
+    generator labels each branch with its outcome class (`_outcome_class`); an unlabelled one
+    counts as varying. The chunk sizes and branch addresses come from assembling the text once
+    (local labels kept); each pad (never executed: chunks are entered by a jump) keeps the chunk
+    inside its line, so the I-cache line entries are unchanged. Same text + seed, same output.
+    Returns the text unchanged if the assembler is not available."""
+    import bisect
     import re
     import zlib
 
     if PAD_MARK not in text:
         return text
-    addr = _assemble_labels(text, workdir)
-    if addr is None:
+    got = _assemble(text, workdir, jumps=True)
+    if got is None:
         return text
+    addr, jcc = got
+    cls = {}  # a conditional jump's address -> its outcome class
+    loops: dict[str, tuple[int, int]] = {}  # a block's label -> its function's address range
+    for lab, a in addr.items():
+        m = re.match(r"^(\.L.+)_q(?:\d+|b)([tnv])$", lab)
+        if m:
+            k = bisect.bisect_left(jcc, a)
+            if k < len(jcc):
+                cls[jcc[k]] = m.group(2)
+            blk = m.group(1)
+            if f"{blk}_fn" in addr and f"{blk}_done" in addr:
+                loops[blk] = (addr[f"{blk}_fn"], addr[f"{blk}_done"])
+
+    def branches(lo: int, hi: int) -> list[int]:
+        return jcc[bisect.bisect_left(jcc, lo) : bisect.bisect_left(jcc, hi)]
+
+    chunks = [m.group(1) for m in re.finditer(r"^    # pad (\S+)$", text, re.M)]
+    padded = {lab: (addr[lab], addr[lab + "_end"]) for lab in chunks if lab in addr and lab + "_end" in addr}
+    taken: dict[str, dict[int, list[str]]] = {}  # per loop: slot -> the outcome classes placed there
+    inside = {j for a, e in padded.values() for j in branches(a, e)}
+    for blk, (lo, hi) in loops.items():
+        slots = taken.setdefault(blk, {})
+        for j in branches(lo, hi):
+            if j not in inside:
+                slots.setdefault(j % PREDICTOR_SLOTS, []).append(cls.get(j, "v"))
+    pads = {}
+    for lab in chunks:
+        if lab not in padded or padded[lab][0] % 64:
+            continue
+        a, e = padded[lab]
+        room = 64 - (e - a) - PAD_MARGIN
+        if room <= 0:
+            continue
+        # keyed by the chunk's label: a chunk keeps its pad when other chunks come and go
+        rng = np.random.default_rng([seed, 0x5EED, zlib.crc32(lab.encode())])
+        slots = taken.get(re.sub(r"_c\d+$", "", lab), {})
+        own = branches(a, e)
+        cost = [
+            sum(_clash(cls.get(j, "v"), c) for j in own for c in slots.get((j + pad) % PREDICTOR_SLOTS, ()))
+            for pad in range(room + 1)
+        ]
+        best = [pad for pad, c in enumerate(cost) if c == min(cost)]
+        pad = best[int(rng.integers(0, len(best)))]
+        for j in own:
+            slots.setdefault((j + pad) % PREDICTOR_SLOTS, []).append(cls.get(j, "v"))
+        pads[lab] = pad
 
     out = []
     for ln in text.split("\n"):
@@ -2304,14 +2407,7 @@ def spread_chunks(text: str, seed: int, workdir) -> str:
         if not m:
             out.append(ln)
             continue
-        lab = m.group(1)
-        a, e = addr.get(lab), addr.get(lab + "_end")
-        pad = 0
-        if a is not None and e is not None and a % 64 == 0:
-            room = 64 - (e - a) - PAD_MARGIN
-            # keyed by the chunk's label: a chunk keeps its pad when other chunks come and go
-            rng = np.random.default_rng([seed, 0x5EED, zlib.crc32(lab.encode())])
-            pad = int(rng.integers(0, room + 1)) if room > 0 else 0
+        pad = pads.get(m.group(1), 0)
         out.append(f"    .skip {pad}, 0xcc" if pad else "    # no room to pad")
     return "\n".join(out)
 
