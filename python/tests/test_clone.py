@@ -1492,6 +1492,25 @@ def test_a_busy_host_is_measured_and_its_timed_runs_repeated():
     # results from before session 21 carry no host figures: no note
     old = {k: 100.0 for k in validate.NATIVE_KEYS}
     assert report.host_note({"levels": {"medium": {"original": old | {"runs": [old]}}}}) == ""
+    assert "stalls of its own" not in note  # runs from before session 31 carry no stall figures
+
+
+def test_stall_note_counts_the_generator_stalls_and_the_replies_left_out():
+    """report.stall_note (session 31): the load generator's own stalls (validate.STALL_US) and the
+    share of replies they disturbed, which the latencies leave out, from the kept runs' records."""
+    from tailscope.clone import report, validate
+
+    def run(stalls, share):
+        return {"host_other_cpu": 0.01, "generator_stalls": stalls, "disturbed_share": share}
+
+    side = {"runs": [run(0, 0.0), run(2, 0.001), run(5, 0.004)]}
+    res = {"levels": {"low": {"original": side, "clone": {"runs": [run(1, 0.0005)]}}}}
+    note = report.stall_note(res)
+    assert "counted 8 stalls" in note and "over 4 kept runs" in note, note
+    assert f"over {validate.STALL_US} µs" in note
+    assert "median 0.10%" in note and "at most 0.40%" in note, note
+    assert note in report.host_note(res)
+    assert report.stall_note({"levels": {"low": {"original": {"runs": [{"host_other_cpu": 0.0}]}}}}) == ""
 
 
 def _fake_window(requests: int, per_thread: dict[int, dict]) -> "object":

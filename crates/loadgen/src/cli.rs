@@ -54,6 +54,18 @@ pub struct Args {
     /// HTTP request path.
     #[arg(long, default_value = "/")]
     pub path: String,
+    /// Write every successful reply's intended send time and latency here,
+    /// binary (docs/loadgen.md, "Per-request records").
+    #[arg(long)]
+    pub requests_out: Option<String>,
+    /// Spin instead of sleeping between arrivals, and treat a turn of the
+    /// loop longer than this many microseconds as the generator's own stall
+    /// (preempted, or its vCPU descheduled): the requests in flight or due
+    /// during a stall, or within its length after it, are counted
+    /// (`generator_stalls`) and kept out of the latency statistics. Open
+    /// loop only; costs the generator's whole CPU.
+    #[arg(long)]
+    pub stall_us: Option<u64>,
     /// Time-series bin width in milliseconds.
     #[arg(long, default_value = "20")]
     pub bin_ms: u64,
@@ -185,6 +197,19 @@ impl Args {
                 .parse::<breakwater::ControlKind>()
                 .map_err(|e| format!("--control: {e}"))?;
         }
+        if let Some(us) = self.stall_us {
+            if us < 10 {
+                return Err(format!("--stall-us must be at least 10, got {us}"));
+            }
+            if self.protocol == ProtocolKind::Breakwater || !matches!(load, Load::Open { .. }) {
+                return Err("--stall-us applies to open-loop runs (--rate N) of \
+                            redis, memcached, http or line"
+                    .into());
+            }
+        }
+        if self.requests_out.is_some() && self.protocol == ProtocolKind::Breakwater {
+            return Err("--requests-out does not apply to --protocol breakwater".into());
+        }
         if self.preload && !matches!(self.protocol, ProtocolKind::Redis | ProtocolKind::Memcached) {
             return Err("--preload only applies to --protocol redis or memcached".into());
         }
@@ -213,6 +238,8 @@ impl Args {
             bw_carry: self.bw_carry,
             bw_push: self.bw_push,
             bw_intended_deadline: self.bw_intended_deadline,
+            keep_requests: self.requests_out.is_some(),
+            stall_us: self.stall_us,
         })
     }
 }
@@ -286,6 +313,24 @@ mod tests {
         assert!(parse_steps("20000", 1.0).is_err());
         assert!(parse_steps("abc:1", 1.0).is_err());
         assert!(parse_steps("100:0", 1.0).is_err());
+    }
+
+    #[test]
+    fn stall_us_is_open_loop_only_and_at_least_10() {
+        let c = args(&["--rate", "1000", "--stall-us", "200"]).unwrap();
+        assert_eq!(c.stall_us, Some(200));
+        assert!(args(&["--rate", "1000", "--stall-us", "5"])
+            .unwrap_err()
+            .contains("at least 10"));
+        assert!(args(&["--rate", "max", "--stall-us", "200"])
+            .unwrap_err()
+            .contains("open-loop"));
+        assert!(!args(&["--rate", "1000"]).unwrap().keep_requests);
+        assert!(
+            args(&["--rate", "1000", "--requests-out", "/tmp/x"])
+                .unwrap()
+                .keep_requests
+        );
     }
 
     #[test]

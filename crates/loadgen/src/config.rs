@@ -69,6 +69,13 @@ pub struct Config {
     /// Client-layer protocols: requests carry their deadline (intended time
     /// + SLO) to the client layer.
     pub bw_intended_deadline: bool,
+    /// Keep every successful reply's intended time and latency for
+    /// `--requests-out` (16 bytes a request).
+    pub keep_requests: bool,
+    /// `--stall-us`: spin instead of sleeping, count every turn of the loop
+    /// longer than this (the generator off its CPU) as a stall, and keep the
+    /// requests it disturbed out of the latency statistics.
+    pub stall_us: Option<u64>,
 }
 
 impl Config {
@@ -99,6 +106,8 @@ impl Config {
             bw_carry: false,
             bw_push: false,
             bw_intended_deadline: false,
+            keep_requests: false,
+            stall_us: None,
         }
     }
 

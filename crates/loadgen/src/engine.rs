@@ -49,8 +49,16 @@ pub fn run(config: &Config) -> Result<Summary, String> {
     }
     let warmup_ns = (config.warmup_s * 1e9) as u64;
     engine.recorder = Recorder::new(warmup_ns, &config.measured_steps(), config.bin_ms);
+    if config.keep_requests {
+        engine.recorder.keep_requests();
+    }
+    if let Some(us) = config.stall_us {
+        engine.recorder.detect_stalls();
+        engine.stall_ns = Some(us * 1000);
+    }
     engine.recording = true;
     engine.start = Instant::now();
+    let start_monotonic_ns = monotonic_ns();
     match &config.load {
         Load::Open { steps } => {
             engine.run_open(steps, config.warmup_s, config.seed, config.timeout_ms)?
@@ -59,7 +67,21 @@ pub fn run(config: &Config) -> Result<Summary, String> {
             engine.run_closed(*depth, warmup_ns, *duration_s, config.timeout_ms)?
         }
     }
-    Ok(std::mem::replace(&mut engine.recorder, Recorder::new(0, &[], 1)).finish(config))
+    let mut summary =
+        std::mem::replace(&mut engine.recorder, Recorder::new(0, &[], 1)).finish(config);
+    summary.start_monotonic_ns = Some(start_monotonic_ns);
+    Ok(summary)
+}
+
+/// CLOCK_MONOTONIC in ns (the clock `Instant` and eBPF's `bpf_ktime_get_ns` read).
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only the timespec we pass.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
 }
 
 fn resolve(target: &str) -> Result<SocketAddr, String> {
@@ -114,6 +136,8 @@ struct Engine {
     /// Run-clock time the timer is armed for, if armed.
     timer_target_ns: Option<u64>,
     spin_ns: u64,
+    /// `--stall-us` in ns: spin always and record longer turns as stalls.
+    stall_ns: Option<u64>,
     preload_errors: u64,
     /// Replies framed so far, for stall detection.
     replies: u64,
@@ -146,6 +170,7 @@ impl Engine {
             timer,
             timer_target_ns: None,
             spin_ns: config.spin_us * 1000,
+            stall_ns: None,
             target: config.target.clone(),
             poll,
             events: Events::with_capacity(1024),
@@ -191,8 +216,16 @@ impl Engine {
         let mut schedule = Schedule::new(&all, seed);
         let deadline_ns = schedule.end_ns() + timeout_ms * 1_000_000;
         let mut next = schedule.next();
+        let mut last_turn_ns = self.now_ns();
         loop {
             let now = self.now_ns();
+            if let Some(stall_ns) = self.stall_ns {
+                // spinning, a turn takes microseconds: a longer one is time off the CPU
+                if now - last_turn_ns > stall_ns {
+                    self.recorder.on_stall(last_turn_ns, now);
+                }
+                last_turn_ns = now;
+            }
             while let Some(intended) = next.filter(|&t| t <= now) {
                 if self.recording {
                     self.recorder.on_scheduled(intended);
@@ -209,6 +242,7 @@ impl Engine {
             }
             let timeout = match next {
                 Some(t) => self.wait_budget(t, now)?,
+                None if self.stall_ns.is_some() => Duration::ZERO,
                 None => Duration::from_millis(1),
             };
             self.poll_once(timeout)?;
@@ -292,7 +326,7 @@ impl Engine {
     /// `spin_ns` early, fires.
     fn wait_budget(&mut self, next_ns: u64, now_ns: u64) -> Result<Duration, String> {
         let gap = next_ns - now_ns;
-        if gap <= self.spin_ns {
+        if gap <= self.spin_ns || self.stall_ns.is_some() {
             return Ok(Duration::ZERO);
         }
         let wake_ns = next_ns - self.spin_ns;

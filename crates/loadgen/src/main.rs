@@ -36,5 +36,11 @@ fn main() -> ExitCode {
             }
         }
     }
+    if let Some(path) = args.requests_out.as_deref() {
+        if let Err(e) = std::fs::write(path, report::requests_bytes(&summary)) {
+            eprintln!("tailscope-loadgen: error: cannot write {path}: {e}");
+            return ExitCode::from(1);
+        }
+    }
     ExitCode::SUCCESS
 }

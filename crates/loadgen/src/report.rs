@@ -26,6 +26,13 @@ pub fn human(s: &Summary) -> String {
         l.p50, l.p90, l.p99, l.p999, l.max, l.mean
     );
     let _ = writeln!(out, "max send lag: {:.1} us", s.max_send_lag_us);
+    if let Some(g) = &s.generator_stalls {
+        let _ = writeln!(
+            out,
+            "generator stalls: {} ({:.1} ms in all, longest {:.0} us); {} replies they disturbed are kept out of the latencies",
+            g.count, g.total_ms, g.max_us, g.disturbed
+        );
+    }
     if let Some(slo) = s.slo_us {
         let _ = writeln!(
             out,
@@ -83,6 +90,26 @@ pub fn csv(s: &Summary) -> String {
             b.reject_mean_us
                 .map_or(String::new(), |v| format!("{v:.1}"))
         );
+    }
+    out
+}
+
+/// Magic of a `--requests-out` file (docs/loadgen.md, "Per-request records").
+pub const REQUESTS_MAGIC: &[u8; 8] = b"TSLGRQ01";
+
+/// The `--requests-out` file: magic, CLOCK_MONOTONIC of time zero, the
+/// record count, then per successful reply its intended time (ns after time
+/// zero), latency (ns) and flags (`stats::REQUEST_DISTURBED`), all
+/// little-endian u64.
+pub fn requests_bytes(s: &Summary) -> Vec<u8> {
+    let mut out = Vec::with_capacity(24 + 24 * s.requests.len());
+    out.extend_from_slice(REQUESTS_MAGIC);
+    out.extend_from_slice(&s.start_monotonic_ns.unwrap_or(0).to_le_bytes());
+    out.extend_from_slice(&(s.requests.len() as u64).to_le_bytes());
+    for &(intended, latency, flags) in &s.requests {
+        for v in [intended, latency, flags] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
     }
     out
 }

@@ -72,6 +72,40 @@ pub struct Recorder {
     rejects: Histogram<u64>,
     /// Where successful replies' latency went (client-layer protocols).
     split: Option<Split>,
+    /// (intended time, latency, flags) of every successful measured reply,
+    /// in ns, when `--requests-out` asked for them (flags: REQUEST_DISTURBED).
+    requests: Option<Vec<(u64, u64, u64)>>,
+    /// The generator's own stalls (`--stall-us`): (start, end) in ns. While
+    /// they are kept, successful replies wait in `pending` until `finish`
+    /// (a stall is seen only on the loop turn after it).
+    stalls: Option<Vec<(u64, u64)>>,
+    pending: Vec<(u64, u64)>,
+}
+
+/// `--requests-out` flag: the reply was disturbed by a generator stall and
+/// kept out of the latency statistics.
+pub const REQUEST_DISTURBED: u64 = 1;
+
+/// Windows of time that a stall disturbs, merged and sorted: each stall from
+/// its start to as long again after its end (the burst of late sends it
+/// leaves drains within that below saturation).
+fn stall_windows(stalls: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut w: Vec<(u64, u64)> = stalls.iter().map(|&(a, b)| (a, b + (b - a))).collect();
+    w.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(w.len());
+    for (a, b) in w {
+        match merged.last_mut() {
+            Some(last) if a <= last.1 => last.1 = last.1.max(b),
+            _ => merged.push((a, b)),
+        }
+    }
+    merged
+}
+
+/// Whether a request in flight over `[from, to]` overlaps a window.
+fn disturbed(windows: &[(u64, u64)], from: u64, to: u64) -> bool {
+    let i = windows.partition_point(|w| w.0 <= to);
+    i > 0 && windows[i - 1].1 > from
 }
 
 /// A successful reply's latency in three parts: the generator's own lag
@@ -118,6 +152,9 @@ impl Recorder {
             slo_ns: None,
             rejects: new_histogram(),
             split: None,
+            requests: None,
+            stalls: None,
+            pending: Vec::new(),
         }
     }
 
@@ -199,6 +236,24 @@ impl Recorder {
         Some((step, bin))
     }
 
+    /// Keep each successful reply's intended time and latency (`--requests-out`).
+    pub fn keep_requests(&mut self) {
+        self.requests = Some(Vec::new());
+    }
+
+    /// Record the generator's stalls and keep the replies they disturb out of
+    /// the latency statistics (`--stall-us`).
+    pub fn detect_stalls(&mut self) {
+        self.stalls = Some(Vec::new());
+    }
+
+    /// The generator was off its CPU from `from_ns` to `to_ns`.
+    pub fn on_stall(&mut self, from_ns: u64, to_ns: u64) {
+        if let Some(s) = self.stalls.as_mut() {
+            s.push((from_ns, to_ns));
+        }
+    }
+
     pub fn on_scheduled(&mut self, intended_ns: u64) {
         if let Some((step, _)) = self.locate(intended_ns) {
             self.totals.scheduled += 1;
@@ -228,6 +283,15 @@ impl Recorder {
             self.bins[bin].errors += 1;
             return;
         }
+        if self.stalls.is_some() {
+            self.pending.push((intended_ns, now_ns));
+            return;
+        }
+        self.record_ok(step, bin, intended_ns, now_ns);
+    }
+
+    /// A successful reply's latency into the histograms, bins and records.
+    fn record_ok(&mut self, step: usize, bin: usize, intended_ns: u64, now_ns: u64) {
         let latency_ns = now_ns.saturating_sub(intended_ns).clamp(1, MAX_LATENCY_NS);
         if self.slo_ns.is_some_and(|slo| latency_ns <= slo) {
             self.totals.good += 1;
@@ -238,6 +302,40 @@ impl Recorder {
         self.steps[step].histogram.saturating_record(latency_ns);
         let us = (latency_ns / 1000).min(u64::from(u32::MAX)) as u32;
         self.bins[bin].latencies_us.push(us);
+        if let Some(r) = self.requests.as_mut() {
+            r.push((intended_ns, latency_ns, 0));
+        }
+    }
+
+    /// Sort the replies held back while stalls were detected: a reply in
+    /// flight during a stall's window is counted as disturbed, the rest
+    /// recorded. Returns the stalls' summary.
+    fn settle_stalls(&mut self) -> Option<StallSummary> {
+        let stalls = self.stalls.take()?;
+        let windows = stall_windows(&stalls);
+        let mut n_disturbed = 0;
+        for (intended_ns, now_ns) in std::mem::take(&mut self.pending) {
+            let Some((step, bin)) = self.locate(intended_ns) else {
+                continue;
+            };
+            if disturbed(&windows, intended_ns, now_ns) {
+                n_disturbed += 1;
+                if let Some(r) = self.requests.as_mut() {
+                    r.push((intended_ns, now_ns - intended_ns, REQUEST_DISTURBED));
+                }
+            } else {
+                self.record_ok(step, bin, intended_ns, now_ns);
+            }
+        }
+        let measured =
+            |&&(a, b): &&(u64, u64)| b > self.measure_start_ns && a < self.measure_end_ns;
+        let inside: Vec<&(u64, u64)> = stalls.iter().filter(measured).collect();
+        Some(StallSummary {
+            count: inside.len() as u64,
+            total_ms: inside.iter().map(|(a, b)| b - a).sum::<u64>() as f64 / 1e6,
+            max_us: inside.iter().map(|(a, b)| b - a).max().unwrap_or(0) as f64 / 1e3,
+            disturbed: n_disturbed,
+        })
     }
 
     /// A request (sent or still waiting to be sent) that never got a reply.
@@ -248,7 +346,8 @@ impl Recorder {
         }
     }
 
-    pub fn finish(self, config: &Config) -> Summary {
+    pub fn finish(mut self, config: &Config) -> Summary {
+        let generator_stalls = self.settle_stalls();
         let duration_s = config.measured_duration_s();
         let steps = config
             .measured_steps()
@@ -283,6 +382,9 @@ impl Recorder {
             })
             .collect();
         Summary {
+            generator_stalls,
+            start_monotonic_ns: None,
+            requests: self.requests.unwrap_or_default(),
             config: config.clone(),
             duration_s,
             counts: CountSummary::new(&self.totals, duration_s),
@@ -357,6 +459,29 @@ pub struct Summary {
     /// Where successful replies' latency went (`--protocol breakwater`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub admitted_split_us: Option<SplitSummary>,
+    /// CLOCK_MONOTONIC (ns) of the run's time zero, the origin of the
+    /// intended times (`--requests-out`), so that other tracers' timestamps
+    /// (eBPF's `bpf_ktime_get_ns`) can be lined up with the requests.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_monotonic_ns: Option<u64>,
+    /// (intended time, latency, flags) of each successful measured reply in
+    /// ns, when kept (`Config::keep_requests`); written by `--requests-out`.
+    #[serde(skip)]
+    pub requests: Vec<(u64, u64, u64)>,
+    /// The generator's own stalls, when detected (`--stall-us`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub generator_stalls: Option<StallSummary>,
+}
+
+/// The generator's own stalls (`--stall-us`): turns of its loop longer than
+/// the limit, within the measured window, and the successful replies they
+/// disturbed (counted in `completed`, kept out of every latency figure).
+#[derive(Debug, Clone, Serialize)]
+pub struct StallSummary {
+    pub count: u64,
+    pub total_ms: f64,
+    pub max_us: f64,
+    pub disturbed: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -481,6 +606,65 @@ mod tests {
         let v: Vec<u32> = (1..=100).collect();
         assert_eq!(quantile_sorted(&v, 0.5), Some(50));
         assert_eq!(quantile_sorted(&v, 0.99), Some(99));
+    }
+
+    #[test]
+    fn leaves_replies_a_generator_stall_disturbed_out_of_the_latencies() {
+        let steps = [Step {
+            rate: 100.0,
+            duration_s: 1.0,
+        }];
+        let config = Config::new(
+            "x:1",
+            ProtocolKind::Line,
+            Load::Open {
+                steps: steps.to_vec(),
+            },
+        );
+        let mut r = Recorder::new(0, &steps, 100);
+        r.detect_stalls();
+        r.keep_requests();
+        let ms = 1_000_000;
+        // in flight from 10 to 10.03 ms: clean
+        r.on_reply(10 * ms, 10 * ms + 30_000, Outcome::Ok);
+        // in flight over the stall (100-108 ms): disturbed
+        r.on_reply(99 * ms, 108 * ms + 10_000, Outcome::Ok);
+        // due during it, sent late: disturbed
+        r.on_reply(104 * ms, 108 * ms + 20_000, Outcome::Ok);
+        // due within the stall's length after it (108-116 ms): disturbed
+        r.on_reply(115 * ms, 115 * ms + 30_000, Outcome::Ok);
+        // after that window: clean
+        r.on_reply(117 * ms, 117 * ms + 50_000, Outcome::Ok);
+        // the stall is seen on the loop turn after it, after some replies
+        r.on_stall(100 * ms, 108 * ms);
+        r.on_reply(200 * ms, 200 * ms + 40_000, Outcome::Error);
+        let s = r.finish(&config);
+        let g = s.generator_stalls.expect("stalls were detected");
+        assert_eq!((g.count, g.disturbed), (1, 3));
+        assert_eq!(g.total_ms, 8.0);
+        assert_eq!(s.counts.completed, 6);
+        assert_eq!(s.counts.errors, 1);
+        // only the two clean replies are in the latencies: 30 and 50 µs
+        assert_eq!(s.latency_us.max.round(), 50.0);
+        assert!((s.latency_us.mean - 40.0).abs() < 0.1);
+        let flagged: Vec<u64> = s.requests.iter().map(|r| r.2).collect();
+        assert_eq!(
+            flagged.iter().filter(|&&f| f == REQUEST_DISTURBED).count(),
+            3
+        );
+        assert_eq!(s.requests.len(), 5);
+    }
+
+    #[test]
+    fn stall_windows_merge_and_bound_each_request() {
+        let w = stall_windows(&[(100, 110), (105, 125), (300, 301)]);
+        assert_eq!(w, vec![(100, 145), (300, 302)]);
+        assert!(disturbed(&w, 90, 100));
+        assert!(disturbed(&w, 144, 200));
+        assert!(!disturbed(&w, 145, 299));
+        assert!(!disturbed(&w, 0, 99));
+        assert!(disturbed(&w, 301, 400));
+        assert!(!disturbed(&[], 0, u64::MAX));
     }
 
     #[test]

@@ -190,3 +190,32 @@ fn connection_refused_is_an_error_not_a_panic() {
         "{err}"
     );
 }
+
+/// `--stall-us`: the generator spins, counts its stalls, and every successful
+/// reply is either in the latencies or flagged as disturbed in the records,
+/// whose layout (`--requests-out`) is magic, time zero, count, then three
+/// little-endian u64 per reply.
+#[test]
+fn stall_detection_accounts_for_every_reply_and_records_them() {
+    let addr = spawn_line_server(Arc::new(|_| Duration::ZERO));
+    let mut config = line_config(&addr, 2000.0, 0.5);
+    config.stall_us = Some(200);
+    config.keep_requests = true;
+    let s = run(&config).unwrap();
+    let g = s.generator_stalls.clone().expect("stall detection was on");
+    let ok = s.counts.completed - s.counts.errors;
+    assert!(ok > 800, "{ok} replies");
+    assert_eq!(s.requests.len() as u64, ok);
+    let flagged = s.requests.iter().filter(|r| r.2 == 1).count() as u64;
+    assert_eq!(flagged, g.disturbed);
+    assert!(g.disturbed == 0 || g.count > 0);
+    let bytes = tailscope_loadgen::report::requests_bytes(&s);
+    assert_eq!(&bytes[..8], b"TSLGRQ01");
+    assert_eq!(bytes.len(), 24 + 24 * s.requests.len());
+    let word = |i: usize| u64::from_le_bytes(bytes[i..i + 8].try_into().unwrap());
+    assert_eq!(word(8), s.start_monotonic_ns.unwrap());
+    assert_eq!(word(16), ok);
+    // the first record: intended time (after the 0.2-s warm-up) and its latency
+    assert_eq!((word(24), word(32)), (s.requests[0].0, s.requests[0].1));
+    assert!(word(24) >= 200_000_000);
+}

@@ -181,8 +181,33 @@ def host_note(res: dict) -> str:
     )
     if stuck:
         out += " The extra tries ran out, and a busy run was kept, for: " + ", ".join(stuck) + "."
+    out += stall_note(res)
     idle = idle_note(res)
     return f"{idle} {out[0].upper()}{out[1:]}" if idle else out
+
+
+def stall_note(res: dict) -> str:
+    """The load generator's own stalls over the kept timed runs (validate.STALL_US, session 31): how
+    many, and the share of replies they disturbed, which the latencies leave out. "" for results
+    from before it."""
+    from .validate import STALL_US
+
+    shares, stalls = [], 0
+    for row in (res.get("levels") or {}).values():
+        for side in ("original", "clone"):
+            for r in (row.get(side) or {}).get("runs", []):
+                if isinstance(r.get("disturbed_share"), (int, float)):
+                    shares.append(r["disturbed_share"])
+                    stalls += int(r.get("generator_stalls") or 0)
+    if not shares:
+        return ""
+    shares.sort()
+    return (
+        f" The load generator spun and counted {stalls} stalls of its own (a turn of its loop over "
+        f"{STALL_US} µs) over {len(shares)} kept runs; the replies in flight or due during one, or "
+        f"within its length after it, are left out of the latencies: a median {100 * shares[len(shares) // 2]:.2f}% "
+        f"of a run's replies, at most {100 * shares[-1]:.2f}%."
+    )
 
 
 def idle_note(res: dict) -> str:

@@ -279,8 +279,13 @@ def loadgen(
     cpu: int | None = None,
     host: str = "127.0.0.1",
     timeout: float | None = None,
+    requests_out: Path | None = None,
+    stall_us: int | None = None,
 ) -> dict:
-    """Run tailscope-loadgen once (open loop at `rate`) and return its JSON summary."""
+    """Run tailscope-loadgen once (open loop at `rate`) and return its JSON summary. requests_out:
+    where it writes each successful reply's intended time and latency. stall_us: the generator
+    spins, and keeps the replies its own stalls (a loop turn longer than this) disturbed out of the
+    latencies (`--stall-us`; counted in the summary's `generator_stalls`)."""
     lg = find_loadgen()
     args = [a for a in load_args if a != "--preload"]
     cmd = [
@@ -302,6 +307,10 @@ def loadgen(
         cmd.append("--preload")
     if cpu is not None:
         cmd += ["--cpu", str(cpu)]
+    if requests_out is not None:
+        cmd += ["--requests-out", str(requests_out)]
+    if stall_us is not None:
+        cmd += ["--stall-us", str(stall_us)]
     full = ns.wrap(cmd) if ns else cmd
     try:
         p = subprocess.run(
