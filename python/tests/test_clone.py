@@ -12,6 +12,7 @@ import copy
 import itertools
 import re
 import shutil
+import statistics
 import subprocess
 from pathlib import Path
 
@@ -1432,6 +1433,44 @@ def test_the_syscall_mix_is_pooled_over_both_sessions_with_its_own_spread():
     old = validate.pool_sessions(session(0.775, 2000, 33.0), native | {"runs": [native]})
     assert old["syscalls_per_request"]["epoll_wait"] == 0.775
     assert validate.original_spread(old, "syscall_mix") is None
+
+
+def test_four_sessions_pool_into_one_side_with_two_standard_errors_as_the_spread():
+    """validate.pool_sessions / session_spread (session 31): a side's four sessions pool all their
+    runs into one median; the first two carry the syscall trace and alone give the mix; the
+    original's own spread of a native figure is two standard errors of its sessions' mean (for
+    two sessions exactly their relative difference), so one session the host shifted weighs a
+    quarter, and it still never falls below the runs' median noise."""
+    from tailscope.clone import validate
+
+    native = {k: 30.0 for k in validate.NATIVE_KEYS}
+
+    def session(avg: float, traced: bool) -> dict:
+        runs = [native | {"latency_avg_us": avg + d} for d in (-1.0, 0.0, 1.0)]
+        out = validate._medians(runs) | {"runs": runs}
+        if traced:
+            out |= {
+                "traced_requests": 1000,
+                "syscalls_per_request": {"read": 1.0, "epoll_wait": 0.5 if avg < 35 else 0.7},
+                "bytes_per_call": {"read": 30.0},
+                "net_bytes_in_per_request": 30.0,
+                "net_bytes_out_per_request": 40.0,
+            }
+        return out
+
+    side = validate.pool_sessions(session(40.0, True), session(24.0, True), session(30.0, False), session(26.0, False))
+    assert len(side["runs"]) == 12 and len(side["sessions"]) == 4
+    assert side["latency_avg_us"] == pytest.approx(28.0)  # the median of all twelve runs
+    assert side["syscalls_per_request"]["epoll_wait"] == pytest.approx(0.6)  # the two traced ones
+    vals = [40.0, 24.0, 30.0, 26.0]
+    want = 2 * statistics.stdev(vals) / 2 / statistics.fmean(vals)
+    assert validate.session_spread(vals) == pytest.approx(want)
+    floor = validate.median_floor(side, "latency_avg_us")
+    assert validate.original_spread(side, "latency_avg_us") == pytest.approx(max(want, floor))
+    assert validate.original_spread(side, "syscall_mix") == pytest.approx(0.2 / 1.6)
+    # two sessions: the old figure, |a - b| / mean
+    assert validate.session_spread([38.9, 24.9]) == pytest.approx(validate.spread(38.9, 24.9))
+    assert validate.session_spread([0.0, 0.0]) == 0.0
 
 
 def test_a_busy_host_is_measured_and_its_timed_runs_repeated():

@@ -13,9 +13,11 @@ profiling nor tuning used.
 The original is measured twice, and its own spread decides whether a row can be judged at all
 (session 7). Native: per load level the original runs before and after the clone (A, B, A
 order, so that a drift of the host falls on both sides; since session 15 A, B, A, B, the clone
-in two sessions as well), REPEATS runs each; each side's figure is the median of both its
-sessions' runs, the original's spread the relative difference between its two sessions' medians,
-and never less than the sampling noise of the median of its runs (`median_floor`, session 22).
+in two sessions as well; since session 31 SESSIONS sessions each, alternating), REPEATS runs
+each; each side's figure is the median of all its sessions' runs, the original's spread two
+standard errors of its sessions' mean (`session_spread`; for two sessions the relative difference
+of their medians), and never less than the sampling noise of the median of its runs
+(`median_floor`, session 22).
 Simulated: SIM_RUNS callgrind windows per side and hierarchy, the two sides' side by side;
 each side's rates come from the summed counts of its windows, the original's spread is two
 standard errors of its pooled mean (`original_spread`), and never less than the counting noise
@@ -47,7 +49,16 @@ LEVELS = {"low": 0.3, "medium": 1.0, "high": 1.6}
 # episode of the host's (p99 212-461 µs against 55-76, no steal counted), and the session's median
 # was one of them: its sessions' p99s 212 and 58, an own spread of 114%. Nine runs outvote an episode
 # of three or four, and the median's sampling noise (`median_floor`) is sqrt(5/9) of five runs'
-REPEATS = 9
+#
+# Since session 31 a side runs in SESSIONS sessions of REPEATS runs (four of five; two of nine
+# before). With the generator's own stalls left out (STALL_US) the runs within a session agree
+# better, and what is left moves whole sessions: memcached's original at low load had its first
+# session's nine runs at 29-47 µs (median 38.9) and its second's at 21-34 (24.9), an own spread
+# of 44%, while its clone's sessions were 30.5 and 27.3. Each side's median now pools four
+# sessions, so a session's shift weighs half as much in the clone's error, and the own spread is
+# two standard errors of the sessions' mean rather than one difference of two.
+REPEATS = 5
+SESSIONS = 4
 # the syscall run of each native session (eBPF attached). Every session is traced since session 16:
 # redis's epoll_waits per request (how many requests one wait returns) moved 0.74-0.79 between
 # 2-s runs of the same server, 1.4% of its whole mix, and one run per side gave a 2.9% error
@@ -130,7 +141,11 @@ TARGETS = {  # metric -> largest allowed relative error (the issue's table)
 }
 
 
-def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, tag: str, preload: bool) -> dict:
+def _native_level(
+    ns, launch, port, load_args, rate, duration, workdir: Path, tag: str, preload: bool, traced: bool = True
+) -> dict:
+    """One session: a fresh server, REPEATS timed runs (repeated while the host disturbed them), and,
+    when `traced`, the syscall run."""
     srv = runner.start(ns, launch, port, workdir / f"{tag}.log", cpu=0)
     try:
         if preload:
@@ -182,6 +197,8 @@ def _native_level(ns, launch, port, load_args, rate, duration, workdir: Path, ta
         out["runs"] = runs
         out["busy_runs"] = busy
         out["host_busy"] = any(disturbed(r) for r in runs)
+        if not traced:
+            return out
         # the syscall run (eBPF attached: its latencies are not used)
         tools = need("bpftrace")
         info = target.inspect(srv.pid)
@@ -355,19 +372,17 @@ def validate(
             # host's noise falls on both sides and no side's figure rests on one stretch of time
             # (session 15: one clone session gave p99 0.86-1.6 ms at medium in all three of its runs
             # while the same clone, rerun, matched the original's 0.32-0.58 ms)
-            for side, lch, tag in (
-                ("original", launch, "original"),
-                ("clone", cl, "clone"),
-                ("original again", launch, "original2"),
-                ("clone again", cl, "clone2"),
-            ):
-                progress(f"validate {lvl} load ({rate:g} req/s): {side}")
-                with runner.NetNs() as ns:
-                    got[tag] = _native_level(ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload)
-            res["levels"][lvl] = {
-                "original": pool_sessions(got["original"], got["original2"]),
-                "clone": pool_sessions(got["clone"], got["clone2"]),
-            }
+            # (since session 31 A, B, A, B, A, B, A, B: SESSIONS each; the first two of each side
+            # carry the syscall trace, which needs no more)
+            for i in range(SESSIONS):
+                for side, lch in (("original", launch), ("clone", cl)):
+                    tag = side if i == 0 else f"{side}{i + 1}"
+                    progress(f"validate {lvl} load ({rate:g} req/s): {side}, session {i + 1} of {SESSIONS}")
+                    with runner.NetNs() as ns:
+                        got.setdefault(side, []).append(
+                            _native_level(ns, lch, port, load, rate, duration, work, f"{tag}-{lvl}", preload, i < 2)
+                        )
+            res["levels"][lvl] = {side: pool_sessions(*got[side]) for side in ("original", "clone")}
     if part == "native":
         (clone_dir / "private" / "validation-native.json").write_text(json.dumps(res, indent=1))
         return res
@@ -497,20 +512,21 @@ def _window_pair(sides, port, load, vgp: dict, work: Path, cfg: dict, preload: b
 TRACED_KEYS = ("syscalls_per_request", "bytes_per_call", "net_bytes_in_per_request", "net_bytes_out_per_request")
 
 
-def pool_sessions(first: dict, second: dict) -> dict:
-    """One side's two native sessions as one: medians over both sessions' runs; the syscall
-    figures are the per-request means over both sessions' traced runs (weighted by their
-    requests; a session without a trace, from before session 16, leaves the first's); `sessions`
-    keeps each session's figures (the original's spread is taken from them; the clone's are kept
-    for the report)."""
-    runs = first["runs"] + second["runs"]
+def pool_sessions(first: dict, *more: dict) -> dict:
+    """One side's native sessions as one: medians over all the sessions' runs; the syscall
+    figures are the per-request means over the traced sessions' runs (weighted by their
+    requests; at least two traced sessions, else the first's stay: from before session 16);
+    `sessions` keeps each session's figures (the original's spread is taken from them; the
+    clone's are kept for the report)."""
+    every = (first, *more)
+    runs = [r for s in every for r in s["runs"]]
     out = dict(first)
     out.update(_medians(runs))
     out["runs"] = runs
-    out["busy_runs"] = first.get("busy_runs", []) + second.get("busy_runs", [])
-    out["host_busy"] = bool(first.get("host_busy") or second.get("host_busy"))
-    traced = [(max(1, s.get("traced_requests", 1)), s) for s in (first, second) if "syscalls_per_request" in s]
-    if len(traced) == 2:
+    out["busy_runs"] = [r for s in every for r in s.get("busy_runs", [])]
+    out["host_busy"] = any(s.get("host_busy") for s in every)
+    traced = [(max(1, s.get("traced_requests", 1)), s) for s in every if "syscalls_per_request" in s]
+    if len(traced) >= 2:
         tot = sum(w for w, _ in traced)
         calls = {k for _, s in traced for k in s["syscalls_per_request"]}
         out["syscalls_per_request"] = {
@@ -526,9 +542,19 @@ def pool_sessions(first: dict, second: dict) -> dict:
         out["traced_requests"] = tot
     out["sessions"] = [
         {k: s[k] for k in (*NATIVE_KEYS, *TRACED_KEYS, "host_other_cpu", "host_steal_cpu", "host_busy") if k in s}
-        for s in (first, second)
+        for s in every
     ]
     return out
+
+
+def session_spread(vals: list[float]) -> float:
+    """Two standard errors of the mean of a side's session figures, relative to it: 2 * sd / sqrt(n)
+    / mean, the sample deviation over n - 1 (for two sessions exactly `spread`, |a - b| / mean; 0
+    when the mean is 0)."""
+    m = statistics.fmean(vals)
+    if not m:
+        return 0.0
+    return 2 * statistics.stdev(vals) / len(vals) ** 0.5 / abs(m)
 
 
 def spread(a: float, b: float) -> float:
@@ -538,14 +564,14 @@ def spread(a: float, b: float) -> float:
 
 
 def original_spread(side: dict, key: str, peers: tuple | list = ()) -> float | None:
-    """The original's own spread for a metric: between its two native sessions' medians (never
+    """The original's own spread for a metric: between its native sessions' medians (never
     less than `median_floor`), or over its callgrind windows (session 9: two standard errors of
     the pooled mean of its validation windows, the deviation over those and, at A, the profile's
     windows too: `mean_spread`; session 26: never less than the same from the deviation pooled
     with `peers`, the original's windows at the other hierarchies, `pooled_deviation`); None when
     it was measured once (results from before session 7)."""
     if "sessions" in side and len(side["sessions"]) >= 2:
-        s0, s1 = side["sessions"][:2]
+        s0, s1 = side["sessions"][:2]  # the traced sessions
         if key == "syscall_mix":  # the mix's total variation between the two sessions (session 16)
             if "syscalls_per_request" not in s0 or "syscalls_per_request" not in s1:
                 return None
@@ -554,7 +580,7 @@ def original_spread(side: dict, key: str, peers: tuple | list = ()) -> float | N
             if "net_bytes_in_per_request" not in s0 or "net_bytes_in_per_request" not in s1:
                 return None
             return spread(*(s["net_bytes_in_per_request"] + s["net_bytes_out_per_request"] for s in (s0, s1)))
-        sp = spread(s0.get(key, 0), s1.get(key, 0))
+        sp = session_spread([s.get(key, 0) for s in side["sessions"]])
         floor = median_floor(side, key)
         return sp if floor is None else max(sp, floor)
     if "runs" in side and len(side["runs"]) >= 2 and key in side["runs"][0] and key in SIM_KEYS:
@@ -602,7 +628,7 @@ def pooled_deviation(groups: list[list[float]]) -> float | None:
 
 
 def median_floor(side: dict, key: str) -> float | None:
-    """The sampling noise of a native figure, the median of a side's timed runs (both sessions):
+    """The sampling noise of a native figure, the median of a side's timed runs (all sessions):
     two standard errors of a median, 2 * 1.2533 * sigma / sqrt(n), relative to it, with sigma
     estimated robustly from the runs' median absolute deviation (1.4826 * MAD, so that one run
     disturbed by the host does not set it). None for fewer than three runs, a key the runs lack
