@@ -608,19 +608,21 @@ mod tests {
         assert_eq!(quantile_sorted(&v, 0.99), Some(99));
     }
 
-    #[test]
-    fn leaves_replies_a_generator_stall_disturbed_out_of_the_latencies() {
+    /// One measured step of 1 s at 100 req/s, and a line-protocol config for it.
+    fn one_second_at_100() -> ([Step; 1], Config) {
         let steps = [Step {
             rate: 100.0,
             duration_s: 1.0,
         }];
-        let config = Config::new(
-            "x:1",
-            ProtocolKind::Line,
-            Load::Open {
-                steps: steps.to_vec(),
-            },
-        );
+        let load = Load::Open {
+            steps: steps.to_vec(),
+        };
+        (steps, Config::new("x:1", ProtocolKind::Line, load))
+    }
+
+    #[test]
+    fn leaves_replies_a_generator_stall_disturbed_out_of_the_latencies() {
+        let (steps, config) = one_second_at_100();
         let mut r = Recorder::new(0, &steps, 100);
         r.detect_stalls();
         r.keep_requests();
@@ -720,17 +722,7 @@ mod tests {
 
     #[test]
     fn splits_admitted_latency_into_lag_wait_and_server() {
-        let steps = [Step {
-            rate: 100.0,
-            duration_s: 1.0,
-        }];
-        let config = Config::new(
-            "x:1",
-            ProtocolKind::Line,
-            Load::Open {
-                steps: steps.to_vec(),
-            },
-        );
+        let (steps, config) = one_second_at_100();
         let mut r = Recorder::new(0, &steps, 20);
         r.set_slo(Some(2_000_000));
         // In time: 100 us lag, 300 us at the client, 600 us at the server.
