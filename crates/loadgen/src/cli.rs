@@ -202,9 +202,11 @@ impl Args {
                 return Err(format!("--stall-us must be at least 10, got {us}"));
             }
             if self.protocol == ProtocolKind::Breakwater || !matches!(load, Load::Open { .. }) {
-                return Err("--stall-us applies to open-loop runs (--rate N) of \
-                            redis, memcached, http or line"
-                    .into());
+                return Err(
+                    "--stall-us applies to open-loop runs (--rate N or --steps) \
+                            of redis, memcached, http or line"
+                        .into(),
+                );
             }
         }
         if self.requests_out.is_some() && self.protocol == ProtocolKind::Breakwater {

@@ -283,7 +283,7 @@ def loadgen(
     stall_us: int | None = None,
 ) -> dict:
     """Run tailscope-loadgen once (open loop at `rate`) and return its JSON summary. requests_out:
-    where it writes each successful reply's intended time and latency. stall_us: the generator
+    where it writes each successful reply's intended time, latency and flags (docs/loadgen.md). stall_us: the generator
     spins, and keeps the replies its own stalls (a loop turn longer than this) disturbed out of the
     latencies (`--stall-us`; counted in the summary's `generator_stalls`)."""
     lg = find_loadgen()
