@@ -1168,13 +1168,18 @@ def test_spread_keeps_one_way_branches_of_a_loop_off_each_others_slots(tmp_path,
 
 def test_trace_window_is_bpftrace_own():
     """The syscall trace's window length comes from bpftrace's interval ticks (@ns), not the
-    caller's clock (which misses attach and detach); the gate counts only while a connection
-    accepted in the window is open."""
+    caller's clock (which holds the attach), and ends at the SIGINT when the ticks ran on after
+    it; the gate counts only while a connection accepted in the window is open."""
     from tailscope.clone import trace
 
     maps = trace.parse_maps("@ns: 2500000000\n@calls[7, 230, 0]: 100\n", 2.0)
     assert maps["duration_s"] == 2.5 and maps["calls"][(7, 230, 0)] == 100 and "ns" not in maps
     assert trace.parse_maps("@calls[7, 230, 0]: 100\n", 2.0)["duration_s"] == 2.0
+    # the SIGINT ends it when the interval ticked on after it (while the other probes detached)
+    text = "@ns: 2650000000\n@t0: 1000000000\n"
+    assert trace.parse_maps(text, 9.0, stop_ns=3_100_000_000)["duration_s"] == 2.1
+    assert trace.parse_maps(text, 9.0, stop_ns=9_000_000_000)["duration_s"] == 2.65
+    assert "t0" not in trace.parse_maps(text, 9.0, stop_ns=3_100_000_000)
     gated = trace.bpftrace_script(1, [3], [], gate_conns=True)
     assert "if (1 == 0 || @open > 0)" in gated and "interval:ms:5" in gated
     assert "if (0 == 0 || @open > 0)" in trace.bpftrace_script(1, [3], [])
@@ -2838,6 +2843,72 @@ def test_a_clone_timer_sleeps_by_the_replies_since_its_last_wake_and_the_trace_r
         finally:
             srv.stop()
     assert shares[2000] < 0.5 < shares[20], shares
+
+
+def test_the_loops_timer_turns_give_the_clones_tick_burst():
+    """profile.timer_turns: the median of the workers' timer turns (other threads' left out) and
+    their rate per worker, None under MIN_TIMER_TURNS; generate.tick_burst: the period is the
+    epoll timeout when the turns came about once per timeout, else one over their rate, and a
+    malformed entry is a one-line corrupt-profile error."""
+    from tailscope.clone import profile
+
+    tturn = {(7, 136): 4, (7, 152): 6, (7, 312): 1, (8, 152): 10, (9, 4000): 100}
+    got = profile.timer_turns(tturn, [7, 8], 1.0)
+    assert got == {"us": 152, "per_second": 10.5, "turns": 21}
+    assert profile.timer_turns(tturn, [7], 2.0) == {"us": 152, "per_second": 5.5, "turns": 11}
+    assert profile.timer_turns({(7, 136): 4, (9, 8): 50}, [7], 1.0) is None  # fewer than MIN
+    assert profile.timer_turns({}, [], 1.5) is None
+    net = {"epoll_timeout_ms": 100, "timer_turn": {"us": 152, "per_second": 9.4, "turns": 14}}
+    assert generate.tick_burst(net) == (152, 100_000)  # 106 ms from the rate: the timeout's
+    net["epoll_timeout_ms"] = 20
+    assert generate.tick_burst(net) == (152, 106_383)  # five timeouts a turn: the rate's
+    assert generate.tick_burst({"epoll_timeout_ms": -1, "timer_turn": None}) == (0, 0)
+    assert generate.tick_burst({"epoll_timeout_ms": 100}) == (0, 0)  # a profile from before it
+    assert generate.tick_burst({"timer_turn": {"us": 600, "per_second": 1000}}) == (600, 1200)
+    for bad in ({"us": 0, "per_second": 10}, {"us": 150, "per_second": 0}, {"us": 1.5, "per_second": 10}, [150, 10]):
+        with pytest.raises(CloneError, match=r"timer_turn .* corrupt profile"):
+            generate.tick_burst({"epoll_timeout_ms": 100, "timer_turn": bad})
+
+
+@needs_gcc
+def test_a_clones_tick_burst_is_what_the_profiles_trace_measures(tmp_path):
+    """End to end with real bpftrace: a clone whose loop waits 25 ms at most and spends 400 us on
+    its own timer at each wake; the profile's trace of its idle loop (@tturn, the same program the
+    original's idle window runs) gives back a turn of 400 us (plus the loop's own few) about 39
+    times a second (25 ms and the turn), so the window ends where the probes did. Without the
+    burst the same clone's timer turns are a few us."""
+    import os
+    import time
+
+    from tailscope.clone import profile, runner, trace, tune
+
+    if os.geteuid() != 0 or shutil.which("bpftrace") is None:
+        pytest.skip("needs root and bpftrace for the syscall trace")
+    got = {}
+    for name, turn in (("burst", {"us": 400, "per_second": 40.0, "turns": 60}), ("none", None)):
+        prof = generate.neutral_profile("redis", port=9995)
+        prof["network"]["epoll_timeout_ms"] = 25
+        prof["network"]["timer_turn"] = turn
+        d = tmp_path / name
+        generate.generate(prof, d, seed=1)
+        assert ("#define CLONE_TICK_BURST_US 400" in (d / "clone_params.h").read_text()) == (turn is not None)
+        generate.build(d)
+        with runner.NetNs() as ns:
+            srv = runner.start(ns, tune.clone_launch(d, 9995), 9995, tmp_path / f"{name}.log")
+            try:
+                (tmp_path / f"{name}-trace").mkdir()
+                st = trace.SyscallTrace("bpftrace", srv.pid, [], [], tmp_path / f"{name}-trace")
+                time.sleep(2.0)
+                maps = st.stop()
+            finally:
+                srv.stop()
+        tids = sorted({tid for (tid, _us) in maps.get("tturn", {})})
+        assert len(tids) == 1, maps.get("tturn")  # the one worker's loop; no other thread waits so
+        got[name] = profile.timer_turns(maps["tturn"], tids, maps["duration_s"])
+    b = got["burst"]
+    assert 400 <= b["us"] <= 460, got
+    assert 36 <= b["per_second"] <= 40, got
+    assert got["none"]["us"] < 100 and 37 <= got["none"]["per_second"] <= 40.5, got
 
 
 @needs_valgrind

@@ -194,6 +194,27 @@ def _code_curve(name: str, bins) -> list[tuple[int, float]]:
     return out
 
 
+def tick_burst(net: dict) -> tuple[int, int]:
+    """The clone's tick burst from the profile's `timer_turn` (profile.timer_turns): (its length
+    in us, its period in us), (0, 0) without one. The period is the loop's epoll timeout when the
+    timer turns came about once per timeout (within a quarter: redis's 100 ms, whose idle window
+    of ~1.5 s holds 14-16 turns, so its rate alone is 7% off); else one over their rate. A
+    malformed entry is a one-line error (the profile is input the user may have edited)."""
+    tt = net.get("timer_turn")
+    if tt is None:
+        return 0, 0
+    us, rate = (tt.get("us"), tt.get("per_second")) if isinstance(tt, dict) else (None, None)
+    ok_us = type(us) is int and 0 < us <= 1_000_000
+    ok_rate = isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0.01 <= rate <= 10_000
+    if not ok_us or not ok_rate:
+        raise CloneError(f"profile network timer_turn {tt!r} is not {{us, per_second}}: corrupt profile")
+    period = round(1e6 / rate)
+    timeout = net.get("epoll_timeout_ms")
+    if type(timeout) is int and timeout > 0 and abs(period / (timeout * 1000) - 1) <= 0.25:
+        period = timeout * 1000
+    return us, max(period, 2 * us)
+
+
 def sleep_rows(rows, what: str) -> tuple[list[int], list[int], list[int]]:
     """A timer cluster's `sleeps` (profile.sleep_table: SERVED_CAP + 1 rows of [us, count]) as
     the skeleton's flat tables: durations, counts cumulative within each row, and each row's
@@ -622,6 +643,7 @@ def generate(
     worker_arena = max([arenas[ci] for ci, n in body_names.items() if n in ("worker", "acceptor")] or [8192])
     # ---- clone_params.h
     v = knobs
+    burst_us, burst_period_us = tick_burst(net)
     params = {
         "CLONE_PORT": listen["port"],
         "CLONE_SEED": seed,
@@ -650,6 +672,8 @@ def generate(
         "CLONE_WORKER_ARENA": worker_arena,
         "CLONE_N_REQ_REPLAY": len(net["extra_per_request"]),
         "CLONE_N_TICK_REPLAY": len(net["tick_per_second"]),
+        "CLONE_TICK_BURST_US": burst_us,
+        "CLONE_TICK_BURST_PERIOD_US": burst_period_us,
         "CLONE_MAX_BG_REPLAY": 8,
         "CLONE_SERVED_CAP": trace.SERVED_CAP,
         # the cold region at the end of every arena (asmgen.COLD_BYTES + 4 KiB): never pre-touched

@@ -192,6 +192,31 @@ def sleep_table(slp: dict, members: list[int]) -> list[list[list[int]]] | None:
     return [[[us, c] for us, c in sorted(r.items())] for r in rows]
 
 
+# fewer timer turns than this in the idle window and the clone's tick has no burst (`timer_turns`)
+MIN_TIMER_TURNS = 5
+
+
+def timer_turns(tturn: dict, worker_tids: list[int], idle_s: float) -> dict | None:
+    """The work the workers' event loop does on its own timer, from the idle window's timer turns
+    (trace.py's @tturn: an epoll wait with a timeout that returned no event, to the next wait):
+    the median turn in us and the turns per second per worker. redis's serverCron (hz 10) is
+    126-321 us of each 100 ms there, median ~150 (session 32): a stall of the event loop that
+    delays the requests that arrive meanwhile, and sets part of redis's p99. The idle window is
+    the one where every wake of the loop is a timer's; under load the same work shares a turn with
+    requests. None with fewer than MIN_TIMER_TURNS turns (memcached's workers have no timer)."""
+    turns = [(us, c) for (tid, us), c in tturn.items() if tid in worker_tids and c > 0]
+    n = sum(c for _us, c in turns)
+    if n < MIN_TIMER_TURNS or not worker_tids:
+        return None
+    half, acc, median = n / 2, 0, 0
+    for us, c in sorted(turns):
+        acc += c
+        if acc >= half:
+            median = us
+            break
+    return {"us": int(median), "per_second": round(n / max(0.1, idle_s) / len(worker_tids), 3), "turns": n}
+
+
 def network_and_threads(info: dict, w: dict) -> dict:
     """The skeleton: network model, thread clusters, syscalls per request/connection/second."""
     maps, idle = w["live"], w["idle"]
@@ -363,6 +388,7 @@ def network_and_threads(info: dict, w: dict) -> dict:
         "epoll_ctl_per_conn": round(per_conn.get("epoll_ctl", 0)),
         "extra_per_request": extra_req,
         "tick_per_second": tick,
+        "timer_turn": timer_turns(idle.get("tturn", {}), worker_tids, idle_s),
         "reply_kinds": kinds,
         "bytes_in_per_request": bytes_in / requests,
         "bytes_out_per_request": bytes_out / requests,

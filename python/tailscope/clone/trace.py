@@ -22,13 +22,21 @@ per-event output, so a busy server does not overflow a ring):
                                  replies the process wrote on connections since that thread's
                                  previous sleep, capped at SERVED_CAP: how a timer thread that
                                  adapts to the work done (memcached's LRU maintainer) sleeps
+  tturn[tid, us]                 timer turns, in any window: from an epoll wait with a timeout
+                                 that returned no event to the thread's next epoll wait, its
+                                 length in us (quantised, `sleep_bucket`): the work an event
+                                 loop does on its own timer (redis's serverCron, session 32)
 
 Connection fds are learnt from accept/accept4 return values inside the window (the load
 generator connects after the trace starts), the listening fds are passed in.
 
-The window's length is bpftrace's own: a 5 ms interval probe, attached and detached with the
-others, marks its first and last tick. The caller's wall clock misses the attach and detach
-time (0.5-0.9 s on this machine: it inflated time-driven rates per second by 15-45%). With
+The window starts at the first tick of a 5 ms interval probe, the last probe attached (the
+caller's wall clock also holds the attach time, 0.5-0.9 s on this machine: it deflated
+time-driven rates per second by 15-45%). It ends at the SIGINT that stops bpftrace, on the same
+clock (CLOCK_MONOTONIC), or the interval's last tick if that came first: the syscall probes
+detach first and the interval ticks on while the others detach, ~0.55 s here with this
+program's nine probes (session 32: a loop waking 39 times a second read as 31 in a 2-s window,
+and redis's idle window gave its serverCron's 10 reads of /proc a second as 7.5). With
 `gate_conns`, syscalls count only while a connection accepted inside the window is open: the
 window is then exactly the load generator's, from its first connect to its last close, so
 time-driven calls (timer threads, cron ticks) per request compare between two servers whose
@@ -135,6 +143,9 @@ NR = {v: k for k, v in SYSCALLS.items()}
 READS = {0, 17, 19, 45, 47}
 WRITES = {1, 18, 20, 44, 46}
 DATA = READS | WRITES
+# epoll_wait, epoll_pwait, epoll_pwait2: their arg 3 is the timeout (ms; a timespec pointer for
+# epoll_pwait2): a call with one that returns no event woke for the loop's own timer
+EPOLL_WAITS = {232, 281, 441}
 # syscalls whose arg0 is an fd (for the fd class); epoll_ctl's watched fd is arg2
 FD_ARG0 = DATA | {3, 5, 8, 16, 43, 48, 51, 52, 54, 55, 72, 74, 75, 288}
 # (nr -> argument indexes worth a distribution: scalars only)
@@ -178,6 +189,7 @@ def bpftrace_script(pid: int, listen_fds: list[int], notify_fds: list[int], gate
     """The bpftrace program for `pid` (see the module docstring for the maps and the gate)."""
     # every map gets a key up front: bpftrace rejects reads of a map that is never assigned
     init = "  @lfd[-1] = 0; @nfd[-1] = 0; @cfd[-1] = 0; @last[-1] = 0; @open = 0; @t0 = 0; @t1 = 0; @gns = 0;\n"
+    init += "  @tw[-1] = 0;\n"
     init += "  @served = 0;\n"
     init += "".join(f"  @lfd[{fd}] = 1;\n" for fd in listen_fds)
     init += "".join(f"  @nfd[{fd}] = 1;\n" for fd in notify_fds)
@@ -188,12 +200,20 @@ def bpftrace_script(pid: int, listen_fds: list[int], notify_fds: list[int], gate
     fd0 = " || ".join(f"$nr == {n}" for n in sorted(FD_ARG0))
     gate = 1 if gate_conns else 0
     reads = " || ".join(f"$nr == {n}" for n in sorted(READS))
+    waits = " || ".join(f"$nr == {n}" for n in sorted(EPOLL_WAITS))
     writes = " || ".join(f"$nr == {n}" for n in sorted(WRITES))
     return f"""
 BEGIN {{
 {init}  @go = 1;
 }}
 tracepoint:raw_syscalls:sys_enter /pid == {pid}/ {{
+  if ({waits.replace("$nr", "args->id")}) {{
+    if (@tw[tid] != 0) {{
+      $us = (int64)((nsecs - @tw[tid]) / 1000);
+{_bucket("$us", "      ")}      @tturn[tid, $q] = count();
+    }}
+    @tw[tid] = 0;
+  }}
   @nr[tid] = args->id;
   @a0[tid] = args->args[0]; @a1[tid] = args->args[1]; @a2[tid] = args->args[2]; @a3[tid] = args->args[3];
 }}
@@ -222,6 +242,7 @@ tracepoint:raw_syscalls:sys_exit /pid == {pid} && @nr[tid] == args->id/ {{
   if ($nr == 54) {{ @sso[$c, (int64)@a1[tid], (int64)@a2[tid]] = count(); }}
   }}
   if (@open > 0 && ($nr == 35 || $nr == 230)) {{ @gsleep[tid] = count(); }}
+  if (({waits}) && $r == 0 && (int64)@a3[tid] != 0) {{ @tw[tid] = nsecs; }}
   if ($nr == 3 && $c == 2) {{ delete(@cfd[$fd]); @open = @open - 1; }}
   delete(@nr[tid]);
 }}
@@ -243,9 +264,10 @@ interval:ms:5 {{
   @t1 = nsecs;
   if (@open > 0) {{ @gns = @gns + 5000000; }}
 }}
-END {{ @ns = @t1 - @t0 + 5000000; clear(@t0); clear(@t1); clear(@open);
+END {{ @ns = @t1 - @t0 + 5000000; clear(@t1); clear(@open);
       clear(@nr); clear(@a0); clear(@a1); clear(@a2); clear(@a3);
-      clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); clear(@served); clear(@sv); clear(@svseen); }}
+      clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); clear(@served); clear(@sv); clear(@svseen);
+      clear(@tw); }}
 """
 
 
@@ -255,13 +277,20 @@ def _sleep_rule() -> str:
     return f"""  $n = @served - @sv[tid];
   if (@svseen[tid] == 1) {{
     if ($n > {SERVED_CAP}) {{ $n = {SERVED_CAP}; }}
-    if ($us > 10000000) {{ $us = 10000000; }}
-    if ($us < 0) {{ $us = 0; }}
-    $q = $us < 4096 ? $us / 16 * 16 + 8 : ($us < 65536 ? $us / 256 * 256 + 128 : $us / 4096 * 4096 + 2048);
-    @slp[tid, $n, $q] = count();
+{_bucket("$us", "    ")}    @slp[tid, $n, $q] = count();
   }}
   @sv[tid] = @served; @svseen[tid] = 1;
 """
+
+
+def _bucket(var: str, indent: str) -> str:
+    """bpftrace lines that set `$q` to the bucket centre of the microseconds in `var` (clamped to
+    0..10 s): the arithmetic of `sleep_bucket`."""
+    v = var
+    q = f"{v} < 4096 ? {v} / 16 * 16 + 8 : ({v} < 65536 ? {v} / 256 * 256 + 128 : {v} / 4096 * 4096 + 2048)"
+    return (
+        f"{indent}if ({v} > 10000000) {{ {v} = 10000000; }}\n{indent}if ({v} < 0) {{ {v} = 0; }}\n{indent}$q = {q};\n"
+    )
 
 
 def sleep_bucket(us: int) -> int:
@@ -333,6 +362,7 @@ class SyscallTrace:
 
     def stop(self) -> dict:
         dur = time.monotonic() - (self.t_start or time.monotonic())
+        stop_ns = time.monotonic_ns()  # bpf_ktime_get_ns's clock
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
@@ -343,7 +373,7 @@ class SyscallTrace:
         self.fh.close()
         text = self.out.read_text(errors="replace")
         try:
-            return parse_maps(text, dur)
+            return parse_maps(text, dur, stop_ns)
         except CloneError:
             why = f"bpftrace (exit {self.proc.returncode}) printed no maps: {_cause(self.out)}"
             raise TraceError(f"the syscall trace is empty: {why}") from None
@@ -360,8 +390,10 @@ def _cause(out: Path) -> str:
 _MAP = re.compile(r"^@(\w+)(?:\[([^\]]*)\])?:\s*(-?\d+)\s*$")
 
 
-def parse_maps(text: str, duration_s: float) -> dict:
-    """bpftrace's map printout -> {name: {key tuple: value}} plus the window length."""
+def parse_maps(text: str, duration_s: float, stop_ns: int | None = None) -> dict:
+    """bpftrace's map printout -> {name: {key tuple: value}} plus the window length: from the
+    interval's first tick (@t0) to `stop_ns` (the SIGINT, CLOCK_MONOTONIC ns) or its last tick
+    (@ns after @t0), whichever is first; the caller's `duration_s` without them."""
     maps: dict[str, dict] = defaultdict(dict)
     for line in text.splitlines():
         m = _MAP.match(line.strip())
@@ -373,6 +405,9 @@ def parse_maps(text: str, duration_s: float) -> dict:
     if "go" not in maps and not maps:
         raise CloneError("the syscall trace is empty or corrupt (bpftrace printed no maps)")
     ns = maps.pop("ns", {}).get((), 0)
+    t0 = maps.pop("t0", {}).get((), 0)
+    if ns > 0 and t0 > 0 and stop_ns is not None and stop_ns > t0:
+        ns = min(ns, stop_ns - t0)
     out = {k: dict(v) for k, v in maps.items()}
     # bpftrace's own window (attach to END) when it printed one, else the caller's clock
     out["duration_s"] = ns / 1e9 if ns > 0 else duration_s

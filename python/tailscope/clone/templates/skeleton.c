@@ -502,6 +502,7 @@ struct worker {
 	uint64_t acc_req[CLONE_N_REQ_REPLAY + 1];
 	uint64_t acc_tick[CLONE_N_TICK_REPLAY + 1];
 	uint64_t last_tick_ns;
+	uint64_t last_burst_ns;
 	int pending[1024];
 	int npending;
 	pthread_mutex_t lock;
@@ -641,18 +642,32 @@ static int serve(struct worker *w, int fd)
 	}
 }
 
+/* After each wake of the loop: the original's time-driven syscalls, replayed for the whole
+ * milliseconds since the last replay (at least 10 of them: they spread over the requests as the
+ * original's did), and its loop's own timer work (profile.timer_turns: redis's serverCron), a
+ * turn of CLONE_TICK_BURST_US every CLONE_TICK_BURST_PERIOD_US, the replay in it, spent in the
+ * worker's body. The burst is timed, not counted: under valgrind it is as short in wall time, so
+ * the tuning loop's windows (whose instructions per request already hold the original's timer
+ * work at their rate) do not count it twice (docs/ditto.md, "The loop's own timer"). */
 static void tick(struct worker *w)
 {
 	uint64_t t = now_ns();
 	if (w->last_tick_ns == 0) {
 		w->last_tick_ns = t;
+		w->last_burst_ns = t;
 		return;
 	}
+	int burst = CLONE_TICK_BURST_US > 0 && t - w->last_burst_ns >= CLONE_TICK_BURST_PERIOD_US * 1000ULL;
 	uint64_t ms = (t - w->last_tick_ns) / 1000000;
-	if (ms < 10)
-		return;
-	w->last_tick_ns = t;
-	replay_table(clone_tick_replay, CLONE_N_TICK_REPLAY, w->acc_tick, (uint32_t)ms);
+	if (ms >= 10 || (burst && ms > 0)) {
+		w->last_tick_ns += ms * 1000000; /* the fraction of a millisecond carries over */
+		replay_table(clone_tick_replay, CLONE_N_TICK_REPLAY, w->acc_tick, (uint32_t)ms);
+	}
+	if (burst) {
+		w->last_burst_ns = t;
+		while (now_ns() - t < CLONE_TICK_BURST_US * 1000ULL)
+			clone_worker_body(&w->st);
+	}
 }
 
 static void add_conn(struct worker *w, int fd)
