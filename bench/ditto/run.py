@@ -209,7 +209,7 @@ def load_service(name: str, work: Path) -> dict:
         r = {k: json.loads((priv / f"{k}.json").read_text()) for k in ("profile", "tuning", "leakage")}
         r["validation"] = json.loads((priv / "validation.json").read_text())
     except (OSError, json.JSONDecodeError) as exc:
-        raise SystemExit(f"bench ditto: --also {name}: no complete earlier run in {out} ({exc})") from None
+        raise SystemExit(f"bench ditto: {name}: no complete earlier run in {out} ({exc})") from None
     r.update(
         read_times(
             priv / "bench_times.json",
@@ -241,12 +241,13 @@ def main() -> int:
     )
     ap.add_argument(
         "--stage",
-        choices=("all", "pipeline", "report", "native", "simulated"),
+        choices=("all", "pipeline", "report", "native", "simulated", "results"),
         default="all",
         help="pipeline: profile, generate, tune and build only; report: validate the clone a pipeline "
         "stage left (so that the heavy pipeline runs under a shared lock and the timed validation under "
         "the exclusive one); native, then simulated: the report in two parts, the timed load levels "
-        "(exclusive lock) and the callgrind windows (shared lock)",
+        "(exclusive lock) and the callgrind windows (shared lock); results: run nothing, write the results "
+        "of the services' last runs (after simulated stages that ran side by side)",
     )
     args = ap.parse_args()
     if os.geteuid() != 0:
@@ -260,8 +261,14 @@ def main() -> int:
     work.mkdir(parents=True, exist_ok=True)
     results = {}
     also = [n for n in args.also.split(",") if n]
+    unknown = [n for n in args.services.split(",") + also if n not in SERVICES]
+    if unknown:
+        raise SystemExit(f"bench ditto: unknown service '{unknown[0]}' (known: {', '.join(SERVICES)})")
     for name in args.services.split(","):
-        results[name] = run_service(name, SERVICES[name], work, args.quick, args.stage)
+        if args.stage == "results":
+            results[name] = load_service(name, work)
+        else:
+            results[name] = run_service(name, SERVICES[name], work, args.quick, args.stage)
     if args.stage in ("pipeline", "native"):
         return 0
     for name in also:
@@ -273,7 +280,7 @@ def main() -> int:
     def steps(n: str) -> str:
         if args.stage == "report":  # the pipeline under the shared lock, then the timed validation
             return f"{py} --services {n} --stage pipeline{quick}; {py} --services {n} --stage report{quick}"
-        if args.stage == "simulated":  # pipeline (shared lock), native (exclusive), simulated (shared)
+        if args.stage in ("simulated", "results"):  # pipeline (shared), native (exclusive), simulated (shared)
             return "; ".join(f"{py} --services {n} --stage {st}{quick}" for st in ("pipeline", "native", "simulated"))
         return f"{py} --services {n}{quick}"
 

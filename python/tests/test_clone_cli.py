@@ -174,3 +174,24 @@ def test_bench_ditto_times_file_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "ROOT", tmp_path)  # the clone directory is named relative to the repo
     r = run.load_service("memcached", tmp_path)
     assert (r["pipeline_s"], r["build_s"], r["validate_s"]) == (400.0, 0.4, 300)
+
+
+def test_bench_ditto_results_stage_and_an_unknown_service(tmp_path, monkeypatch):
+    """bench/ditto/run.py --stage results runs nothing and names each service's steps in the
+    command it records; an unknown service is one line naming the known ones (it was a KeyError)."""
+    import sys
+
+    run = _bench_ditto()
+    monkeypatch.setattr(run.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(run.shutil, "which", lambda tool: f"/usr/bin/{tool}")
+    monkeypatch.setattr(sys, "argv", ["run.py", "--services", "memcached,nosuch", "--stage", "results"])
+    with pytest.raises(SystemExit) as exc:
+        run.main()
+    msg = str(exc.value.code)
+    assert "unknown service 'nosuch' (known: memcached, redis)" in msg and "\n" not in msg, msg
+    # results of a service with no earlier run: the --also error, not a run
+    monkeypatch.setattr(run, "ROOT", tmp_path)
+    monkeypatch.setattr(sys, "argv", ["run.py", "--services", "memcached", "--stage", "results"])
+    with pytest.raises(SystemExit) as exc:
+        run.main()
+    assert "no complete earlier run in" in str(exc.value.code), exc.value.code
