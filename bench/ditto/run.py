@@ -247,7 +247,9 @@ def main() -> int:
         "stage left (so that the heavy pipeline runs under a shared lock and the timed validation under "
         "the exclusive one); native, then simulated: the report in two parts, the timed load levels "
         "(exclusive lock) and the callgrind windows (shared lock); results: run nothing, write the results "
-        "of the services' last runs (after simulated stages that ran side by side)",
+        "of the services' last runs. Run the simulated stages one after the other: side by side they slow "
+        "each other's servers in wall time, and a service's timer work (redis's cron) runs by the wall "
+        "clock (session 32: redis's data-side LL misses at A rose by half)",
     )
     args = ap.parse_args()
     if os.geteuid() != 0:
