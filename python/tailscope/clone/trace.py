@@ -286,10 +286,10 @@ def _sleep_rule() -> str:
 def _bucket(var: str, indent: str) -> str:
     """bpftrace lines that set `$q` to the bucket centre of the microseconds in `var` (clamped to
     0..10 s): the arithmetic of `sleep_bucket`."""
-    v = var
-    q = f"{v} < 4096 ? {v} / 16 * 16 + 8 : ({v} < 65536 ? {v} / 256 * 256 + 128 : {v} / 4096 * 4096 + 2048)"
+    q = f"{var} < 4096 ? {var} / 16 * 16 + 8 : ({var} < 65536 ? {var} / 256 * 256 + 128 : {var} / 4096 * 4096 + 2048)"
     return (
-        f"{indent}if ({v} > 10000000) {{ {v} = 10000000; }}\n{indent}if ({v} < 0) {{ {v} = 0; }}\n{indent}$q = {q};\n"
+        f"{indent}if ({var} > 10000000) {{ {var} = 10000000; }}\n"
+        f"{indent}if ({var} < 0) {{ {var} = 0; }}\n{indent}$q = {q};\n"
     )
 
 
