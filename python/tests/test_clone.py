@@ -1972,7 +1972,9 @@ def test_cpus_awake_holds_the_idle_state_and_lets_it_go(tmp_path):
         with runner.cpus_awake("spin"):
             pass
     missing = tmp_path / "no-such-device"
-    with runner.cpus_awake("poll", device=missing) as how:
+    drv = tmp_path / "current_driver"  # the request is held where a cpuidle driver reads it
+    drv.write_text("haltpoll\n")
+    with runner.cpus_awake("poll", device=missing, driver=drv) as how:
         assert how.startswith("halt (could not hold the CPUs awake:") and "No such file" in how
     assert "No such file" in report.idle_note({"idle": how})
     with runner.cpus_awake("halt", device=missing) as how:
@@ -1986,16 +1988,101 @@ def test_cpus_awake_holds_the_idle_state_and_lets_it_go(tmp_path):
         before = _cpu_latency_request(dev)
     except PermissionError:
         pytest.skip(f"{dev} needs root")
-    with runner.cpus_awake("poll") as how:
+    with runner.cpus_awake("poll", driver=drv) as how:
         assert how == "poll"
         assert _cpu_latency_request(dev) == 0
     assert "polled" in report.idle_note({"idle": how})
     assert _cpu_latency_request(dev) == before
     with pytest.raises(RuntimeError):
-        with runner.cpus_awake("poll"):
+        with runner.cpus_awake("poll", driver=drv):
             assert _cpu_latency_request(dev) == 0
             raise RuntimeError("the timed runs failed")
     assert _cpu_latency_request(dev) == before
+
+
+def _spinner_pids(parent: int) -> list[int]:
+    """The SCHED_IDLE children of `parent` (runner._spinners')."""
+    import os
+
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            st = open(f"/proc/{d}/stat").read()
+        except OSError:
+            continue
+        f = st[st.rfind(")") + 2 :].split()
+        try:
+            if int(f[1]) == parent and f[0] not in "ZX" and os.sched_getscheduler(int(d)) == os.SCHED_IDLE:
+                out.append(int(d))
+        except OSError:  # exited meanwhile
+            pass
+    return out
+
+
+def _running(pid: int) -> bool:
+    try:
+        st = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return st[st.rfind(")") + 2] not in "ZX"
+
+
+def test_without_a_cpuidle_driver_the_servers_cpu_spins_instead(tmp_path):
+    """Session 33: a kernel without a cpuidle driver halts its idle CPUs whatever latency is
+    requested, and the results said "poll" over CPUs that halted. There `cpus_awake` keeps each CPU
+    of `spin_cpus` busy with a SCHED_IDLE loop pinned to it for the block, says so, and stops it
+    after; with no CPU to spin it says the CPUs halted, and why. A spinner whose parent dies exits
+    on its own."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tailscope.clone import report, runner
+
+    none = tmp_path / "current_driver"
+    none.write_text("none\n")
+    assert runner.cpuidle_driver(none) is None and runner.cpuidle_driver(tmp_path / "missing") is None
+    with runner.cpus_awake("poll", device=tmp_path / "no-device", driver=none) as how:
+        assert how.startswith("halt (this kernel has no cpuidle driver")
+    assert "halted" in report.idle_note({"idle": how})
+    with runner.cpus_awake("poll", spin_cpus=(0,), driver=none) as how:
+        assert how.startswith("poll (a SCHED_IDLE spinner on CPU 0: this kernel has no cpuidle driver")
+        deadline = time.monotonic() + 5
+        while not (pids := _spinner_pids(os.getpid())) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pids) == 1, pids
+        assert os.sched_getaffinity(pids[0]) == {0}
+    assert _spinner_pids(os.getpid()) == []
+    note = report.idle_note({"idle": how})
+    assert note.startswith("The CPUs did not halt when idle: a SCHED_IDLE spinner on CPU 0")
+    # a validator killed outright: its spinner sees its parent gone and exits
+    code = (
+        "import sys, time; sys.path.insert(0, sys.argv[1]); from pathlib import Path\n"
+        "from tailscope.clone import runner\n"
+        "with runner.cpus_awake('poll', spin_cpus=(0,), driver=Path(sys.argv[2])):\n"
+        "    print('in', flush=True); time.sleep(60)\n"
+    )
+    python_dir = str(Path(runner.__file__).resolve().parents[2])
+    parent = subprocess.Popen([sys.executable, "-c", code, python_dir, str(none)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().strip() == "in"
+        deadline = time.monotonic() + 5
+        while not (pids := _spinner_pids(parent.pid)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(pids) == 1, pids
+        os.kill(parent.pid, signal.SIGKILL)
+        parent.wait()
+        deadline = time.monotonic() + 5
+        while _running(pids[0]) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _running(pids[0]), "the spinner outlived its killed parent"
+    finally:
+        if parent.poll() is None:
+            parent.kill()
 
 
 @needs_valgrind

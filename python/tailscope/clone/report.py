@@ -218,6 +218,8 @@ def idle_note(res: dict) -> str:
         return ""
     if idle == "poll":
         return "The CPUs polled instead of halting when idle (/dev/cpu_dma_latency held at 0 µs)."
+    if idle.startswith("poll ("):
+        return f"The CPUs did not halt when idle: {idle.removeprefix('poll (').rstrip(')')}."
     if idle == "halt":
         return "The CPUs halted when idle (--idle halt): each latency includes a vCPU's wake-up."
     return f"The CPUs halted when idle: {idle.removeprefix('halt (').rstrip(')')}."

@@ -18,6 +18,7 @@ import shlex
 import signal
 import struct
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,14 +114,63 @@ class Server:
 # PM QoS: while a process holds this open with a latency of 0 µs written to it, no CPU enters an
 # idle state deeper than polling; closing it (also at exit or on a crash) lifts the request
 CPU_DMA_LATENCY = Path("/dev/cpu_dma_latency")
+# the kernel's cpuidle driver: only its governors read the latency request; without one the idle
+# loop halts regardless (kernel/sched/idle.c: cpuidle_idle_call goes to default_idle_call)
+CPUIDLE_DRIVER = Path("/sys/devices/system/cpu/cpuidle/current_driver")
 IDLE_MODES = ("poll", "halt")
+# A CPU kept busy at the lowest priority, for a kernel that cannot poll: a waking thread preempts a
+# SCHED_IDLE task at once. It exits when its parent does (it looks every ~5 ms), so a validator
+# killed outright cannot leave it spinning (session 32: a stray process spoiled a timed stage).
+_SPINNER = (
+    "import os, sys\n"
+    "os.sched_setaffinity(0, {int(sys.argv[1])})\n"
+    "os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\n"
+    "parent = int(sys.argv[2])\n"
+    "while os.getppid() == parent:\n"
+    "    for _ in range(100000):\n"
+    "        pass\n"
+)
+
+
+def cpuidle_driver(path: Path = CPUIDLE_DRIVER) -> str | None:
+    """The kernel's cpuidle driver ("haltpoll", "intel_idle", ...); None where it has none."""
+    try:
+        name = path.read_text().strip()
+    except OSError:
+        return None
+    return None if name in ("", "none") else name
 
 
 @contextlib.contextmanager
-def cpus_awake(mode: str = "poll", device: Path = CPU_DMA_LATENCY):
-    """Hold every CPU out of its idle halt for the block ("poll"), or leave idle as it is ("halt").
-    Yields what was in force, for the report: "poll", "halt", or "halt (why poll could not be
-    held)"; an unknown mode is a CloneError.
+def _spinners(cpus: list[int]):
+    procs = []
+    try:
+        for c in cpus:
+            procs.append(subprocess.Popen([sys.executable, "-c", _SPINNER, str(c), str(os.getpid())]))
+        yield [p.pid for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+@contextlib.contextmanager
+def cpus_awake(
+    mode: str = "poll",
+    device: Path = CPU_DMA_LATENCY,
+    spin_cpus: tuple[int, ...] = (),
+    driver: Path = CPUIDLE_DRIVER,
+):
+    """Hold the CPUs out of their idle halt for the block ("poll"), or leave idle as it is ("halt").
+    Yields what was in force, for the report: "poll", "poll (spinners ...)", "halt", or "halt (why
+    poll could not be held)"; an unknown mode is a CloneError.
+
+    "poll" holds a CPU latency request of 0 µs. A kernel without a cpuidle driver does not read
+    it, and its idle CPUs halt anyway: there, each CPU of `spin_cpus` runs a SCHED_IDLE busy loop
+    for the block instead (`_SPINNER`), so that it never idles. The validator spins the server's
+    CPU only: the load generator spins on its own, and a spinner beside it took a 4-ms tick from
+    it about twice a second (session 33).
 
     Why (session 27): on this Firecracker VM an idle vCPU halts (cpuidle haltpoll, with
     guest_halt_poll_ns=0), and its wake-up on the next packet goes through the host's scheduler.
@@ -129,11 +179,23 @@ def cpus_awake(mode: str = "poll", device: Path = CPU_DMA_LATENCY):
     measured was the wake-up of the server's and the load generator's vCPUs, and its tail moved
     with the host's load from minute to minute, so the original's own p99 spread was 25-54%
     between its two sessions. Latency benchmarks hold the CPUs out of deep idle the same way
-    (tuned's latency-performance profile writes /dev/cpu_dma_latency); both sides run under it."""
+    (tuned's latency-performance profile writes /dev/cpu_dma_latency); both sides run under it.
+    Session 33's VM had no cpuidle driver: the request held, the CPUs halted, and the results said
+    "poll" (redis at 1,800 req/s: mean 46-60 µs, p99 232-324; with a spinner on each CPU 21-22 µs,
+    p99 53-56)."""
     if mode not in IDLE_MODES:
         raise CloneError(f"--idle {mode}: one of {', '.join(IDLE_MODES)}")
     if mode == "halt":
         yield "halt"
+        return
+    if cpuidle_driver(driver) is None:
+        why = "this kernel has no cpuidle driver, so a CPU latency request does not keep its CPUs from halting"
+        if not spin_cpus:
+            yield f"halt ({why})"
+            return
+        cpus = sorted(set(spin_cpus))
+        with _spinners(cpus):
+            yield f"poll (a SCHED_IDLE spinner on CPU {', '.join(map(str, cpus))}: {why})"
         return
     fd, why = None, None
     try:

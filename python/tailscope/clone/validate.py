@@ -95,6 +95,8 @@ STALL_US = 200
 # callgrind windows per side and hierarchy (the original's spread needs two; 3 since session 9, 6 since
 # session 22, when the two sides' windows began to run side by side: `_window_pair`)
 SIM_RUNS = 6
+# the timed runs' server runs pinned here, the load generator on CPU 1
+SERVER_CPU = 0
 MAX_SIM_RUNS = 40  # `clone-report --sim-windows`: ~20 s a pair and hierarchy, so 40 is some 27 min
 # `--sim-windows auto` (the default since session 23): SIM_RUNS pairs, then more while a judged row's
 # original spread is above its limit, up to this many (~27 min for both hierarchies at most).
@@ -146,7 +148,7 @@ def _native_level(
 ) -> dict:
     """One session: a fresh server, REPEATS timed runs (repeated while the host disturbed them), and,
     when `traced`, the syscall run."""
-    srv = runner.start(ns, launch, port, workdir / f"{tag}.log", cpu=0)
+    srv = runner.start(ns, launch, port, workdir / f"{tag}.log", cpu=SERVER_CPU)
     try:
         if preload:
             runner.loadgen(ns, port, load_args, min(rate, 5000), 0.5, preload=True, cpu=1)
@@ -361,7 +363,8 @@ def validate(
         if "idle" in nat:
             res["idle"] = nat["idle"]
         levels = {}
-    with runner.cpus_awake(idle if levels else "halt") as how:
+    # the load generator (CPU 1) spins through its runs: only the server's CPU may idle
+    with runner.cpus_awake(idle if levels else "halt", spin_cpus=(SERVER_CPU,)) as how:
         if levels:
             res["idle"] = how
         for lvl, f in levels.items():
