@@ -9,10 +9,28 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 
 USAGE_ERROR = 2
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the process is (`terminate_gracefully`)."""
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+def terminate_gracefully() -> None:
+    """Make SIGTERM unwind like Ctrl-C: every `finally` and context manager runs, so the servers,
+    valgrind copies, load generators and spinners a command started are stopped, and the command
+    exits 143 with one line. Python's default SIGTERM ends the process where it stands (session
+    33: a `clone-report` killed with SIGTERM left two valgrind copies and their load generators
+    running)."""
+    signal.signal(signal.SIGTERM, _raise_terminated)
 
 
 class CliError(Exception):
@@ -244,6 +262,9 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"tailscope: error: {exc}", file=sys.stderr)
         return 1
+    except Terminated:
+        print("tailscope: terminated", file=sys.stderr)
+        return 143
     except KeyboardInterrupt:
         print("tailscope: interrupted", file=sys.stderr)
         return 130

@@ -195,3 +195,42 @@ def test_bench_ditto_results_stage_and_an_unknown_service(tmp_path, monkeypatch)
     with pytest.raises(SystemExit) as exc:
         run.main()
     assert "no complete earlier run in" in str(exc.value.code), exc.value.code
+
+
+def test_sigterm_stops_what_the_command_started(tmp_path):
+    """Session 33: `clone-report` killed with SIGTERM ended where it stood and left its valgrind
+    copies and load generators running. SIGTERM now unwinds like Ctrl-C: the command's `finally`
+    blocks run (here: a child it started is stopped), and it exits 143 with one line."""
+    import signal
+    import time
+
+    code = (
+        "import subprocess, sys, time\n"
+        "from tailscope import cli\n"
+        "from tailscope.clone import cli as ccli\n"
+        "def report(ns):\n"
+        "    child = subprocess.Popen(['sleep', '600'])\n"
+        "    print(child.pid, flush=True)\n"
+        "    try:\n"
+        "        time.sleep(60)\n"
+        "    finally:\n"
+        "        child.kill()\n"
+        "        child.wait()\n"
+        "    return 0\n"
+        "ccli.cmd_clone_report = report\n"
+        f"sys.exit(cli.main(['clone-report', {str(tmp_path)!r}]))\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        child = int(p.stdout.readline())
+        os.kill(p.pid, signal.SIGTERM)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, (p.returncode, err)
+    assert err.strip() == "tailscope: terminated", err
+    deadline = time.monotonic() + 5
+    while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not os.path.exists(f"/proc/{child}"), "the command's child outlived its SIGTERM"

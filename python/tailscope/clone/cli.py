@@ -247,8 +247,9 @@ def cmd_clone_report(ns) -> int:
 
 def dispatch(ns) -> int:
     """Run `clone` or `clone-report`; a CloneError becomes the CLI's one-line error."""
-    from tailscope.cli import CliError
+    from tailscope.cli import CliError, terminate_gracefully
 
+    terminate_gracefully()  # the servers and valgrind copies it starts are stopped on SIGTERM too
     try:
         return cmd_clone(ns) if ns.command == "clone" else cmd_clone_report(ns)
     except CloneError as exc:
