@@ -169,8 +169,8 @@ def cpus_awake(
     "poll" holds a CPU latency request of 0 µs. A kernel without a cpuidle driver does not read
     it, and its idle CPUs halt anyway: there, each CPU of `spin_cpus` runs a SCHED_IDLE busy loop
     for the block instead (`_SPINNER`), so that it never idles. The validator spins the server's
-    CPU only: the load generator spins on its own, and a spinner beside it took a 4-ms tick from
-    it about twice a second (session 33).
+    CPU only: the load generator spins on its own, and a spinner beside it took 4-ms ticks from
+    it (session 33: 14-19 generator stalls in an 8-s run, 6-7 with the server's CPU alone spinning).
 
     Why (session 27): on this Firecracker VM an idle vCPU halts (cpuidle haltpoll, with
     guest_halt_poll_ns=0), and its wake-up on the next packet goes through the host's scheduler.
@@ -181,8 +181,8 @@ def cpus_awake(
     between its two sessions. Latency benchmarks hold the CPUs out of deep idle the same way
     (tuned's latency-performance profile writes /dev/cpu_dma_latency); both sides run under it.
     Session 33's VM had no cpuidle driver: the request held, the CPUs halted, and the results said
-    "poll" (redis at 1,800 req/s: mean 46-60 µs, p99 232-324; with a spinner on each CPU 21-22 µs,
-    p99 53-56)."""
+    "poll" (redis at 1,800 req/s: mean 46-60 µs, p99 232-324; with the server's CPU spinning 28-29
+    µs, p99 68-72)."""
     if mode not in IDLE_MODES:
         raise CloneError(f"--idle {mode}: one of {', '.join(IDLE_MODES)}")
     if mode == "halt":
