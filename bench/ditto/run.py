@@ -334,9 +334,11 @@ def main() -> int:
         f"Reproduce: `{command}` (part `ditto` of `make bench`). Report: bench/results/ditto.html.",
         "",
         "Machine: 2 vCPUs shared with other engineers; native latencies are only meaningful when the run "
-        "holds `flock -x /tmp/ts-quiet.lock` (no other heavy work meanwhile). Since session 27 the timed runs hold "
-        "the CPUs polling instead of halting when idle (`clone-report --idle poll`): on this VM a halted vCPU's "
-        "wake-up was ~45 µs of every latency, and its tail moved with the host's load.",
+        "holds `flock -x /tmp/ts-quiet.lock` (no other heavy work meanwhile). Since session 27 the timed runs keep "
+        "the CPUs from halting when idle (`clone-report --idle poll`): a CPU latency request of 0 µs, or, on a "
+        "kernel without a cpuidle driver (session 33's VM), a SCHED_IDLE spinner on the server's CPU; each "
+        "service's host note says which. A halted vCPU's wake-up was ~45 µs of every latency on session 27's VM, "
+        "and its tail moved with the host's load.",
         "",
         "Simulated rows (callgrind): each side is the pool (summed counts) of its windows at that hierarchy; the "
         "clone was tuned to a pool of the original's windows at A taken by the profile and by the tuning loop (one "
