@@ -80,7 +80,8 @@ def register(sub) -> None:
         choices=IDLE_MODES,
         default="poll",
         help="how the CPUs idle during the timed runs: poll (default) holds them out of their idle halt "
-        "(/dev/cpu_dma_latency = 0, as latency benchmarks do), so that a vCPU's wake-up does not land in every "
+        "(/dev/cpu_dma_latency = 0, as latency benchmarks do; on a kernel without a cpuidle driver, which "
+        "ignores that, a SCHED_IDLE spinner on the server's CPU), so that a vCPU's wake-up does not land in every "
         "latency; halt leaves them as they are",
     )
     r.add_argument("--quiet", action="store_true", help="no progress lines")
