@@ -3308,6 +3308,49 @@ def test_the_rest_a_larger_ll_keeps_leaves_the_persistent_walkers_their_share():
     assert tune.skeleton_ll_size({"valgrind": {}}) is None
 
 
+def test_the_ll_sweeps_points_are_taken_relative_to_their_anchor_windows():
+    """profile.ll_sweep with anchors (session 34): each swept size's misses are taken over those of
+    the windows at A's LL that ran beside them, times the tuning target's: a sweep run while the
+    host slowed valgrind (both its windows and their anchors missing twice as much) gives the same
+    share as one run on a quiet host, where the raw points gave redis's data side a persistent
+    share of 0.56 against the validation's 0.36."""
+    from tailscope.clone import profile
+
+    target = {"IL_misses_per_request": 0.024, "DL_misses_per_request": 0.019}
+    quiet = profile.ll_sweep(
+        target,
+        2 << 20,
+        [4 << 20, 8 << 20],
+        [
+            {"IL_misses_per_request": 0.019, "DL_misses_per_request": 0.008},
+            {"IL_misses_per_request": 0.018, "DL_misses_per_request": 0.006},
+        ],
+        [6, 10, 10],
+        [{"IL_misses_per_request": 0.024, "DL_misses_per_request": 0.016}] * 2,
+    )
+    slow = profile.ll_sweep(
+        target,
+        2 << 20,
+        [4 << 20, 8 << 20],
+        [
+            {"IL_misses_per_request": 0.038, "DL_misses_per_request": 0.016},
+            {"IL_misses_per_request": 0.036, "DL_misses_per_request": 0.012},
+        ],
+        [6, 10, 10],
+        [{"IL_misses_per_request": 0.048, "DL_misses_per_request": 0.032}] * 2,
+    )
+    for sw in (quiet, slow):
+        assert sw["DL"] == pytest.approx([0.019, 0.019 * 0.5, 0.019 * 0.375])
+        assert sw["IL"] == pytest.approx([0.024, 0.019, 0.018])
+        assert generate.llc_bins(sw)["persistent"]["data"] == pytest.approx(0.375)
+    assert slow["raw"]["DL"] == [0.016, 0.012] and slow["anchor"]["DL"] == [0.032, 0.032]
+    # an anchor that missed nothing on a side: that point as measured
+    z = profile.ll_sweep(target, 2 << 20, [4 << 20], [{"DL_misses_per_request": 0.004}], None, [{}])
+    assert z["DL"] == [0.019, 0.004] and z["IL"] == [0.024, 0.0]
+    with pytest.raises(ValueError):
+        profile.ll_sweep(target, 2 << 20, [4 << 20], [{}], None, [])
+
+
 def test_the_ll_sweep_is_fitted_non_increasing_by_least_squares():
     """generate.nonincreasing / llc_bins (session 22): a larger LL never misses more in LRU, so a
     sweep point above the one before it is a draw; the points are fitted by weighted least squares

@@ -31,15 +31,14 @@ from .tools import find_loadgen, need
 
 PROFILE_VERSION = 1
 PROTOCOLS = {"memcached": 1, "redis": 2, "line": 3, "http": 4}
-# callgrind windows per LL sweep size, pooled; run two at a time, side by side (session 22: two
-# per size). Six since session 24: memcached's data-side misses at an 8 MiB LL are a few per
-# window (0-12 in twelve windows of the original, mean 4.4), and the two windows of one profile
-# counted 3 in all, so the clone's persistent data walkers were tuned to 1.5 per window and its LL
-# rate at B sat 13% under. Twelve since session 28: six gave memcached's data side a persistent
-# share of 0.05, where the validation's windows of the original at B kept 0.14 of A's. Each more
-# pair costs ~19 s per size (twelve: ~3.7 min of the pipeline for both sizes)
-LL_SWEEP_WINDOWS = 12
-LL_SWEEP_SIDE_BY_SIDE = 2
+# callgrind windows per LL sweep size, pooled. Six since session 24: memcached's data-side misses
+# at an 8 MiB LL are a few per window (0-12 in twelve windows of the original, mean 4.4), and the
+# two windows of one profile counted 3 in all, so the clone's persistent data walkers were tuned
+# to 1.5 per window and its LL rate at B sat 13% under. Twelve since session 28: six gave
+# memcached's data side a persistent share of 0.05, where the validation's windows of the original
+# at B kept 0.14 of A's. Ten since session 34, each run beside an anchor window at A's LL (see
+# `ll_sweep`): ~20 s a pair, ~6.5 min for both sizes
+LL_SWEEP_WINDOWS = 10
 
 
 def _deltas(before: list[dict], after: list[dict]) -> dict[int, dict]:
@@ -660,17 +659,19 @@ def run_profile(
     # at A a larger LL keeps, code and data apart (generate.llc_bins; more than half of
     # memcached's LL misses at A are gone at 4x, and the clone, whose LL misses all missed any
     # LL, was 450% off at an 8 MiB LL)
-    # Each size is LL_SWEEP_WINDOWS windows, two at a time side by side, pooled (session 22): redis's code
-    # misses per window are bimodal (~75 or ~130 at 8 MiB: a jemalloc purge runs in some windows),
-    # and with one window per size the sweep caught the low mode at 4 MiB and the high one at 8
-    # (0.0126 and 0.0217 per request), a shape no LRU cache has
+    # Each size is LL_SWEEP_WINDOWS windows, pooled (session 22): redis's code misses per window
+    # are bimodal (~75 or ~130 at 8 MiB: a jemalloc purge runs in some windows), and with one
+    # window per size the sweep caught the low mode at 4 MiB and the high one at 8 (0.0126 and
+    # 0.0217 per request), a shape no LRU cache has. Each runs beside an anchor window at A's LL
+    # (session 34): the misses that no LL keeps move with the host from one run to the next, and
+    # the sweep's points are taken relative to the anchors of the same moments (`ll_sweep`)
     ll_a = int(vg.CONFIG_A["LL"].split(",")[0])
     ll_sizes = [2 * ll_a, 4 * ll_a]
-    ll_wins = []
+    ll_wins, ll_anchors = [], []
     for i, size in enumerate(ll_sizes):
         progress(
             f"LL sweep {i + 1}/{len(ll_sizes)}: LL {size >> 20} MiB, "
-            f"{LL_SWEEP_WINDOWS} windows of {vg_requests} requests, {LL_SWEEP_SIDE_BY_SIDE} at a time"
+            f"{LL_SWEEP_WINDOWS} windows of {vg_requests} requests, each beside one at A's LL"
         )
         job = {
             "launch": launch,
@@ -679,15 +680,21 @@ def run_profile(
             "rate": vg_rate,
             "requests": vg_requests,
             "workdir": work,
-            "cache": {**vg.CONFIG_A, "LL": workingset.cache_arg(size)},
             "branch": False,
             "preload": "--preload" in load_args,
         }
-        jobs = [{**job, "tag": f"llsweep{i}-{j}"} for j in range(LL_SWEEP_WINDOWS)]
-        wins = []
-        for j in range(0, len(jobs), LL_SWEEP_SIDE_BY_SIDE):
-            wins += vg.side_by_side(jobs[j : j + LL_SWEEP_SIDE_BY_SIDE])
+        wins, anchors = [], []
+        for j in range(LL_SWEEP_WINDOWS):
+            anchor, w = vg.side_by_side(
+                [
+                    {**job, "tag": f"llanchor{i}-{j}", "cache": vg.CONFIG_A},
+                    {**job, "tag": f"llsweep{i}-{j}", "cache": {**vg.CONFIG_A, "LL": workingset.cache_arg(size)}},
+                ]
+            )
+            anchors.append(anchor)
+            wins.append(w)
         ll_wins.append(vg.pool(wins))
+        ll_anchors.append(vg.pool(anchors))
     code_fp = isa.analyse(win.threads)["code_footprint_bytes"]
     dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
     sizes = workingset.sizes(max(dmax, 2 * code_fp))
@@ -785,6 +792,7 @@ def run_profile(
                 ll_sizes,
                 [vg.metrics(w) for w in ll_wins],
                 [len(pool), *[LL_SWEEP_WINDOWS] * len(ll_sizes)],
+                [vg.metrics(w) for w in ll_anchors],
             ),
         },
         "private": {"launch": launch, "comm": info["comm"], "exe": info["exe"], "pid": pid},
@@ -825,15 +833,43 @@ def code_sets(win: vg.Window, requests: int) -> dict:
     return {"sets": CODE_SETS, "min_per_request": CODE_SETS_MIN_PER_REQUEST, "lines": hist}
 
 
-def ll_sweep(target: dict, ll_a: int, sizes: list[int], metrics: list[dict], windows: list[int] | None = None) -> dict:
+def ll_sweep(
+    target: dict,
+    ll_a: int,
+    sizes: list[int],
+    metrics: list[dict],
+    windows: list[int] | None = None,
+    anchors: list[dict] | None = None,
+) -> dict:
     """LL misses per request by side at the profiled LL (the pooled target) and each swept LL;
-    `windows`: how many windows each point pools (generate.llc_bins weighs the points by it)."""
+    `windows`: how many windows each point pools (generate.llc_bins weighs the points by it).
+
+    `anchors`: for each swept size, the pool of windows at A's LL run beside its windows. A swept
+    point is then the target's misses times its own over its anchors' (per side): what a larger
+    LL keeps of A's misses, measured at the same moments. Session 34: redis's data misses at an
+    8 MiB LL were 67 per window in one profile's sweep and 22-35 in runs an hour later, with the
+    windows at A's LL in each run moving the same way (the host's load: the slower valgrind runs,
+    the more one event-loop pass serves and the more fresh memory a window touches); the sweep's
+    point against the earlier tuning pool gave a persistent share of 0.56 where the validation's
+    windows of the original kept 0.36, and the clone's data side at B was 58% over. The raw points
+    and the anchors' are kept ("raw", "anchor")."""
     ms = [target, *metrics]
     out = {
         "sizes": [ll_a, *sizes],
         "IL": [m.get("IL_misses_per_request", 0.0) for m in ms],
         "DL": [m.get("DL_misses_per_request", 0.0) for m in ms],
     }
+    if anchors is not None:
+        if len(anchors) != len(metrics):
+            raise ValueError("ll_sweep: one anchor pool per swept size")
+        for key, side in (("IL", "IL_misses_per_request"), ("DL", "DL_misses_per_request")):
+            out.setdefault("raw", {})[key] = out[key][1:]
+            out.setdefault("anchor", {})[key] = [a.get(side, 0.0) for a in anchors]
+            t = target.get(side, 0.0)
+            out[key] = [t] + [
+                t * m.get(side, 0.0) / a.get(side, 0.0) if a.get(side, 0.0) > 0 else m.get(side, 0.0)
+                for m, a in zip(metrics, anchors, strict=True)
+            ]
     if windows is not None:
         out["windows"] = list(windows)
     return out
