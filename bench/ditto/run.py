@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +27,38 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))
 
 from tailscope.clone import report, validate  # noqa: E402
+
+# the tailscope commands this script is running (`child`): a SIGTERM to the script goes on to them
+_CHILDREN: list[subprocess.Popen] = []
+
+
+def _on_sigterm(signum, frame) -> None:
+    """A SIGTERM to this script goes on to the tailscope command it is running, which stops what
+    it started (servers, valgrind copies, load generators) and exits 143; the script then stops
+    too (`child`). With none running, it stops at once. Session 33: the script died and left its
+    `clone-report` child running on."""
+    live = [c for c in _CHILDREN if c.poll() is None]
+    for c in live:
+        c.send_signal(signal.SIGTERM)
+    if not live:
+        raise SystemExit(143)
+
+
+def child(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    """`subprocess.run(cmd, **kw)` (stdout=PIPE is read into the result), with a SIGTERM to this
+    script passed on to the command (`_on_sigterm`); a command stopped that way stops the script
+    (exit 143, one line)."""
+    with subprocess.Popen(cmd, **kw) as p:
+        _CHILDREN.append(p)
+        try:
+            out, err = p.communicate()
+        finally:
+            _CHILDREN.remove(p)
+    if p.returncode == 143:
+        print("bench ditto: terminated", file=sys.stderr)
+        raise SystemExit(143)
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
 
 SERVICES = {
     "memcached": {
@@ -82,7 +115,7 @@ def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "al
         )
         if stage == "native":  # the timed load levels only (under the exclusive lock), saved for `simulated`
             t0 = time.monotonic()
-            rp = subprocess.run(
+            rp = child(
                 [
                     sys.executable,
                     "-m",
@@ -132,9 +165,7 @@ def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "al
             cmd += ["--iterations", "3", "--vg-requests", "1000", "--sweep-requests", "400"]
         print(f"[ditto] {name}: {' '.join(cmd[2:])}", flush=True)
         t0 = time.monotonic()
-        p = subprocess.run(
-            cmd, cwd=ROOT, text=True, capture_output=False, env={**os.environ, "PYTHONPATH": str(ROOT / "python")}
-        )
+        p = child(cmd, cwd=ROOT, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "python")})
         pipeline_s = time.monotonic() - t0
         if p.returncode not in (0, 1) or not (out / "clone").exists():
             raise SystemExit(f"bench ditto: tailscope clone failed for {name}")
@@ -159,7 +190,7 @@ def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "al
 
 def validate_service(name: str, out: Path, quick: bool, times: dict, part: str = "all") -> dict:
     t0 = time.monotonic()
-    rp = subprocess.run(
+    rp = child(
         [
             sys.executable,
             "-m",
@@ -252,6 +283,7 @@ def main() -> int:
         "clock (session 32: redis's data-side LL misses at A rose by half)",
     )
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, _on_sigterm)
     if os.geteuid() != 0:
         print("bench ditto: skipped: needs root (eBPF, network namespaces)")
         return 0

@@ -234,3 +234,46 @@ def test_sigterm_stops_what_the_command_started(tmp_path):
     while os.path.exists(f"/proc/{child}") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not os.path.exists(f"/proc/{child}"), "the command's child outlived its SIGTERM"
+
+
+def test_bench_ditto_passes_a_sigterm_on_to_its_tailscope_command(tmp_path):
+    """bench/ditto/run.py (session 34): a SIGTERM to the script goes on to the tailscope command it
+    runs (which cleans up on its own SIGTERM, test above), and the script then exits 143 with one
+    line. It used to die at once and leave that command running."""
+    import signal
+    import time
+    from pathlib import Path
+
+    run_py = Path(__file__).resolve().parents[2] / "bench" / "ditto" / "run.py"
+    mark = tmp_path / "child-got-sigterm"
+    kid = (
+        "import signal, sys, time\n"
+        "def bye(*a):\n"
+        f"    open({str(mark)!r}, 'w').write('x')\n"
+        "    sys.exit(143)\n"
+        "signal.signal(signal.SIGTERM, bye)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+    )
+    code = (
+        "import importlib.util, signal, sys\n"
+        f"spec = importlib.util.spec_from_file_location('r', {str(run_py)!r})\n"
+        "r = importlib.util.module_from_spec(spec); spec.loader.exec_module(r)\n"
+        "signal.signal(signal.SIGTERM, r._on_sigterm)\n"
+        f"r.child([sys.executable, '-c', {kid!r}])\n"
+        "print('child returned', flush=True)\n"
+    )
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout.readline().strip() == "ready"
+        os.kill(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 143, (p.returncode, err)
+    assert err.strip() == "bench ditto: terminated" and "child returned" not in out, (out, err)
+    deadline = time.monotonic() + 5
+    while not mark.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), "the tailscope command never saw the SIGTERM"

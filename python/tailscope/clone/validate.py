@@ -95,8 +95,10 @@ STALL_US = 200
 # callgrind windows per side and hierarchy (the original's spread needs two; 3 since session 9, 6 since
 # session 22, when the two sides' windows began to run side by side: `_window_pair`)
 SIM_RUNS = 6
-# the timed runs' server runs pinned here, the load generator on CPU 1
+# the timed runs' server runs pinned to SERVER_CPU, the load generator to LOADGEN_CPU (the other
+# of this 2-vCPU machine's two)
 SERVER_CPU = 0
+LOADGEN_CPU = 1
 MAX_SIM_RUNS = 40  # `clone-report --sim-windows`: ~20 s a pair and hierarchy, so 40 is some 27 min
 # `--sim-windows auto` (the default since session 23): SIM_RUNS pairs, then more while a judged row's
 # original spread is above its limit, up to this many (~27 min for both hierarchies at most).
@@ -151,8 +153,8 @@ def _native_level(
     srv = runner.start(ns, launch, port, workdir / f"{tag}.log", cpu=SERVER_CPU)
     try:
         if preload:
-            runner.loadgen(ns, port, load_args, min(rate, 5000), 0.5, preload=True, cpu=1)
-        runner.loadgen(ns, port, load_args, rate, 1.0, cpu=1)
+            runner.loadgen(ns, port, load_args, min(rate, 5000), 0.5, preload=True, cpu=LOADGEN_CPU)
+        runner.loadgen(ns, port, load_args, rate, 1.0, cpu=LOADGEN_CPU)
         runs = []
         hz = os.sysconf("SC_CLK_TCK")
         busy: list[dict] = []  # runs during which something else took more than HOST_BUSY of a CPU
@@ -162,7 +164,7 @@ def _native_level(
                 break
             h0 = runner.host_sample(ours)
             before = {t["tid"]: t for t in target.threads(srv.pid)}
-            lg = runner.loadgen(ns, port, load_args, rate, duration, cpu=1, stall_us=STALL_US)
+            lg = runner.loadgen(ns, port, load_args, rate, duration, cpu=LOADGEN_CPU, stall_us=STALL_US)
             after = target.threads(srv.pid)
             h1 = runner.host_sample(ours)
             other, top = runner.host_other(h0, h1, hz)
@@ -218,7 +220,7 @@ def _native_level(
                     workdir / tag,
                     gate_conns=True,
                 )
-                lg = runner.loadgen(ns, port, load_args, rate, min(duration, TRACE_SECONDS), cpu=1)
+                lg = runner.loadgen(ns, port, load_args, rate, min(duration, TRACE_SECONDS), cpu=LOADGEN_CPU)
                 maps = st.stop()
                 break
             except CloneError as exc:
