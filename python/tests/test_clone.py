@@ -3351,6 +3351,42 @@ def test_the_ll_sweeps_points_are_taken_relative_to_their_anchor_windows():
         profile.ll_sweep(target, 2 << 20, [4 << 20], [{}], None, [])
 
 
+def test_the_ll_sweeps_anchor_windows_run_beside_or_between_the_swept_ones(monkeypatch):
+    """profile.ll_sweep_windows (session 34): a single-threaded original's swept windows each run
+    beside their own anchor at A's LL; a multi-threaded one's run one at a time, an anchor before
+    each round (two copies of memcached side by side missed more at A's LL, not at 8 MiB)."""
+    from tailscope.clone import profile
+    from tailscope.clone import valgrind as vg
+
+    ran: list = []
+
+    def window(**job):
+        ran.append((job["tag"], job["cache"]["LL"]))
+        return vg.Window([], 1, 1.0, {})
+
+    def side_by_side(jobs):
+        ran.append(tuple(j["tag"] for j in jobs))
+        return [window(**j) for j in jobs]
+
+    monkeypatch.setattr(profile.vg, "window", window)
+    monkeypatch.setattr(profile.vg, "side_by_side", side_by_side)
+    job = {"tag": None, "cache": vg.CONFIG_A}
+    sized = [{**job, "cache": {"LL": "4194304,16,64"}}, {**job, "cache": {"LL": "8388608,16,64"}}]
+    wins, anchors = profile.ll_sweep_windows(job, sized, 2, True, lambda m: None)
+    assert [r for r in ran if len(r) == 2 and str(r[1]).startswith("ll")] == [
+        ("llanchor0-0", "llsweep0-0"),
+        ("llanchor0-1", "llsweep0-1"),
+        ("llanchor1-0", "llsweep1-0"),
+        ("llanchor1-1", "llsweep1-1"),
+    ]
+    assert len(wins) == len(anchors) == 2 and all(w.requests == 2 for w in wins + anchors)
+    ran.clear()
+    wins, anchors = profile.ll_sweep_windows(job, sized, 2, False, lambda m: None)
+    assert [t for t, _ in ran] == ["llanchor-0", "llsweep0-0", "llsweep1-0", "llanchor-1", "llsweep0-1", "llsweep1-1"]
+    assert ran[0][1] == vg.CONFIG_A["LL"] and ran[2][1] == "8388608,16,64"
+    assert all(w.requests == 2 for w in wins + anchors)
+
+
 def test_the_ll_sweep_is_fitted_non_increasing_by_least_squares():
     """generate.nonincreasing / llc_bins (session 22): a larger LL never misses more in LRU, so a
     sweep point above the one before it is a draw; the points are fitted by weighted least squares

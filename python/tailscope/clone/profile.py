@@ -36,8 +36,8 @@ PROTOCOLS = {"memcached": 1, "redis": 2, "line": 3, "http": 4}
 # two windows of one profile counted 3 in all, so the clone's persistent data walkers were tuned
 # to 1.5 per window and its LL rate at B sat 13% under. Twelve since session 28: six gave
 # memcached's data side a persistent share of 0.05, where the validation's windows of the original
-# at B kept 0.14 of A's. Ten since session 34, each run beside an anchor window at A's LL (see
-# `ll_sweep`): ~20 s a pair, ~6.5 min for both sizes
+# at B kept 0.14 of A's. Ten since session 34, with anchor windows at A's LL (`ll_sweep_windows`):
+# ~20 s a window or a pair, ~6.5 min for both sizes beside their anchors, ~10 min one at a time
 LL_SWEEP_WINDOWS = 10
 
 
@@ -662,39 +662,25 @@ def run_profile(
     # Each size is LL_SWEEP_WINDOWS windows, pooled (session 22): redis's code misses per window
     # are bimodal (~75 or ~130 at 8 MiB: a jemalloc purge runs in some windows), and with one
     # window per size the sweep caught the low mode at 4 MiB and the high one at 8 (0.0126 and
-    # 0.0217 per request), a shape no LRU cache has. Each runs beside an anchor window at A's LL
-    # (session 34): the misses that no LL keeps move with the host from one run to the next, and
-    # the sweep's points are taken relative to the anchors of the same moments (`ll_sweep`)
+    # 0.0217 per request), a shape no LRU cache has. Each is taken relative to anchor windows at
+    # A's LL run at the same moments (session 34, `ll_sweep_windows`, `ll_sweep`): the misses that
+    # no LL keeps move with the host from one run to the next
     ll_a = int(vg.CONFIG_A["LL"].split(",")[0])
     ll_sizes = [2 * ll_a, 4 * ll_a]
-    ll_wins, ll_anchors = [], []
-    for i, size in enumerate(ll_sizes):
-        progress(
-            f"LL sweep {i + 1}/{len(ll_sizes)}: LL {size >> 20} MiB, "
-            f"{LL_SWEEP_WINDOWS} windows of {vg_requests} requests, each beside one at A's LL"
-        )
-        job = {
-            "launch": launch,
-            "port": info["port"],
-            "load_args": load_args,
-            "rate": vg_rate,
-            "requests": vg_requests,
-            "workdir": work,
-            "branch": False,
-            "preload": "--preload" in load_args,
-        }
-        wins, anchors = [], []
-        for j in range(LL_SWEEP_WINDOWS):
-            anchor, w = vg.side_by_side(
-                [
-                    {**job, "tag": f"llanchor{i}-{j}", "cache": vg.CONFIG_A},
-                    {**job, "tag": f"llsweep{i}-{j}", "cache": {**vg.CONFIG_A, "LL": workingset.cache_arg(size)}},
-                ]
-            )
-            anchors.append(anchor)
-            wins.append(w)
-        ll_wins.append(vg.pool(wins))
-        ll_anchors.append(vg.pool(anchors))
+    busy_threads = sum(c.get("count", 0) for c in net["threads"]["clusters"] if c.get("role") != "idle")
+    paired = busy_threads <= 1
+    job = {
+        "launch": launch,
+        "port": info["port"],
+        "load_args": load_args,
+        "rate": vg_rate,
+        "requests": vg_requests,
+        "workdir": work,
+        "branch": False,
+        "preload": "--preload" in load_args,
+    }
+    sized = [{**job, "cache": {**vg.CONFIG_A, "LL": workingset.cache_arg(size)}} for size in ll_sizes]
+    ll_wins, ll_anchors = ll_sweep_windows(job, sized, LL_SWEEP_WINDOWS, paired, progress)
     code_fp = isa.analyse(win.threads)["code_footprint_bytes"]
     dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
     sizes = workingset.sizes(max(dmax, 2 * code_fp))
@@ -800,6 +786,39 @@ def run_profile(
     (out / "private").mkdir(parents=True, exist_ok=True)
     (out / "private" / "profile.json").write_text(json.dumps(prof, indent=1, default=_json_default))
     return prof
+
+
+def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progress) -> tuple[list, list]:
+    """The LL sweep's windows (`vg.window` jobs `sized`, one per swept LL, each run `n` times) and
+    their anchors (`job` at A's LL): (a pool per size, the pool of its anchors per size).
+
+    A single-threaded original (`paired`): each window beside its own anchor (`vg.side_by_side`),
+    a pair taking about as long as one window. A multi-threaded one: one anchor, then a window of
+    each size, one at a time, `n` times. Session 34: two copies of memcached side by side missed
+    more at A's LL than one alone (as its pool did in session 22: callgrind runs one thread at a
+    time, and the pairing changes how the threads interleave) but not at 8 MiB, so its anchors in
+    pairs read 0.016 code and 0.011 data misses a request against its pool's 0.012 and 0.0049, and
+    the anchored points came out a half to a third of the raw ones; redis (one thread) showed no
+    such difference (`/tmp/s34/pairs.py`)."""
+    wins: list[list] = [[] for _ in sized]
+    anchors: list[list] = [[] for _ in sized]
+    if paired:
+        for i, sj in enumerate(sized):
+            for j in range(n):
+                progress(f"LL sweep: size {i + 1}/{len(sized)}, window {j + 1}/{n}, beside one at A's LL")
+                a, w = vg.side_by_side(
+                    [{**job, "tag": f"llanchor{i}-{j}", "cache": vg.CONFIG_A}, {**sj, "tag": f"llsweep{i}-{j}"}]
+                )
+                anchors[i].append(a)
+                wins[i].append(w)
+    else:
+        for j in range(n):
+            progress(f"LL sweep: round {j + 1}/{n}: one window at A's LL, then one at each of {len(sized)} larger LLs")
+            a = vg.window(**{**job, "tag": f"llanchor-{j}", "cache": vg.CONFIG_A})
+            for i, sj in enumerate(sized):
+                anchors[i].append(a)
+                wins[i].append(vg.window(**{**sj, "tag": f"llsweep{i}-{j}"}))
+    return [vg.pool(w) for w in wins], [vg.pool(a) for a in anchors]
 
 
 # the hot code's page offsets (session 25): the lines fetched at least this often per request,
