@@ -798,8 +798,8 @@ def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progres
     more at A's LL than one alone (as its pool did in session 22: callgrind runs one thread at a
     time, and the pairing changes how the threads interleave) but not at 8 MiB, so its anchors in
     pairs read 0.016 code and 0.011 data misses a request against its pool's 0.012 and 0.0049, and
-    the anchored points came out a half to a third of the raw ones; redis (one thread) showed no
-    such difference (`/tmp/s34/pairs.py`)."""
+    the anchored points came out a half to a third of the raw ones; redis (one busy thread) was
+    not inflated in pairs (session 22), and its runs with this code kept them (journal, session 34)."""
     wins: list[list] = [[] for _ in sized]
     anchors: list[list] = [[] for _ in sized]
     if paired:
@@ -863,15 +863,15 @@ def ll_sweep(
     """LL misses per request by side at the profiled LL (the pooled target) and each swept LL;
     `windows`: how many windows each point pools (generate.llc_bins weighs the points by it).
 
-    `anchors`: for each swept size, the pool of windows at A's LL run beside its windows. A swept
-    point is then the target's misses times its own over its anchors' (per side): what a larger
-    LL keeps of A's misses, measured at the same moments. Session 34: redis's data misses at an
-    8 MiB LL were 67 per window in one profile's sweep and 22-35 in runs an hour later, with the
-    windows at A's LL in each run moving the same way (the host's load: the slower valgrind runs,
-    the more one event-loop pass serves and the more fresh memory a window touches); the sweep's
-    point against the earlier tuning pool gave a persistent share of 0.56 where the validation's
-    windows of the original kept 0.36, and the clone's data side at B was 58% over. The raw points
-    and the anchors' are kept ("raw", "anchor")."""
+    `anchors`: for each swept size, the pool of windows at A's LL run at the same moments as its
+    windows (`ll_sweep_windows`). A swept point is then the target's misses times its own over its
+    anchors' (per side): what a larger LL keeps of A's misses, measured at the same moments.
+    Session 34: redis's data misses at an 8 MiB LL were 67 per window in one profile's sweep and
+    22-35 in runs an hour later, the windows at A's LL moving the same way (the host's load, most
+    likely: the fewer instructions a request took, valgrind slower against the load, the more
+    misses); divided by the earlier tuning pool, the sweep gave a persistent share of 0.56, and the
+    clone's data side at B was 58% over. The raw points and the anchors' are kept ("raw",
+    "anchor")."""
     ms = [target, *metrics]
     out = {
         "sizes": [ll_a, *sizes],
