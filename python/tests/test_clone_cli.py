@@ -197,11 +197,26 @@ def test_bench_ditto_results_stage_and_an_unknown_service(tmp_path, monkeypatch)
     assert "no complete earlier run in" in str(exc.value.code), exc.value.code
 
 
+def _sigterm_after_first_line(code: str):
+    """Run `python -c code`, send it a SIGTERM once it has printed its first line, and wait:
+    (that line, the process, its stdout after it, its stderr)."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        first = p.stdout.readline()
+        os.kill(p.pid, signal.SIGTERM)
+        out, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    return first, p, out, err
+
+
 def test_sigterm_stops_what_the_command_started(tmp_path):
     """Session 33: `clone-report` killed with SIGTERM ended where it stood and left its valgrind
     copies and load generators running. SIGTERM now unwinds like Ctrl-C: the command's `finally`
     blocks run (here: a child it started is stopped), and it exits 143 with one line."""
-    import signal
     import time
 
     code = (
@@ -220,14 +235,8 @@ def test_sigterm_stops_what_the_command_started(tmp_path):
         "ccli.cmd_clone_report = report\n"
         f"sys.exit(cli.main(['clone-report', {str(tmp_path)!r}]))\n"
     )
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        child = int(p.stdout.readline())
-        os.kill(p.pid, signal.SIGTERM)
-        _, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    first, p, _, err = _sigterm_after_first_line(code)
+    child = int(first)
     assert p.returncode == 143, (p.returncode, err)
     assert err.strip() == "tailscope: terminated", err
     deadline = time.monotonic() + 5
@@ -240,7 +249,6 @@ def test_bench_ditto_passes_a_sigterm_on_to_its_tailscope_command(tmp_path):
     """bench/ditto/run.py (session 34): a SIGTERM to the script goes on to the tailscope command it
     runs (which cleans up on its own SIGTERM, test above), and the script then exits 143 with one
     line. It used to die at once and leave that command running."""
-    import signal
     import time
     from pathlib import Path
 
@@ -263,14 +271,8 @@ def test_bench_ditto_passes_a_sigterm_on_to_its_tailscope_command(tmp_path):
         f"r.child([sys.executable, '-c', {kid!r}])\n"
         "print('child returned', flush=True)\n"
     )
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline().strip() == "ready"
-        os.kill(p.pid, signal.SIGTERM)
-        out, err = p.communicate(timeout=30)
-    finally:
-        if p.poll() is None:
-            p.kill()
+    first, p, out, err = _sigterm_after_first_line(code)
+    assert first.strip() == "ready", first
     assert p.returncode == 143, (p.returncode, err)
     assert err.strip() == "bench ditto: terminated" and "child returned" not in out, (out, err)
     deadline = time.monotonic() + 5
