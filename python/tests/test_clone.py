@@ -2945,14 +2945,37 @@ def test_the_loops_timer_turns_give_the_clones_tick_burst():
     assert profile.timer_turns(tturn, [7], 2.0) == {"us": 152, "per_second": 5.5, "turns": 11}
     assert profile.timer_turns({(7, 136): 4, (9, 8): 50}, [7], 1.0) is None  # fewer than MIN
     assert profile.timer_turns({}, [], 1.5) is None
+    # the loaded window's reply gaps: worker 7's gaps of at least half the idle turn (76 us) come
+    # 6 times in 2 s, 3 a second against 5.5 timer turns (over a quarter): before the reply; their
+    # median (104) less the short gaps' (8) is the turn under load. Thread 9's are not a worker's.
+    rgap = {(7, 8): 500, (7, 24): 40, (7, 104): 4, (7, 120): 2, (9, 200): 100}
+    got = profile.timer_turns(tturn, [7], 2.0, rgap, 2.0)
+    assert got == {
+        "us": 152,
+        "per_second": 5.5,
+        "turns": 11,
+        "deferred_per_second": 3.0,
+        "before_reply": True,
+        "loaded_us": 96,
+    }, got
+    # a loop that writes first: its long gaps are rare (a host's stall between a read and a write)
+    got = profile.timer_turns(tturn, [7], 2.0, {(7, 8): 500, (7, 104): 2}, 2.0)
+    assert got["before_reply"] is False and "loaded_us" not in got, got
+    got = profile.timer_turns(tturn, [7], 2.0, {(7, 8): 500, (7, 104): 5}, 4.0)  # 1.25 a second: 0.23
+    assert got["before_reply"] is False and got["deferred_per_second"] == 1.25, got
     net = {"epoll_timeout_ms": 100, "timer_turn": {"us": 152, "per_second": 9.4, "turns": 14}}
-    assert generate.tick_burst(net) == (152, 100_000)  # 106 ms from the rate: the timeout's
+    assert generate.tick_burst(net) == (152, 100_000, False)  # 106 ms from the rate: the timeout's
     net["epoll_timeout_ms"] = 20
-    assert generate.tick_burst(net) == (152, 106_383)  # five timeouts a turn: the rate's
-    assert generate.tick_burst({"epoll_timeout_ms": -1, "timer_turn": None}) == (0, 0)
-    assert generate.tick_burst({"epoll_timeout_ms": 100}) == (0, 0)  # a profile from before it
-    assert generate.tick_burst({"timer_turn": {"us": 600, "per_second": 1000}}) == (600, 1200)
-    for bad in ({"us": 0, "per_second": 10}, {"us": 150, "per_second": 0}, {"us": 1.5, "per_second": 10}, [150, 10]):
+    assert generate.tick_burst(net) == (152, 106_383, False)  # five timeouts a turn: the rate's
+    assert generate.tick_burst({"epoll_timeout_ms": -1, "timer_turn": None}) == (0, 0, False)
+    assert generate.tick_burst({"epoll_timeout_ms": 100}) == (0, 0, False)  # a profile from before it
+    assert generate.tick_burst({"timer_turn": {"us": 600, "per_second": 1000}}) == (600, 1200, False)
+    # the turn under load, held before the replies (profile.timer_turns' before_reply, loaded_us)
+    net = {"epoll_timeout_ms": 100, "timer_turn": {"us": 152, "per_second": 9.4, "before_reply": True, "loaded_us": 96}}
+    assert generate.tick_burst(net) == (96, 100_000, True)
+    bads = [{"us": 0, "per_second": 10}, {"us": 150, "per_second": 0}, {"us": 1.5, "per_second": 10}, [150, 10]]
+    bads += [{"us": 150, "per_second": 10, "before_reply": 1}, {"us": 150, "per_second": 10, "loaded_us": -3}]
+    for bad in bads:
         with pytest.raises(CloneError, match=r"timer_turn .* corrupt profile"):
             generate.tick_burst({"epoll_timeout_ms": 100, "timer_turn": bad})
 
@@ -2996,6 +3019,49 @@ def test_a_clones_tick_burst_is_what_the_profiles_trace_measures(tmp_path):
     assert 400 <= b["us"] <= 460, got
     assert 36 <= b["per_second"] <= 40, got
     assert got["none"]["us"] < 100 and 37 <= got["none"]["per_second"] <= 40.5, got
+
+
+@needs_gcc
+def test_a_clone_that_holds_its_replies_for_its_timer_is_measured_so(tmp_path):
+    """End to end with real bpftrace and load (session 35): two clones whose loop spends 400 us on
+    its own timer every 25 ms, one that runs it before the turn's replies (CLONE_TICK_BEFORE_REPLY,
+    as redis does) and one that writes first. The trace's reply gaps (@rgap, the program the
+    original's loaded window runs) under 2,000 req/s give profile.timer_turns' before_reply back for
+    each, and for the first the turn under load (~400 us)."""
+    import os
+
+    from tailscope.clone import profile, runner, target, trace, tune
+
+    if os.geteuid() != 0 or shutil.which("bpftrace") is None:
+        pytest.skip("needs root and bpftrace for the syscall trace")
+    got = {}
+    for before in (True, False):
+        prof = generate.neutral_profile("redis", port=9994)
+        prof["network"]["epoll_timeout_ms"] = 25
+        turn = {"us": 400, "per_second": 40.0, "turns": 60, "before_reply": before}
+        prof["network"]["timer_turn"] = turn
+        d = tmp_path / str(before)
+        generate.generate(prof, d, seed=1)
+        assert f"#define CLONE_TICK_BEFORE_REPLY {int(before)}" in (d / "clone_params.h").read_text()
+        generate.build(d)
+        with runner.NetNs() as ns:
+            srv = runner.start(ns, tune.clone_launch(d, 9994), 9994, tmp_path / f"{before}.log")
+            try:
+                (tmp_path / f"{before}-trace").mkdir()
+                listen = [x["fd"] for x in target.inspect(srv.pid)["listeners"]]
+                st = trace.SyscallTrace("bpftrace", srv.pid, listen, [], tmp_path / f"{before}-trace")
+                lg = runner.loadgen(ns, 9994, ["--protocol", "redis", "--keys", "100", "--value-size", "32"], 2000, 2.0)
+                maps = st.stop()
+            finally:
+                srv.stop()
+        assert lg["completed"] > 3000, lg
+        tids = sorted({tid for (tid, _us) in maps.get("rgap", {})})
+        assert len(tids) == 1, maps.get("rgap")  # the one worker writes the replies
+        idle = {(tids[0], 408): 60}  # the idle window's turns (the other test measures those)
+        got[before] = profile.timer_turns(idle, tids, 1.5, maps["rgap"], maps["duration_s"])
+    assert got[True]["before_reply"] is True and got[False]["before_reply"] is False, got
+    assert got[True]["deferred_per_second"] >= 15 > 2 >= got[False]["deferred_per_second"], got
+    assert 360 <= got[True]["loaded_us"] <= 480, got
 
 
 @needs_valgrind

@@ -194,25 +194,32 @@ def _code_curve(name: str, bins) -> list[tuple[int, float]]:
     return out
 
 
-def tick_burst(net: dict) -> tuple[int, int]:
+def tick_burst(net: dict) -> tuple[int, int, bool]:
     """The clone's tick burst from the profile's `timer_turn` (profile.timer_turns): (its length
-    in us, its period in us), (0, 0) without one. The period is the loop's epoll timeout when the
-    timer turns came about once per timeout (within a quarter: redis's 100 ms, whose idle window
-    of ~1.5 s holds 14-16 turns, so its rate alone is 7% off); else one over their rate. A
-    malformed entry is a one-line error (the profile is input the user may have edited)."""
+    in us, its period in us, whether it runs before the replies of the turn it falls in), (0, 0,
+    False) without one. The period is the loop's epoll timeout when the timer turns came about once
+    per timeout (within a quarter: redis's 100 ms, whose idle window of ~1.5 s holds 14-16 turns,
+    so its rate alone is 7% off); else one over their rate. The length is the turn under load
+    (`loaded_us`) where the profile has one, else the idle turn's. A malformed entry is a one-line
+    error (the profile is input the user may have edited)."""
     tt = net.get("timer_turn")
     if tt is None:
-        return 0, 0
+        return 0, 0, False
     us, rate = (tt.get("us"), tt.get("per_second")) if isinstance(tt, dict) else (None, None)
     ok_us = type(us) is int and 0 < us <= 1_000_000
     ok_rate = isinstance(rate, (int, float)) and not isinstance(rate, bool) and 0.01 <= rate <= 10_000
-    if not ok_us or not ok_rate:
+    before = tt.get("before_reply", False) if isinstance(tt, dict) else False
+    loaded = tt.get("loaded_us") if isinstance(tt, dict) else None
+    ok_loaded = loaded is None or (type(loaded) is int and 0 < loaded <= 1_000_000)
+    if not ok_us or not ok_rate or type(before) is not bool or not ok_loaded:
         raise CloneError(f"profile network timer_turn {tt!r} is not {{us, per_second}}: corrupt profile")
     period = round(1e6 / rate)
     timeout = net.get("epoll_timeout_ms")
     if type(timeout) is int and timeout > 0 and abs(period / (timeout * 1000) - 1) <= 0.25:
         period = timeout * 1000
-    return us, max(period, 2 * us)
+    if loaded is not None:
+        us = loaded
+    return us, max(period, 2 * us), before
 
 
 def sleep_rows(rows, what: str) -> tuple[list[int], list[int], list[int]]:
@@ -643,7 +650,7 @@ def generate(
     worker_arena = max([arenas[ci] for ci, n in body_names.items() if n in ("worker", "acceptor")] or [8192])
     # ---- clone_params.h
     v = knobs
-    burst_us, burst_period_us = tick_burst(net)
+    burst_us, burst_period_us, burst_before_reply = tick_burst(net)
     params = {
         "CLONE_PORT": listen["port"],
         "CLONE_SEED": seed,
@@ -674,6 +681,7 @@ def generate(
         "CLONE_N_TICK_REPLAY": len(net["tick_per_second"]),
         "CLONE_TICK_BURST_US": burst_us,
         "CLONE_TICK_BURST_PERIOD_US": burst_period_us,
+        "CLONE_TICK_BEFORE_REPLY": int(burst_before_reply),
         "CLONE_MAX_BG_REPLAY": 8,
         "CLONE_SERVED_CAP": trace.SERVED_CAP,
         # the cold region at the end of every arena (asmgen.COLD_BYTES + 4 KiB): never pre-touched

@@ -193,27 +193,64 @@ def sleep_table(slp: dict, members: list[int]) -> list[list[list[int]]] | None:
 
 # fewer timer turns than this in the idle window and the clone's tick has no burst (`timer_turns`)
 MIN_TIMER_TURNS = 5
+# a loop holds its replies for its timer work when its long reply gaps come at this share of its
+# timer's rate or more (`timer_turns`). A timer turn falls in a request's turn when a request wakes
+# the loop between the timer's due time and its own wake, which the timeout rounds up to the next
+# millisecond: at the profile's medium load (~6,000 req/s) ~80% of them do, at 1,800 ~55-70%. A
+# loop that writes first shows none: the requests that came during the turn are read after it.
+BEFORE_REPLY_SHARE = 0.25
 
 
-def timer_turns(tturn: dict, worker_tids: list[int], idle_s: float) -> dict | None:
+def timer_turns(
+    tturn: dict, worker_tids: list[int], idle_s: float, rgap: dict | None = None, live_s: float = 0.0
+) -> dict | None:
     """The work the workers' event loop does on its own timer, from the idle window's timer turns
     (trace.py's @tturn: an epoll wait with a timeout that returned no event, to the next wait):
     the median turn in us and the turns per second per worker. redis's serverCron (hz 10) is
     126-321 us of each 100 ms there, median ~150 (session 32): a stall of the event loop that
     delays the requests that arrive meanwhile, and sets part of redis's p99. The idle window is
     the one where every wake of the loop is a timer's; under load the same work shares a turn with
-    requests. None with fewer than MIN_TIMER_TURNS turns (memcached's workers have no timer)."""
+    requests. None with fewer than MIN_TIMER_TURNS turns (memcached's workers have no timer).
+
+    With the loaded window's reply gaps (@rgap, `live_s` its length), also whether the loop runs
+    that work *before it writes the replies of the turn it shares* ("before_reply"): redis writes
+    its replies in beforeSleep, after the time events, so the request whose wake finds the cron due
+    waits for all of it (session 35: in a traced run at 1,800 req/s, ~60 of ~85 crons held a reply
+    back 60-180 us; the clone, which wrote first, held none, and its p99 at low load was 15% under
+    the original's). It does when the workers' gaps of at least half the idle turn come at
+    BEFORE_REPLY_SHARE of the timer's rate or more ("deferred_per_second"); their median less the
+    shorter gaps' is then the turn under load ("loaded_us": redis's cron with warm caches, ~100
+    us, against ~150 after an idle second)."""
     turns = [(us, c) for (tid, us), c in tturn.items() if tid in worker_tids and c > 0]
     n = sum(c for _us, c in turns)
     if n < MIN_TIMER_TURNS or not worker_tids:
         return None
-    half, acc, median = n / 2, 0, 0
-    for us, c in sorted(turns):
+    median = _median_of_counts(turns)
+    per_second = round(n / max(0.1, idle_s) / len(worker_tids), 3)
+    out = {"us": int(median), "per_second": per_second, "turns": n}
+    if rgap is not None and live_s > 0:
+        long = [(us, c) for (tid, us), c in rgap.items() if tid in worker_tids and c > 0 and us >= median / 2]
+        k = sum(c for _us, c in long)
+        deferred = round(k / live_s / len(worker_tids), 3)
+        out["deferred_per_second"] = deferred
+        out["before_reply"] = k >= MIN_TIMER_TURNS and deferred >= per_second * BEFORE_REPLY_SHARE
+        if out["before_reply"]:
+            # less a reply's usual gap (its own read, work and write, which the clone's serve
+            # spends anyway after the burst)
+            short = [(us, c) for (tid, us), c in rgap.items() if tid in worker_tids and c > 0 and us < median / 2]
+            out["loaded_us"] = max(1, int(_median_of_counts(long) - (_median_of_counts(short) if short else 0)))
+    return out
+
+
+def _median_of_counts(pairs: list[tuple[int, int]]) -> int:
+    """The median value of (value, count) pairs (the lower one at an even split)."""
+    n = sum(c for _v, c in pairs)
+    acc = 0
+    for v, c in sorted(pairs):
         acc += c
-        if acc >= half:
-            median = us
-            break
-    return {"us": int(median), "per_second": round(n / max(0.1, idle_s) / len(worker_tids), 3), "turns": n}
+        if acc >= n / 2:
+            return v
+    return 0
 
 
 def network_and_threads(info: dict, w: dict) -> dict:
@@ -387,7 +424,7 @@ def network_and_threads(info: dict, w: dict) -> dict:
         "epoll_ctl_per_conn": round(per_conn.get("epoll_ctl", 0)),
         "extra_per_request": extra_req,
         "tick_per_second": tick,
-        "timer_turn": timer_turns(idle.get("tturn", {}), worker_tids, idle_s),
+        "timer_turn": timer_turns(idle.get("tturn", {}), worker_tids, idle_s, maps.get("rgap", {}), window_s),
         "reply_kinds": kinds,
         "bytes_in_per_request": bytes_in / requests,
         "bytes_out_per_request": bytes_out / requests,

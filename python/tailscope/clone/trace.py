@@ -26,6 +26,13 @@ per-event output, so a busy server does not overflow a ring):
                                  that returned no event to the thread's next epoll wait, its
                                  length in us (quantised, `sleep_bucket`): the work an event
                                  loop does on its own timer (redis's serverCron, session 32)
+  rgap[tid, us]                  reply gaps: from a thread's first connection read (bytes > 0)
+                                 since its last connection write to its next connection write
+                                 (that write's return), in us (`sleep_bucket`): how long a request
+                                 waits in the server for its reply; a loop that runs its timer
+                                 work before it writes the turn's replies (redis writes them in
+                                 beforeSleep, after the time events) delays one reply by the
+                                 whole timer turn (session 35)
 
 Connection fds are learnt from accept/accept4 return values inside the window (the load
 generator connects after the trace starts), the listening fds are passed in.
@@ -189,7 +196,7 @@ def bpftrace_script(pid: int, listen_fds: list[int], notify_fds: list[int], gate
     """The bpftrace program for `pid` (see the module docstring for the maps and the gate)."""
     # every map gets a key up front: bpftrace rejects reads of a map that is never assigned
     init = "  @lfd[-1] = 0; @nfd[-1] = 0; @cfd[-1] = 0; @last[-1] = 0; @open = 0; @t0 = 0; @t1 = 0; @gns = 0;\n"
-    init += "  @tw[-1] = 0;\n"
+    init += "  @tw[-1] = 0; @rd[-1] = 0;\n"
     init += "  @served = 0;\n"
     init += "".join(f"  @lfd[{fd}] = 1;\n" for fd in listen_fds)
     init += "".join(f"  @nfd[{fd}] = 1;\n" for fd in notify_fds)
@@ -238,6 +245,12 @@ tracepoint:raw_syscalls:sys_exit /pid == {pid} && @nr[tid] == args->id/ {{
   if ($c == 2 && ({writes}) && $r > 0) {{ @pair[@last[$fd], $r] = count(); @bytes_out = sum($r); }}
   if ($c == 2 && ({writes}) && $r > 0) {{ @served = @served + 1; }}
   if ($c == 2 && ({reads}) && $r > 0) {{ @bytes_in = sum($r); }}
+  if ($c == 2 && ({reads}) && $r > 0 && @rd[tid] == 0) {{ @rd[tid] = nsecs; }}
+  if ($c == 2 && ({writes}) && $r > 0 && @rd[tid] != 0) {{
+    $us = (int64)((nsecs - @rd[tid]) / 1000);
+{_bucket("$us", "    ")}    @rgap[tid, $q] = count();
+    @rd[tid] = 0;
+  }}
 {chr(10).join(arg_rules)}
   if ($nr == 54) {{ @sso[$c, (int64)@a1[tid], (int64)@a2[tid]] = count(); }}
   }}
@@ -267,7 +280,7 @@ interval:ms:5 {{
 END {{ @ns = @t1 - @t0 + 5000000; clear(@t1); clear(@open);
       clear(@nr); clear(@a0); clear(@a1); clear(@a2); clear(@a3);
       clear(@lfd); clear(@nfd); clear(@last); clear(@cfd); clear(@served); clear(@sv); clear(@svseen);
-      clear(@tw); }}
+      clear(@tw); clear(@rd); }}
 """
 
 

@@ -509,6 +509,7 @@ struct worker {
 	char in[BUF_BYTES];
 	char out[BUF_BYTES];
 	uint64_t replies; /* reply writes on connections; written by this worker only */
+	int ticked;       /* tick() ran in this turn of the loop (CLONE_TICK_BEFORE_REPLY) */
 };
 
 static struct worker *workers;
@@ -564,9 +565,20 @@ static ssize_t conn_read(int fd, char *buf, size_t len)
 #endif
 }
 
+static void tick(struct worker *w);
+
 static void conn_write(struct worker *w, int fd, const char *buf, size_t len)
 {
 	ssize_t r;
+#if CLONE_TICK_BEFORE_REPLY
+	/* the original runs its timer work between reading this turn's requests and writing their
+	 * replies (redis: the file events, the time events, then beforeSleep's writes), so a burst
+	 * due now holds the turn's first reply back (profile.timer_turns' before_reply) */
+	if (!w->ticked) {
+		w->ticked = 1;
+		tick(w);
+	}
+#endif
 #if CLONE_WRITE_CALL == 46
 	struct iovec iov = {(void *)buf, len};
 	struct msghdr mh = {.msg_iov = &iov, .msg_iovlen = 1};
@@ -642,9 +654,10 @@ static int serve(struct worker *w, int fd)
 	}
 }
 
-/* After each wake of the loop: the original's time-driven syscalls, replayed for the whole
- * milliseconds since the last replay (at least 10 of them: they spread over the requests as the
- * original's did), and its loop's own timer work (profile.timer_turns: redis's serverCron), a
+/* At each wake of the loop (after its events, or before the turn's first reply when the original
+ * runs its timer work ahead of its replies: CLONE_TICK_BEFORE_REPLY): the original's time-driven
+ * syscalls, replayed for the whole milliseconds since the last replay (at least 10 of them: they
+ * spread over the requests as the original's did), and its loop's own timer work (profile.timer_turns: redis's serverCron), a
  * turn of CLONE_TICK_BURST_US every CLONE_TICK_BURST_PERIOD_US, the replay in it, spent in the
  * worker's body. The burst is timed, not counted: under valgrind it is as short in wall time, so
  * the tuning loop's windows (whose instructions per request already hold the original's timer
@@ -668,6 +681,25 @@ static void tick(struct worker *w)
 		while (now_ns() - t < CLONE_TICK_BURST_US * 1000ULL)
 			clone_worker_body(&w->st);
 	}
+}
+
+/* The loop's wait: the original's epoll timeout, or less when the tick's burst falls due sooner
+ * (rounded up to the millisecond, as redis's aeProcessEvents rounds the time to its nearest
+ * timer), so that with no request coming the burst wakes the loop on its own as the original's
+ * timer does (profile.timer_turns, session 35). */
+static int wait_ms(const struct worker *w)
+{
+#if CLONE_TICK_BURST_US > 0
+	if (w->last_burst_ns) {
+		uint64_t due = w->last_burst_ns + CLONE_TICK_BURST_PERIOD_US * 1000ULL, t = now_ns();
+		int ms = t >= due ? 0 : (int)((due - t + 999999) / 1000000);
+		if (CLONE_EPOLL_TIMEOUT_MS < 0 || ms < CLONE_EPOLL_TIMEOUT_MS)
+			return ms;
+	}
+#else
+	(void)w;
+#endif
+	return CLONE_EPOLL_TIMEOUT_MS;
 }
 
 static void add_conn(struct worker *w, int fd)
@@ -726,7 +758,8 @@ static void *worker_main(void *arg)
 	struct epoll_event evs[CLONE_EPOLL_MAXEVENTS];
 	thread_init_fp();
 	for (;;) {
-		int n = epoll_wait(w->epfd, evs, CLONE_EPOLL_MAXEVENTS, CLONE_EPOLL_TIMEOUT_MS);
+		int n = epoll_wait(w->epfd, evs, CLONE_EPOLL_MAXEVENTS, wait_ms(w));
+		w->ticked = 0;
 		for (int i = 0; i < n; i++) {
 			int fd = evs[i].data.fd;
 			if (fd == listen_fd) {
@@ -747,7 +780,8 @@ static void *worker_main(void *arg)
 				serve(w, fd);
 			}
 		}
-		tick(w);
+		if (!w->ticked)
+			tick(w);
 	}
 	return NULL;
 }
