@@ -657,11 +657,12 @@ static int serve(struct worker *w, int fd)
 /* At each wake of the loop (after its events, or before the turn's first reply when the original
  * runs its timer work ahead of its replies: CLONE_TICK_BEFORE_REPLY): the original's time-driven
  * syscalls, replayed for the whole milliseconds since the last replay (at least 10 of them: they
- * spread over the requests as the original's did), and its loop's own timer work (profile.timer_turns: redis's serverCron), a
- * turn of CLONE_TICK_BURST_US every CLONE_TICK_BURST_PERIOD_US, the replay in it, spent in the
- * worker's body. The burst is timed, not counted: under valgrind it is as short in wall time, so
- * the tuning loop's windows (whose instructions per request already hold the original's timer
- * work at their rate) do not count it twice (docs/ditto.md, "The loop's own timer"). */
+ * spread over the requests as the original's did), and its loop's own timer work
+ * (profile.timer_turns: redis's serverCron), a turn of CLONE_TICK_BURST_US every
+ * CLONE_TICK_BURST_PERIOD_US, the replay in it, spent in the worker's body. The burst is timed,
+ * not counted: under valgrind it is as short in wall time, so the tuning loop's windows (whose
+ * instructions per request already hold the original's timer work at their rate) do not count it
+ * twice (docs/ditto.md, "The loop's own timer"). */
 static void tick(struct worker *w)
 {
 	uint64_t t = now_ns();
