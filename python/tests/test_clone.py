@@ -3445,12 +3445,48 @@ def test_the_ll_sweeps_anchor_windows_run_beside_or_between_the_swept_ones(monke
         ("llanchor1-0", "llsweep1-0"),
         ("llanchor1-1", "llsweep1-1"),
     ]
-    assert len(wins) == len(anchors) == 2 and all(w.requests == 2 for w in wins + anchors)
+    assert len(wins) == len(anchors) == 2 and all(len(ws) == 2 for ws in wins + anchors)
     ran.clear()
     wins, anchors = profile.ll_sweep_windows(job, sized, 2, False, lambda m: None)
     assert [t for t, _ in ran] == ["llanchor-0", "llsweep0-0", "llsweep1-0", "llanchor-1", "llsweep0-1", "llsweep1-1"]
     assert ran[0][1] == vg.CONFIG_A["LL"] and ran[2][1] == "8388608,16,64"
-    assert all(w.requests == 2 for w in wins + anchors)
+    assert all(len(ws) == 2 for ws in wins + anchors) and anchors[0][0] is anchors[1][0]  # one anchor a round
+
+
+def test_the_ll_sweep_weighs_the_swept_windows_modes_as_the_anchors_hold_them():
+    """profile.mode_balanced (session 35), on the code and data misses of one redis profile's sweep
+    at 8 MiB (per 6,000-request window): the anchors drew the upper mode six times of ten, the
+    swept windows three. Pooled, the 8 MiB point kept 0.73 of A's code misses; each mode keeps
+    0.90-0.96, and weighed as the anchors hold them the point keeps 0.93 (code) and 0.41 (data),
+    where the validation's original kept 0.95 and 0.44. One mode on a side, or a mode with no
+    window on one side, leaves the pooled ratio (None)."""
+    from tailscope.clone import profile
+
+    def ws(pairs):
+        return [
+            {"IL_misses_per_request": il / 6000, "DL_misses_per_request": dl / 6000, "requests": 6000}
+            for il, dl in pairs
+        ]
+
+    anchors = ws(
+        [(80, 69), (80, 62), (155, 113), (155, 110), (142, 116), (142, 106), (80, 61), (142, 95), (80, 59), (155, 129)]
+    )
+    swept = ws([(74, 23), (130, 40), (140, 52), (91, 25), (74, 41), (74, 19), (74, 15), (74, 24), (77, 27), (74, 27)])
+    pooled = sum(w["IL_misses_per_request"] for w in swept) / sum(w["IL_misses_per_request"] for w in anchors)
+    assert 0.70 < pooled < 0.76
+    got = profile.mode_balanced(swept, anchors)
+    assert got["modes"] == [6, 2], got  # the 91 sits with the lower mode (the gap 91 -> 130)
+    assert 0.90 < got["IL"] < 0.96 and 0.36 < got["DL"] < 0.44, got
+    assert profile.split_modes([60, 64, 70, 75, 81, 89]) is None  # memcached-like: no clear gap
+    assert profile.mode_balanced(swept, ws([(80, 60)] * 10)) is None  # the anchors in one mode
+    assert profile.mode_balanced(ws([(74, 20)] * 9 + [(75, 21)]), anchors) is None
+    # ll_sweep takes the balanced ratio where a size has one, the pooled one where it has None
+    target = {"IL_misses_per_request": 0.02, "DL_misses_per_request": 0.016}
+    pool = {"IL_misses_per_request": 0.015, "DL_misses_per_request": 0.005}
+    anchor = {"IL_misses_per_request": 0.02, "DL_misses_per_request": 0.015}
+    sw = profile.ll_sweep(target, 2 << 20, [4 << 20, 8 << 20], [pool, pool], None, [anchor, anchor], [None, got])
+    assert sw["IL"][1] == pytest.approx(0.015) and sw["IL"][2] == pytest.approx(0.02 * got["IL"])
+    assert sw["DL"][2] == pytest.approx(0.016 * got["DL"]) and sw["modes"] == [None, [6, 2]]
 
 
 def test_the_ll_sweep_is_fitted_non_increasing_by_least_squares():

@@ -813,9 +813,13 @@ def run_profile(
                 pooled["metrics"],
                 ll_a,
                 ll_sizes,
-                [vg.metrics(w) for w in ll_wins],
+                [vg.metrics(vg.pool(ws)) for ws in ll_wins],
                 [len(pool), *[LL_SWEEP_WINDOWS] * len(ll_sizes)],
-                [vg.metrics(w) for w in ll_anchors],
+                [vg.metrics(vg.pool(ws)) for ws in ll_anchors],
+                [
+                    mode_balanced(*([vg.metrics(w) | {"requests": w.requests} for w in x] for x in (ws, an)))
+                    for ws, an in zip(ll_wins, ll_anchors, strict=True)
+                ],
             ),
         },
         "private": {"launch": launch, "comm": info["comm"], "exe": info["exe"], "pid": pid},
@@ -827,7 +831,7 @@ def run_profile(
 
 def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progress) -> tuple[list, list]:
     """The LL sweep's windows (`vg.window` jobs `sized`, one per swept LL, each run `n` times) and
-    their anchors (`job` at A's LL): (a pool per size, the pool of its anchors per size).
+    their anchors (`job` at A's LL): (the windows per size, its anchors per size).
 
     A single-threaded original (`paired`): each window beside its own anchor (`vg.side_by_side`),
     a pair taking about as long as one window. A multi-threaded one: one anchor, then a window of
@@ -855,7 +859,63 @@ def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progres
             for i, sj in enumerate(sized):
                 anchors[i].append(a)
                 wins[i].append(vg.window(**{**sj, "tag": f"llsweep{i}-{j}"}))
-    return [vg.pool(w) for w in wins], [vg.pool(a) for a in anchors]
+    return wins, anchors
+
+
+# two modes of a service's windows (`split_modes`): the gap between them is at least this share
+# of the upper mode's mean code-side LL misses (redis's: 74-91 and 121-158 a window at 8 MiB, a
+# gap of 39 against a mean of 135; 80 and 142-158 at A's LL)
+MODE_GAP = 0.25
+
+
+def split_modes(values: list[float]) -> float | None:
+    """The threshold between two modes of per-window values (the middle of their largest gap), or
+    None when there are fewer than four values or the largest gap is under MODE_GAP of the upper
+    mode's mean (one mode)."""
+    v = sorted(values)
+    if len(v) < 4:
+        return None
+    gap, i = max((v[k + 1] - v[k], k) for k in range(len(v) - 1))
+    upper = v[i + 1 :]
+    if gap <= 0 or gap < MODE_GAP * (sum(upper) / len(upper)):
+        return None
+    return v[i] + gap / 2
+
+
+def mode_balanced(swept: list[dict], anchors: list[dict]) -> dict | None:
+    """What a larger LL keeps of A's LL misses, per side, with the swept windows' modes weighed as
+    the anchors hold them: sum over modes of the anchors' share x the swept mode's mean, over the
+    same of the anchors' mode means ({"IL": ratio, "DL": ratio, "modes": [anchors in the upper
+    mode, swept windows in it]}). None when either side's windows show one mode (their code-side
+    misses, `split_modes`) or a mode has no window on one side: the pooled ratio stands then.
+
+    Why (session 35): redis's windows are bimodal (a stretch of jemalloc's purge in some, drawn per
+    copy), and a profile's sweep drew six of its ten anchors in the upper mode and three of its
+    8 MiB windows. Each mode keeps 0.90-0.96 of its code misses at 8 MiB, the pool 0.73; the clone
+    built on 0.73 missed 28% too few at B, where the validation's original kept 0.95."""
+    key = "IL_misses_per_request"
+    cuts = [split_modes([w.get(key, 0.0) for w in ws]) for ws in (swept, anchors)]
+    if None in cuts:
+        return None
+
+    def modes(ws: list[dict], cut: float) -> list[list[dict]]:
+        return [[w for w in ws if w.get(key, 0.0) <= cut], [w for w in ws if w.get(key, 0.0) > cut]]
+
+    sm, am = modes(swept, cuts[0]), modes(anchors, cuts[1])
+    if not all(sm) or not all(am):
+        return None
+    share = [len(m) / len(anchors) for m in am]
+
+    def mean(ws: list[dict], side: str) -> float:
+        n = sum(w.get("requests", 1) for w in ws)
+        return sum(w.get(side, 0.0) * w.get("requests", 1) for w in ws) / max(1, n)
+
+    out: dict = {"modes": [len(am[1]), len(sm[1])]}
+    for short, side in (("IL", "IL_misses_per_request"), ("DL", "DL_misses_per_request")):
+        den = sum(f * mean(a, side) for f, a in zip(share, am, strict=True))
+        num = sum(f * mean(w, side) for f, w in zip(share, sm, strict=True))
+        out[short] = num / den if den > 0 else None
+    return out
 
 
 # the hot code's page offsets (session 25): the lines fetched at least this often per request,
@@ -896,6 +956,7 @@ def ll_sweep(
     metrics: list[dict],
     windows: list[int] | None = None,
     anchors: list[dict] | None = None,
+    balanced: list[dict | None] | None = None,
 ) -> dict:
     """LL misses per request by side at the profiled LL (the pooled target) and each swept LL;
     `windows`: how many windows each point pools (generate.llc_bins weighs the points by it).
@@ -908,7 +969,11 @@ def ll_sweep(
     likely: the fewer instructions a request took, valgrind slower against the load, the more
     misses); divided by the earlier tuning pool, the sweep gave a persistent share of 0.56, and the
     clone's data side at B was 58% over. The raw points and the anchors' are kept ("raw",
-    "anchor")."""
+    "anchor").
+
+    `balanced`: for each swept size, `mode_balanced`'s ratios (or None): where a size has them, its
+    point is the target's misses times that ratio instead (session 35), and "modes" keeps how many
+    anchors and swept windows were in the upper mode (None: one mode, the pooled ratio)."""
     ms = [target, *metrics]
     out = {
         "sizes": [ll_a, *sizes],
@@ -926,6 +991,13 @@ def ll_sweep(
                 t * m.get(side, 0.0) / a.get(side, 0.0) if a.get(side, 0.0) > 0 else m.get(side, 0.0)
                 for m, a in zip(metrics, anchors, strict=True)
             ]
+            for i, b in enumerate(balanced or []):
+                if b is not None and b.get(key) is not None:
+                    out[key][i + 1] = t * b[key]
+    if balanced is not None:
+        if len(balanced) != len(metrics):
+            raise ValueError("ll_sweep: one balanced ratio (or None) per swept size")
+        out["modes"] = [b["modes"] if b is not None else None for b in balanced]
     if windows is not None:
         out["windows"] = list(windows)
     return out
