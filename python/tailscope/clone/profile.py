@@ -816,10 +816,7 @@ def run_profile(
                 [vg.metrics(vg.pool(ws)) for ws in ll_wins],
                 [len(pool), *[LL_SWEEP_WINDOWS] * len(ll_sizes)],
                 [vg.metrics(vg.pool(ws)) for ws in ll_anchors],
-                [
-                    mode_balanced(*([vg.metrics(w) | {"requests": w.requests} for w in x] for x in (ws, an)))
-                    for ws, an in zip(ll_wins, ll_anchors, strict=True)
-                ],
+                [mode_balanced(_per_window(ws), _per_window(an)) for ws, an in zip(ll_wins, ll_anchors, strict=True)],
             ),
         },
         "private": {"launch": launch, "comm": info["comm"], "exe": info["exe"], "pid": pid},
@@ -862,6 +859,11 @@ def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progres
     return wins, anchors
 
 
+def _per_window(wins: list) -> list[dict]:
+    """Each window's metrics and its request count (`mode_balanced`'s input)."""
+    return [vg.metrics(w) | {"requests": w.requests} for w in wins]
+
+
 # two modes of a service's windows (`split_modes`): the gap between them is at least this share
 # of the upper mode's mean code-side LL misses (redis's: 74-91 and 121-158 a window at 8 MiB, a
 # gap of 39 against a mean of 135; 80 and 142-158 at A's LL)
@@ -890,7 +892,7 @@ def mode_balanced(swept: list[dict], anchors: list[dict]) -> dict | None:
     misses, `split_modes`) or a mode has no window on one side: the pooled ratio stands then.
 
     Why (session 35): redis's windows are bimodal (a stretch of jemalloc's purge in some, drawn per
-    copy), and a profile's sweep drew six of its ten anchors in the upper mode and three of its
+    copy), and a profile's sweep drew six of its ten anchors in the upper mode and two of its
     8 MiB windows. Each mode keeps 0.90-0.96 of its code misses at 8 MiB, the pool 0.73; the clone
     built on 0.73 missed 28% too few at B, where the validation's original kept 0.95."""
     key = "IL_misses_per_request"
