@@ -470,8 +470,21 @@ BLOCK_MIN_MASS = 0.15  # blocks lighter than this merge into a neighbour (_merge
 NEAR_MAX = 1024  # data bins up to this size are walked inside the blocks; larger ones by walkers
 COLD_BYTES = 8 << 20  # every arena ends with a region never touched before the body walks it
 COLOR_LINES = 64  # lines of a 4 KiB page: the sets a D1 of 32 KiB and 8 ways spans (place_colored)
+# The colour of the LL rings' slot line (their accumulators and cursors, read every event) and so
+# of their lanes after it. Up to session 35 every line the clone reads once per event or more and
+# does not walk sat at the start of a 4 KiB page: the tiny region (the sink), the blocks' cursors
+# (BLOCK_SLOTS), the first block region and this slot line all fell in D1 set 0 of A (64 sets).
+# redis's clone touched 9.1 distinct lines of set 0 per request against 3.6-5.1 in every other
+# set (a lackey trace), so set 0 thrashed an 8-way D1: 7.1 misses per request at A that the same
+# 32 KiB with 16 ways did not have, against 0.4 for redis. The tuning loop took them back by
+# slowing the far walkers, whose misses the held-out 48 KiB D1 keeps (redis's D1 at B 8-11%
+# under, sessions 33-35). The blocks' cursors, the first block region and this slot line now
+# have colours of their own: 7.2 lines of set 0 per request, 2.2 misses at A that 16 ways keep.
+HOT_COLOR = 48
 WALK_LINES = 8  # lines per pass of a walker (fewer when it walks fewer lines per event)
-BLOCK_SLOTS = 4096  # arena offset of the blocks' shared region cursors (8 B each, 32 per body)
+# arena offset of the blocks' shared region cursors (8 B each, 32 per body): half a page past
+# 4 KiB, so their lines are not in the D1 set of the arena's first line (see HOT_COLOR)
+BLOCK_SLOTS = 4096 + 2048
 BODY_SLOTS = 48  # walker/ring slots per body (16 B each)
 RING_SLOT0 = 32  # per body, slots 0-31 are the data walkers', 32-46 the code rings', 47 the cold ring's
 COLD_RING_LINES = 4096  # the cold code ring's one-line variants (256 KiB of code)
@@ -1397,7 +1410,8 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     # regions (one after another in cache colour: place_colored; each body's arena starts at a
     # colour of its own), and the cold region at the end
     off = 8192
-    color = 16 * spec.walk_base
+    # (after the body's block cursors' lines, not in the tiny region's sets: HOT_COLOR)
+    color = (BLOCK_SLOTS + 8 * 32 * (spec.walk_base + 1)) // 64 % COLOR_LINES
     for b in blocks:
         if b.region_bytes:
             b.region_off = place_colored(off, color)
@@ -1412,8 +1426,8 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
         elif far_data_knob(w["bin"], w["cold"], knobs) == "data_llc_scale":
             spec.far_ll_lines["keep"] += w["lines"]
     llc = llc_rings(spec, knobs)
-    llc_off = off
-    off = (off + llc_region_bytes(llc) + 4095) // 4096 * 4096
+    llc_off = place_colored(off, HOT_COLOR)
+    off = (llc_off + llc_region_bytes(llc) + 4095) // 4096 * 4096
     rep_off = off
     off = (off + rep_region_bytes(spec) + 4095) // 4096 * 4096
     rep_lines, rep_ins, rep_refs = rep_function(spec, rep_off)
