@@ -3484,9 +3484,10 @@ def test_the_ll_sweep_weighs_the_swept_windows_modes_as_the_anchors_hold_them():
     window on one side, leaves the pooled ratio (None)."""
     from tailscope.clone import profile
 
-    def ws(pairs):
+    def ws(pairs):  # (vg.metrics of each window: only the LL sides matter here)
+        rest = dict.fromkeys(("instructions_per_request", "data_refs_per_request", "I1_miss_rate", "D1_miss_rate"), 0.0)
         return [
-            {"IL_misses_per_request": il / 6000, "DL_misses_per_request": dl / 6000, "requests": 6000}
+            {**rest, "IL_misses_per_request": il / 6000, "DL_misses_per_request": dl / 6000, "requests": 6000}
             for il, dl in pairs
         ]
 

@@ -907,15 +907,12 @@ def mode_balanced(swept: list[dict], anchors: list[dict]) -> dict | None:
     if not all(sm) or not all(am):
         return None
     share = [len(m) / len(anchors) for m in am]
-
-    def mean(ws: list[dict], side: str) -> float:
-        n = sum(w.get("requests", 1) for w in ws)
-        return sum(w.get(side, 0.0) * w.get("requests", 1) for w in ws) / max(1, n)
-
+    # each mode's misses per request over its windows (their counts summed)
+    sp, ap = [vg.pool_metrics(m) for m in sm], [vg.pool_metrics(m) for m in am]
     out: dict = {"modes": [len(am[1]), len(sm[1])]}
     for short, side in (("IL", "IL_misses_per_request"), ("DL", "DL_misses_per_request")):
-        den = sum(f * mean(a, side) for f, a in zip(share, am, strict=True))
-        num = sum(f * mean(w, side) for f, w in zip(share, sm, strict=True))
+        den = sum(f * a[side] for f, a in zip(share, ap, strict=True))
+        num = sum(f * w[side] for f, w in zip(share, sp, strict=True))
         out[short] = num / den if den > 0 else None
     return out
 
