@@ -352,6 +352,7 @@ class SyscallTrace:
             start_new_session=True,
         )
         self.t_start = None
+        self.hung = ""
         # wait for the first tick of the interval probe, the last one in the script: "Attaching N
         # probes" comes before the probes are attached, and a SIGINT during the attach (which
         # takes seconds while other eBPF programs load) ends bpftrace without printing any map
@@ -379,8 +380,9 @@ class SyscallTrace:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGINT)
             try:
-                self.proc.wait(timeout=60)
+                self.proc.wait(timeout=STOP_WAIT_S)
             except subprocess.TimeoutExpired:
+                self.hung = _where(self.proc.pid)
                 self.proc.kill()
                 self.proc.wait()
         self.fh.close()
@@ -389,7 +391,32 @@ class SyscallTrace:
             return parse_maps(text, dur, stop_ns)
         except CloneError:
             why = f"bpftrace (exit {self.proc.returncode}) printed no maps: {_cause(self.out)}"
+            if self.hung:
+                why += f"; hung {STOP_WAIT_S} s after the SIGINT in {self.hung}"
             raise TraceError(f"the syscall trace is empty: {why}") from None
+
+
+# seconds bpftrace has to print its maps and exit after the SIGINT (0.7 s on an idle machine;
+# the rare hang, sessions 23 and 36's CI, never ended within 60)
+STOP_WAIT_S = 30
+
+
+def _where(pid: int) -> str:
+    """Where a hung bpftrace's threads wait (/proc: wchan and the syscall number each is in), so
+    that the error that ends the window says what bpftrace was stuck in."""
+    got = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return "an unknown place (its /proc entry is gone)"
+    for tid in tids[:8]:
+        try:
+            wchan = Path(f"/proc/{pid}/task/{tid}/wchan").read_text().strip() or "-"
+            nr = Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()[0]
+        except (OSError, IndexError):
+            continue
+        got.append(f"{tid}:{wchan}/sys{nr}")
+    return " ".join(got) or "an unknown place"
 
 
 def _cause(out: Path) -> str:
