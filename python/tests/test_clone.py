@@ -2707,6 +2707,66 @@ def test_the_i1_step_is_a_secant_over_the_far_rate():
     assert tune.i1_secant(newton, [it(1.6)], target) == newton
 
 
+def test_the_ll_sides_step_by_regula_falsi_once_bracketed():
+    """tune.ll_bracket (session 37): redis's loop in session 36 swung data_llc_scale 0.09 <-> 0.15
+    for seven iterations, the data side's misses 0.0125 <-> 0.0217 per request around ~0.017, as
+    each Newton step overshot by ~2x. Once two iterations of one layout bracket the target, the
+    knob goes to where the line through them meets it (at each one's own accesses per request),
+    between the two. A response steeper than Newton thinks (DL = 0.15 x - 0.0015, the Newton
+    step assuming half that slope) cycles without it and settles with it."""
+    from tailscope.clone import tune
+
+    def it(x, dl, cond=1.08, acc=1000.0, il=0.02, code=0.9):
+        return {
+            "knobs": {"data_llc_scale": x, "code_llc_scale": code, "cond_scale": cond, "mem_scale": 1.0},
+            "metrics": {
+                "DL_misses_per_request": dl,
+                "IL_misses_per_request": il,
+                "instructions_per_request": acc,
+                "data_refs_per_request": 0.0,
+            },
+        }
+
+    target = {"DL_misses_per_request": 0.017, "IL_misses_per_request": 0.02, "instructions_per_request": 1000.0}
+    newton = {**it(0.09, 0)["knobs"]}
+    hist = [it(0.0928, 0.0125), it(0.1485, 0.0217)]
+    k = tune.ll_bracket(newton, hist, target)
+    assert k["data_llc_scale"] == pytest.approx(0.0928 + 0.0045 * 0.0557 / 0.0092)
+    assert 0.115 < k["data_llc_scale"] < 0.125 and {**k, "data_llc_scale": 0.09} == newton
+    # the partner may be further back, past an iteration on the same side as the last
+    k = tune.ll_bracket(newton, [it(0.0928, 0.0125), it(0.2, 0.03), it(0.1485, 0.0217)], target)
+    assert k["data_llc_scale"] == pytest.approx(0.0928 + 0.0045 * 0.0557 / 0.0092)
+    # the target at the clone's own accesses: 10% more accesses, 10% more misses wanted
+    k = tune.ll_bracket(newton, [it(0.0928, 0.0125, acc=1100), it(0.1485, 0.0217, acc=1100)], target)
+    assert k["data_llc_scale"] == pytest.approx(0.0928 + (0.0187 - 0.0125) * 0.0557 / 0.0092)
+    # not bracketed, another layout in between, too close, or a response that fell: Newton stays
+    assert tune.ll_bracket(newton, [it(0.0928, 0.0185), it(0.1485, 0.0217)], target) == newton
+    assert tune.ll_bracket(newton, [it(0.0928, 0.0125, cond=1.17), it(0.1485, 0.0217)], target) == newton
+    between = [it(0.0928, 0.0125), it(0.0928, 0.02, cond=1.17), it(0.1485, 0.0217)]
+    assert tune.ll_bracket(newton, between, target) == newton
+    assert tune.ll_bracket(newton, [it(0.145, 0.0125), it(0.1485, 0.0217)], target) == newton
+    assert tune.ll_bracket(newton, [it(0.0928, 0.0217), it(0.1485, 0.0125)], target) == newton
+    assert tune.ll_bracket(newton, hist[-1:], target) == newton
+    # the code side the same way
+    k = tune.ll_bracket(newton, [it(0.1, 0.017, il=0.016, code=0.6), it(0.1, 0.017, il=0.024, code=1.0)], target)
+    assert k["code_llc_scale"] == pytest.approx(0.8) and k["data_llc_scale"] == 0.09
+
+    # the loop on a response twice as steep as the Newton step's slope
+    def run(bracket: bool) -> list[float]:
+        x, hist, xs = 0.15, [], []
+        for _ in range(10):
+            dl = 0.15 * x - 0.0015
+            hist.append(it(x, dl))
+            xs.append(x)
+            k = {**hist[-1]["knobs"], "data_llc_scale": x * (0.017 - (dl - 0.075 * x)) / (0.075 * x)}
+            x = (tune.ll_bracket(k, hist, target) if bracket else k)["data_llc_scale"]
+        return xs
+
+    want = (0.017 + 0.0015) / 0.15
+    assert max(abs(x - want) for x in run(False)[-4:]) > 0.2 * want  # the cycle
+    assert abs(run(True)[-1] - want) < 0.01 * want
+
+
 def test_the_branch_unit_step_is_a_secant_over_its_rate():
     """tune.branch_secant (session 27): the unit's random outcomes fill the global history the
     rest of the clone's branches are predicted on, so the total moves ~18 times what the unit's

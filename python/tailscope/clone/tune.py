@@ -447,6 +447,14 @@ def _newton(k: dict, knob: str, want: float, have: float, lo: float = LL_KNOB_FL
         k[knob] = _clamp(k.get(knob, 1.0) * 2.0, lo, hi)
 
 
+def _access_ratio(m: dict, target: dict) -> float:
+    """The clone's instruction fetches and data references per request over the target's: the
+    LL sides' goals are miss rates, so their misses per request are the target's times this."""
+    acc_t = target.get("instructions_per_request", 0.0) + target.get("data_refs_per_request", 0.0)
+    acc_c = m.get("instructions_per_request", 0.0) + m.get("data_refs_per_request", 0.0)
+    return acc_c / acc_t if acc_t > 0 and acc_c > 0 else 1.0
+
+
 def _ll_by_side(
     k: dict, m: dict, target: dict, far: dict, llc: dict, far_lines: dict | None = None, farp: dict | None = None
 ) -> None:
@@ -460,9 +468,7 @@ def _ll_by_side(
     # the goal is the miss RATE (per instruction fetch and data reference): at the clone's own
     # accesses per request, so its misses per request are the target's times that ratio
     # (memcached: both sides within 8% of the target and the rate 12% off, on 4% more accesses)
-    acc_t = target.get("instructions_per_request", 0.0) + target.get("data_refs_per_request", 0.0)
-    acc_c = m.get("instructions_per_request", 0.0) + m.get("data_refs_per_request", 0.0)
-    ratio = acc_c / acc_t if acc_t > 0 and acc_c > 0 else 1.0
+    ratio = _access_ratio(m, target)
     t_il, c_il = ratio * target.get("IL_misses_per_request", 0.0), m.get("IL_misses_per_request", 0.0)
     llc_il = llc.get("ILmr", 0.0)
     if target.get("IL_ring_bins", 1.0) > 0:
@@ -658,6 +664,53 @@ def branch_secant(knobs: dict, history: list[dict], target: dict) -> dict:
         fixed,
         (0.01, 400.0),
     )
+
+
+# the LL sides' knobs and the misses per request each makes up (`_ll_by_side`)
+LL_BRACKETED = (
+    ("data_llc_scale", "DL_misses_per_request"),
+    ("code_llc_scale", "IL_misses_per_request"),
+    ("cold_code_scale", "IL_misses_per_request"),
+)
+
+
+def _side_error(m: dict, target: dict, key: str) -> float:
+    """An LL side's misses per request over its target at the clone's own accesses."""
+    return m.get(key, 0.0) - _access_ratio(m, target) * target.get(key, 0.0)
+
+
+def ll_bracket(knobs: dict, history: list[dict], target: dict) -> dict:
+    """The LL sides' steps by regula falsi, once the target is bracketed: when the last iteration
+    missed on one side of its side's target and an earlier one of the same layout (LAYOUT_KNOBS
+    and the bodies' footprints) on the other, at a knob 10% or more apart, the knob goes to where
+    the line through those two points meets the target, between them. The target is taken at each
+    iteration's own accesses per request (`_access_ratio`).
+
+    `_ll_by_side`'s Newton step counts as the knob's response only the rings' and the kept
+    walkers' own misses. The whole clone answered about twice as steeply, so each step overshot:
+    session 36's redis loop swung `data_llc_scale` 0.09 <-> 0.15 for seven iterations, its data
+    misses 0.0125 <-> 0.0217 per request against ~0.017, and its LL at A ended 15.6% under. The
+    line through two such points puts the knob at ~0.12."""
+    if len(history) < 2:
+        return knobs
+    last = history[-1]
+    fixed = (*LAYOUT_KNOBS, *footprint_keys(last["knobs"]))
+    out = dict(knobs)
+    for knob, key in LL_BRACKETED:
+        if knob not in last["knobs"] and knob not in knobs:
+            continue
+        x1, e1 = last["knobs"].get(knob, 1.0), _side_error(last["metrics"], target, key)
+        if e1 == 0 or key not in last["metrics"]:
+            continue
+        for h in reversed(history[:-1]):
+            if any(h["knobs"].get(f) != last["knobs"].get(f) for f in fixed) or key not in h["metrics"]:
+                break  # (an older layout: a different curve)
+            x0, e0 = h["knobs"].get(knob, 1.0), _side_error(h["metrics"], target, key)
+            if e0 * e1 < 0 and abs(x1 - x0) >= 0.1 * max(x0, x1) and (e1 - e0) * (x1 - x0) > 0:
+                x = x1 - e1 * (x1 - x0) / (e1 - e0)
+                out[knob] = _clamp(x, min(x0, x1), max(x0, x1))
+                break
+    return out
 
 
 def _secant(knobs, history, target, knob, rate, count, fixed, keep, bounds) -> dict:
@@ -873,6 +926,7 @@ def tune(
             k = half_i1_step(k, half_bodies["clone"], half_bodies["original"])
         knobs = freeze_layout(k, best_knobs, it)
         knobs = branch_secant(i1_secant(knobs, history, target), history, target)
+        knobs = ll_bracket(knobs, history, target)
     # regenerate the best
     best = _best(history, target, spread)
     bit, bk = best["iteration"], best["knobs"]
