@@ -112,7 +112,8 @@ class BodySpec:
     hot_code_bytes: float = 0.0  # code the blocks run per event (0: as the bins say)
     events_per_request: float = 1.0  # how often the body runs, per request of the window
     walk_base: int = 0  # which 16 walker slots of the arena this body uses (bodies sharing an arena)
-    touch: list | None = None  # set by generate_body: (offset, bytes, rank) ranges to touch at start-up
+    # set by generate_body: (offset, bytes, rank, TOUCH_UP or TOUCH_DOWN) ranges touched at start-up
+    touch: list | None = None
     # LL misses that a larger LL would not have (the profile's LL sweep, session 10): per side,
     # (LL size in bytes at which they hit, misses per event at the profiled LL); see llc_rings
     llc_code: list | None = None
@@ -1125,16 +1126,20 @@ def llc_region_bytes(rings: list[dict]) -> int:
     return 64 * (_llc_slot_lines(rings) + len(rings)) + max(r["K"] for r in rings) * rings[0]["stride"]
 
 
-def llc_touch(rings: list[dict], region_off: int) -> list[tuple[int, int, float]]:
+# the direction of a start-up touch range (spec.touch's 4th field; skeleton.c's clone_touch.down)
+TOUCH_UP, TOUCH_DOWN = 0, 1
+
+
+def llc_touch(rings: list[dict], region_off: int) -> list[tuple[int, int, float, int]]:
     """The start-up touch of the conflict rings' region: its slot lines and each data line
     (not the whole region: its pages between the lines are never used)."""
     if not rings:
         return []
-    rows = [(region_off, 64 * _llc_slot_lines(rings), -1)]
+    rows = [(region_off, 64 * _llc_slot_lines(rings), -1, TOUCH_UP)]
     for r in rings:
         if r["side"] == "data":
             first = region_off + 64 * (_llc_slot_lines(rings) + r["lane"])
-            rows += [(first + j * r["stride"], 64, -1) for j in range(r["K"])]
+            rows += [(first + j * r["stride"], 64, -1, TOUCH_UP) for j in range(r["K"])]
     return rows
 
 
@@ -1463,17 +1468,26 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     # walkers, 1.8 and 3.0 MiB regions, hit an 8 MiB LL on 18 of 41 misses a window at A, and
     # its clone's data side at B was half the original's; the LL sweep had 45% of A's misses at
     # 8 MiB). The skeleton maps the arenas populated, so their first touches do not fault either
+    #
+    # Each range upwards (TOUCH_UP), but a walker's whose bin is within A's LL (`ll_bytes`)
+    # downwards (TOUCH_DOWN), so that the lines its cursor reads first are its region's most
+    # recent: those walkers are to hit A's LL. Session 37: upwards, redis's (1, 2] MiB bin walker
+    # (an 833 KB region) began at ~1.7 MB of A's 2 MiB LL, and missed it 82-210 times a 5,855-
+    # request window once the run's own misses had filled its sets (the original's whole data
+    # side: ~80); a 32-way LL of the same size, or a 2.25 MiB one, took 90% of those misses away,
+    # and so did the downward touch. The bins beyond the LL keep the upward touch (session 24)
+    ll = knobs.get("ll_bytes", 2 << 20)
     regions = sorted((w for w in walkers if not w["cold"]), key=lambda w: (w["off"], -w["bytes"]))
     regions = [w for j, w in enumerate(regions) if j == 0 or w["off"] != regions[j - 1]["off"]]
     near_end = regions[0]["off"] if regions else off
-    spec.touch = [(0, near_end, 0)] + [
-        (w["off"], w["bytes"], w["bin"] * 4 + w["bytes"] / (1 << 30))
+    spec.touch = [(0, near_end, 0, TOUCH_UP)] + [
+        (w["off"], w["bytes"], w["bin"] * 4 + w["bytes"] / (1 << 30), TOUCH_DOWN if w["bin"] <= ll else TOUCH_UP)
         for w in regions
         if not is_persistent_walker(w, knobs)
     ]
     spec.touch += llc_touch(llc, llc_off)
     if rep_lines:
-        spec.touch.append((rep_off, rep_region_bytes(spec), 0))
+        spec.touch.append((rep_off, rep_region_bytes(spec), 0, TOUCH_UP))
     keys = [f"{c}/{m}" for c in CLASSES for m in MEMFLAGS]
     mixf = np.array([max(0.0, spec.mix.get(k, 0.0)) for k in keys])
     mixf = mixf / mixf.sum() if mixf.sum() > 0 else np.full(len(keys), 1 / len(keys))
@@ -2429,16 +2443,19 @@ def spread_chunks(text: str, seed: int, workdir) -> str:
 def harness_c(name: str, arena: int, calls: int, max_blocks: int = 64, touch: list | None = None) -> str:
     """A standalone C driver that calls clone_body_<name> `calls` times (tests, offline checks).
     Its start-up touch: every line below the cold region, downwards; or, with `touch` (the body's
-    spec.touch), the skeleton's: those ranges, largest rank first, each upwards, on an arena
-    mapped populated (skeleton.c arenas_touch, arena_new)."""
+    spec.touch), the skeleton's: those ranges, largest rank first, each in its direction, on an
+    arena mapped populated (skeleton.c arenas_touch, arena_new)."""
     if touch is None:
         top = (arena - COLD_BYTES - 4096) // 64 * 64
         touch_c = f"for (long off = {top}; off >= 64; off -= 64) st.data[off - 64] = 0;"
         populate = ""
     else:
-        rows = sorted(((o, n, r) for o, n, r in touch if n > 0), key=lambda x: -x[2])
-        loop = "for (long off = {}; off < {}; off += 64) st.data[off] = 0;"
-        touch_c = "\n\t".join(loop.format(o // 64 * 64, (o + n) // 64 * 64) for o, n, _ in rows)
+        rows = sorted((row for row in touch if row[1] > 0), key=lambda x: -x[2])
+        up = "for (long off = {}; off < {}; off += 64) st.data[off] = 0;"
+        down = "for (long off = {1}; off > {0}; off -= 64) st.data[off - 64] = 0;"
+        touch_c = "\n\t".join(
+            (down if d == TOUCH_DOWN else up).format(o // 64 * 64, (o + n) // 64 * 64) for o, n, _, d in rows
+        )
         populate = " | MAP_POPULATE"
     return f"""/* harness for clone_body_{name}: generated by tailscope */
 #define _GNU_SOURCE

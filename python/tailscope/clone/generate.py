@@ -480,10 +480,11 @@ def _cold_window_ratio(ci: int, b: dict, vgp: dict) -> float:
     return creq / wreq
 
 
-def _touch_rows(specs: dict, bg_ids: dict[int, int]) -> list[tuple[int, int, int]]:
-    """The start-up touch of all arenas as one LRU stack: (arena, offset, bytes) rows, the ranges
-    that keep the longest reuse distance first. Arena 0 is the workers' (and the acceptor's: the
-    larger body's layout), arena k + 1 the k-th background row's own. Up to session 7 each arena
+def _touch_rows(specs: dict, bg_ids: dict[int, int]) -> list[tuple[int, int, int, int]]:
+    """The start-up touch of all arenas as one LRU stack: (arena, offset, bytes, direction) rows
+    (asmgen.TOUCH_UP / TOUCH_DOWN), the ranges that keep the longest reuse distance first. Arena
+    0 is the workers' (and the acceptor's: the larger body's layout), arena k + 1 the k-th
+    background row's own. Up to session 7 each arena
     was touched on its own when it was made, the workers' first: the timer's (memcached: 4.7 MiB,
     3.8 of them walked beyond the LL) came after and pushed all of the workers' regions out of a
     2 MiB LL, so every line of a slowly walked worker region missed the LL the first time the
@@ -492,13 +493,13 @@ def _touch_rows(specs: dict, bg_ids: dict[int, int]) -> list[tuple[int, int, int
     rows = []
     shared = [sp for sp in specs.values() if sp.name in ("worker", "acceptor") and sp.touch]
     if shared:
-        own = max(shared, key=lambda sp: max(o + n for o, n, _ in sp.touch))
-        rows += [(r, 0, o, n) for o, n, r in own.touch]
+        own = max(shared, key=lambda sp: max(o + n for o, n, _, _ in sp.touch))
+        rows += [(r, 0, o, n, d) for o, n, r, d in own.touch]
     for ci, row in bg_ids.items():
         if ci in specs and specs[ci].touch:
-            rows += [(r, row + 1, o, n) for o, n, r in specs[ci].touch]
+            rows += [(r, row + 1, o, n, d) for o, n, r, d in specs[ci].touch]
     rows.sort(key=lambda x: -x[0])
-    return [(a, o, n) for _, a, o, n in rows if n > 0]
+    return [(a, o, n, d) for _, a, o, n, d in rows if n > 0]
 
 
 def rep_lines_per_event(rep: tuple[float, int, int], miss_fraction: float) -> float:
@@ -789,8 +790,9 @@ def generate(
             vt += 1
     tb += _table("clone_bg", "struct clone_bg", bg_rows)
     tb.append(f"#define CLONE_N_BG {len(bg_rows)}")
-    tb += _table("clone_touch", "struct clone_touch", [f"{{{a}, {o}, {n}}}" for a, o, n in _touch_rows(specs, bg_ids)])
-    tb.append(f"#define CLONE_N_TOUCH {len(_touch_rows(specs, bg_ids))}")
+    touch = _touch_rows(specs, bg_ids)
+    tb += _table("clone_touch", "struct clone_touch", [f"{{{a}, {o}, {n}, {d}}}" for a, o, n, d in touch])
+    tb.append(f"#define CLONE_N_TOUCH {len(touch)}")
     if net["model"] == "dispatch":
         for _ in range(max(1, net["workers"])):
             thread_map.append({"vg_thread": vt, "name": "worker"})

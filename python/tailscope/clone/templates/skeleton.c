@@ -230,6 +230,7 @@ struct clone_opt {
 struct clone_touch {
 	int arena; /* 0: the workers', k + 1: clone_bg[k]'s */
 	size_t off, bytes;
+	int down; /* 1: from the range's end down (asmgen.TOUCH_DOWN) */
 };
 
 struct clone_bg {
@@ -280,14 +281,23 @@ static char *arena_new(size_t bytes)
  * redis's walkers beyond the LL: a few hundred lines per run of a region of ~40,000) never comes
  * round in a run, so its lines keep the distance the start-up touch left them at. Touched
  * downwards, its first lines were the most recent of its region, within the LL of their bin's
- * distance: redis's 4 MiB-bin walkers missed nothing at a 2 MiB LL. */
+ * distance: redis's 4 MiB-bin walkers missed nothing at a 2 MiB LL. The ranges of the walkers
+ * that are to hit A's LL (their bin within it) go from their end down (`down`, session 37), so
+ * their first lines are the most recent: upwards, redis's (1, 2] MiB walker began at ~1.7 MB of
+ * the 2 MiB LL and missed it once the run's own misses had filled its sets. */
 void clone_warm(char *arena0);
 
 static void arenas_touch(char *const *arena)
 {
 	for (int i = 0; i < CLONE_N_TOUCH; i++) {
 		const struct clone_touch *t = &clone_touch[i];
-		for (size_t off = t->off / 64 * 64; off < (t->off + t->bytes) / 64 * 64; off += 64)
+		size_t lo = t->off / 64 * 64, hi = (t->off + t->bytes) / 64 * 64;
+		if (t->down) {
+			for (size_t off = hi; off > lo; off -= 64)
+				((volatile char *)arena[t->arena])[off - 64] = 0;
+			continue;
+		}
+		for (size_t off = lo; off < hi; off += 64)
 			((volatile char *)arena[t->arena])[off] = 0;
 	}
 }
