@@ -3444,17 +3444,8 @@ def test_walkers_every_ll_misses_are_counted_apart(tmp_path):
     lines came back from the few MiB touched after them, and an 8 MiB LL hit them (redis: 18 of
     41 misses a window). The harness touches as the skeleton does (spec.touch, each in its direction)."""
     mb = 1 << 20
-    spec = _spec(
-        instructions=4000,
-        mix={"arith/reg": 0.6, "mov/load": 0.4},
-        cond_per_insn=0.0,
-        branches=[],
-        data_bins=[(512, 0.5), (4 * mb, 0.25), (16 * mb, 0.125), (64 * mb, 0.125)],
-        mem_per_insn=0.4,
-        main_fraction=0.02,  # 32 loads per event beyond NEAR_MAX: 16 a group
-        icode_bins=[(512, 1.0)],
-        cold_bin=64 * mb,
-    )
+    # (32 loads per event beyond NEAR_MAX: 16 a group)
+    spec = _far_spec([(512, 0.5), (4 * mb, 0.25), (16 * mb, 0.125), (64 * mb, 0.125)])
     kn = {"ll_keep_bytes": 8 * mb}
     asmgen.layer_walkers([spec], kn)
     calls = 400
@@ -3500,17 +3491,7 @@ def test_the_walkers_within_the_ll_are_touched_from_their_end_down(tmp_path):
     half the bin (the edge, made tight): touched upwards the larger one's first lines miss it
     (measured: 4,012 data misses in all), downwards they hit (809)."""
     mb = 1 << 20
-    spec = _spec(
-        instructions=4000,
-        mix={"arith/reg": 0.6, "mov/load": 0.4},
-        cond_per_insn=0.0,
-        branches=[],
-        data_bins=[(512, 0.5), (2 * mb, 0.5)],
-        mem_per_insn=0.4,
-        main_fraction=0.02,
-        icode_bins=[(512, 1.0)],
-        cold_bin=64 * mb,
-    )
+    spec = _far_spec([(512, 0.5), (2 * mb, 0.5)])
     kn = {"ll_bytes": 2 * mb, "ll_keep_bytes": 8 * mb}
     asmgen.layer_walkers([spec], kn)
     calls = 400
@@ -3532,6 +3513,22 @@ def test_the_walkers_within_the_ll_are_touched_from_their_end_down(tmp_path):
         got[how] = tc.fn_total("DLmr", "clone_far_t")
     # (clone_far_ holds the 2 MiB bin's walkers; the cold one is clone_farp_'s)
     assert got["up"] >= 20 and got["down"] <= 0.25 * got["up"], got
+
+
+def _far_spec(data_bins: list) -> "asmgen.BodySpec":
+    """A 4,000-instruction body of loads and arithmetic with these data bins and a 64 MiB cold
+    one: most of its walkers are beyond the LL tests' sizes."""
+    return _spec(
+        instructions=4000,
+        mix={"arith/reg": 0.6, "mov/load": 0.4},
+        cond_per_insn=0.0,
+        branches=[],
+        data_bins=data_bins,
+        mem_per_insn=0.4,
+        main_fraction=0.02,
+        icode_bins=[(512, 1.0)],
+        cold_bin=64 << 20,
+    )
 
 
 def _harness_arena(text: str) -> int:
