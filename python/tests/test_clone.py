@@ -209,16 +209,7 @@ def test_walkers_back_to_back_all_count(tmp_path):
     must reach the simulated cache (valgrind's JIT drops loads whose result is dead; before the
     walkers stored their sums, the first walker's 38 misses per event vanished)."""
     planted = [(131072, 0.48), (262144, 0.52)]
-    spec = _spec(
-        instructions=4000,
-        mix={"arith/reg": 0.6, "mov/load": 0.4},
-        cond_per_insn=0.0,
-        branches=[],
-        data_bins=planted,
-        mem_per_insn=0.4,
-        main_fraction=0.05,
-        icode_bins=[(512, 1.0)],
-    )
+    spec = _loads_spec(planted, main_fraction=0.05, cold_bin=0)
     asmgen.layer_walkers([spec], {})
     asmgen.write_standalone(spec, tmp_path, seed=1, calls=300)
     tc = _cg_run(tmp_path, tmp_path / "harness", 300, "w", ("--cache-sim=yes", "--D1=32768,8,64", "--I1=32768,8,64"))
@@ -3445,7 +3436,7 @@ def test_walkers_every_ll_misses_are_counted_apart(tmp_path):
     41 misses a window). The harness touches as the skeleton does (spec.touch, each in its direction)."""
     mb = 1 << 20
     # (32 loads per event beyond NEAR_MAX: 16 a group)
-    spec = _far_spec([(512, 0.5), (4 * mb, 0.25), (16 * mb, 0.125), (64 * mb, 0.125)])
+    spec = _loads_spec([(512, 0.5), (4 * mb, 0.25), (16 * mb, 0.125), (64 * mb, 0.125)])
     kn = {"ll_keep_bytes": 8 * mb}
     asmgen.layer_walkers([spec], kn)
     calls = 400
@@ -3491,7 +3482,7 @@ def test_the_walkers_within_the_ll_are_touched_from_their_end_down(tmp_path):
     half the bin (the edge, made tight): touched upwards the larger one's first lines miss it
     (measured: 4,012 data misses in all), downwards they hit (809)."""
     mb = 1 << 20
-    spec = _far_spec([(512, 0.5), (2 * mb, 0.5)])
+    spec = _loads_spec([(512, 0.5), (2 * mb, 0.5)])
     kn = {"ll_bytes": 2 * mb, "ll_keep_bytes": 8 * mb}
     asmgen.layer_walkers([spec], kn)
     calls = 400
@@ -3515,9 +3506,9 @@ def test_the_walkers_within_the_ll_are_touched_from_their_end_down(tmp_path):
     assert got["up"] >= 20 and got["down"] <= 0.25 * got["up"], got
 
 
-def _far_spec(data_bins: list) -> "asmgen.BodySpec":
-    """A 4,000-instruction body of loads and arithmetic with these data bins and a 64 MiB cold
-    one: most of its walkers are beyond the LL tests' sizes."""
+def _loads_spec(data_bins: list, main_fraction: float = 0.02, cold_bin: int = 64 << 20) -> "asmgen.BodySpec":
+    """A 4,000-instruction body of loads and arithmetic with these data bins (by default with a
+    64 MiB cold one): the walker tests' body, with `main_fraction` of its loads beyond NEAR_MAX."""
     return _spec(
         instructions=4000,
         mix={"arith/reg": 0.6, "mov/load": 0.4},
@@ -3525,9 +3516,9 @@ def _far_spec(data_bins: list) -> "asmgen.BodySpec":
         branches=[],
         data_bins=data_bins,
         mem_per_insn=0.4,
-        main_fraction=0.02,
+        main_fraction=main_fraction,
         icode_bins=[(512, 1.0)],
-        cold_bin=64 << 20,
+        cold_bin=cold_bin,
     )
 
 
