@@ -1862,6 +1862,18 @@ def test_the_tuning_loop_pools_its_windows_of_the_original_into_the_target(monke
     assert len(builds) == 2 and res["history"][0]["knobs"] != res["history"][1]["knobs"]
     assert [h["clone_windows"] for h in res["history"]] == [1, 1, 2, 3, 4, 5]
     assert res["best_iteration"] == 6
+    # (session 38) a single-threaded original's LL sweep anchors join the target's pool: twelve
+    # anchors each with 33 data-side misses move the final target, and the loop still runs until
+    # 12 windows with branches (the anchors count apart)
+    anchors = [vg.metrics(_fake_window(6000, {1: counts(70, 33)})) | {"requests": 6000}] * 12
+    prof["valgrind"] |= {"anchor_windows": anchors, "anchors_paired": True}
+    msgs: list[str] = []
+    res = tune.tune(prof, tmp_path, msgs.append)
+    assert res["target_anchor_windows"] == 12 and res["iterations"] == 6
+    dl = sum(w["DL_misses_per_request"] for w in res["target_windows"]) * 6000
+    assert res["target"]["DL_misses_per_request"] == pytest.approx((dl + 12 * 33) / (24 * 6000))
+    assert "target of 7 windows (+12 of the LL sweep's, but for the branches)" in msgs[0]
+    del prof["valgrind"]["anchor_windows"]
     # without the original's launch (a profile from before it was kept): one window a side, as
     # before, and the loop stops at the first iteration within every tolerance
     del prof["private"]
@@ -1869,6 +1881,57 @@ def test_the_tuning_loop_pools_its_windows_of_the_original_into_the_target(monke
     monkeypatch.setattr(vg, "side_by_side", lambda jobs: seen.append(len(jobs)) or [clone])
     res = tune.tune(prof, tmp_path, lambda msg: None)
     assert res["iterations"] == 1 and seen == [1]
+
+
+def test_the_tuning_target_pools_the_ll_sweeps_paired_anchors_but_for_the_branches():
+    """tune.target_anchors and retarget (session 38): the LL sweep's anchor windows at A join the
+    tuning target's pool where they ran beside another copy (a single-threaded original), for
+    every metric they measure; they ran without branch simulation, so the branches stay the pool
+    of the windows that have them. redis's 6 + 6 windows drew its code side's upper mode in 4, its
+    20 anchors in 15, the validation's 32 in 16; the target's code side was 0.0188 a request
+    against the validation's 0.021, and the clone's LL at B ended 10.1% under."""
+    from tailscope.clone import tune
+    from tailscope.clone import valgrind as vg
+
+    def win(il, branch=True):
+        c = {"Ir": 8_000_000, "Dr": 3_000_000, "Dw": 1_000_000, "I1mr": 40_000, "D1mr": 60_000, "ILmr": il}
+        c |= {"Bc": 800_000, "Bcm": 40_000} if branch else {}
+        w = _fake_window(6000, {1: c})
+        if not branch:  # as callgrind writes a window run with --branch-sim=no
+            for t in w.threads:
+                t.events = [e for e in t.events if e not in ("Bc", "Bcm")]
+        return vg.metrics(w) | {"requests": 6000}
+
+    low, high = 82, 150  # code-side LL misses a window: 0.0137 and 0.025 a request
+    windows = [win(high)] * 4 + [win(low)] * 8
+    anchors = [win(high, branch=False)] * 15 + [win(low, branch=False)] * 5
+    assert "branch_mispredict_rate" not in anchors[0]
+    vgp = {"windows": windows, "metrics": vg.pool_metrics(windows), "anchor_windows": anchors}
+    assert tune.target_anchors(vgp) == []  # run alone (a multi-threaded original): left out
+    assert tune.target_anchors(vgp | {"anchors_paired": False}) == []
+    got = tune.target_anchors(vgp | {"anchors_paired": True})
+    assert len(got) == 20
+    # kept from before session 38's profile: no anchors, the pool as before
+    assert tune.target_anchors({"windows": windows}) == []
+    assert tune.retarget({}, windows, []) == tune.retarget({}, windows)
+    alone = tune.retarget({"IL_ring_bins": 2.0}, windows)
+    both = tune.retarget({"IL_ring_bins": 2.0}, windows, got)
+    assert alone["IL_misses_per_request"] == pytest.approx((4 * high + 8 * low) / (12 * 6000))
+    assert both["IL_misses_per_request"] == pytest.approx((19 * high + 13 * low) / (32 * 6000))
+    assert both["IL_ring_bins"] == 2.0  # the rest of the target as it was
+    assert both["branch_mispredict_rate"] == pytest.approx(0.05)
+    assert both["cond_branches_per_request"] == alone["cond_branches_per_request"]
+    # the target's spread: every window of a metric's pool, and the counting floor over them
+    sp = tune.target_spread({"windows": windows, "metrics": both}, got)
+    il = [w["IL_misses_per_request"] for w in windows + got]
+    assert sp["IL_misses_per_request"] == pytest.approx(tune.mean_spread(il, 32))
+    assert (
+        sp["IL_misses_per_request"]
+        < tune.target_spread({"windows": windows, "metrics": alone})["IL_misses_per_request"]
+    )
+    assert "branch_mispredict_rate" in sp  # from the windows that have it
+    # windows without request counts (older profiles): the anchors are not pooled
+    assert tune.target_anchors({"anchor_windows": [{"IL_misses_per_request": 0.02}], "anchors_paired": True}) == []
 
 
 def test_d1_tuning_step_per_body():
@@ -3630,6 +3693,8 @@ def test_the_ll_sweeps_anchor_windows_run_beside_or_between_the_swept_ones(monke
     assert [t for t, _ in ran] == ["llanchor-0", "llsweep0-0", "llsweep1-0", "llanchor-1", "llsweep0-1", "llsweep1-1"]
     assert ran[0][1] == vg.CONFIG_A["LL"] and ran[2][1] == "8388608,16,64"
     assert all(len(ws) == 2 for ws in wins + anchors) and anchors[0][0] is anchors[1][0]  # one anchor a round
+    # what the profile keeps of them for the tuning target (tune.target_anchors): each window once
+    assert len(profile._unique(w for ws in anchors for w in ws)) == 2
 
 
 def test_the_ll_sweep_weighs_the_swept_windows_modes_as_the_anchors_hold_them():

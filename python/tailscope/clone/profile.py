@@ -804,6 +804,11 @@ def run_profile(
             "detail_metrics": vg.metrics(win),
             "code_sets": code_sets(win, win.requests),
             "windows": pooled["windows"],
+            # the LL sweep's anchor windows at A (no branch simulation), each once; tune pools
+            # them into the target where they ran beside another copy, as the loop's windows do
+            # (`tune.target_anchors`)
+            "anchor_windows": _per_window(_unique(w for ws in ll_anchors for w in ws)),
+            "anchors_paired": paired,
             "body_instructions_per_request": pooled["body_instructions_per_request"],
             "body_D1_misses_per_request": pooled["body_D1_misses_per_request"],
             "rate": vg_rate,
@@ -857,6 +862,12 @@ def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progres
                 anchors[i].append(a)
                 wins[i].append(vg.window(**{**sj, "tag": f"llsweep{i}-{j}"}))
     return wins, anchors
+
+
+def _unique(wins) -> list:
+    """Each window once, in order (a multi-threaded original's anchors serve every swept size)."""
+    seen: set[int] = set()
+    return [w for w in wins if not (id(w) in seen or seen.add(id(w)))]
 
 
 def _per_window(wins: list) -> list[dict]:

@@ -746,24 +746,27 @@ def mean_spread(values: list[float], n: int) -> float:
     return 2 * statistics.stdev(values) / n**0.5 / m if m else 0.0
 
 
-def target_spread(vgp: dict) -> dict[str, float]:
+def target_spread(vgp: dict, anchors: list[dict] | None = None) -> dict[str, float]:
     """The tuning target's own spread per metric: `mean_spread` over the profile's callgrind
     windows, whose pool the target is, and never less than the pool's counting noise
     (`validate.counting_floor`, as validate judges the clone against the same figure at A);
-    {} for a profile with fewer than two windows (from before they were kept)."""
+    {} for a profile with fewer than two windows (from before they were kept). `anchors`
+    (`target_anchors`) join the pool for the metrics they measure, as in `retarget`."""
     from .validate import counting_floor  # validate imports this module
 
     wins = vgp.get("windows") or []
     if len(wins) < 2:
         return {}
     pool = dict(vgp.get("metrics") or {})
-    if all(isinstance(w.get("requests"), (int, float)) for w in wins):
-        pool["requests"] = sum(w["requests"] for w in wins)
+    counted = all(isinstance(w.get("requests"), (int, float)) for w in wins)
     out = {}
     for k in TOLERANCE:
         if all(k in w for w in wins):
+            ws = [*wins, *(a for a in anchors or [] if k in a and counted)]
+            if counted:
+                pool["requests"] = sum(w["requests"] for w in ws)
             floor = counting_floor(pool, k)
-            out[k] = max(mean_spread([w[k] for w in wins], len(wins)), floor or 0.0)
+            out[k] = max(mean_spread([w[k] for w in ws], len(ws)), floor or 0.0)
     return out
 
 
@@ -800,13 +803,39 @@ def score(errs: dict, spread: dict | None = None) -> float:
     )
 
 
-def retarget(target: dict, windows: list[dict]) -> dict:
+def target_anchors(vgp: dict) -> list[dict]:
+    """The profile's windows at A beyond its pool that the tuning target pools too: the LL sweep's
+    anchors (`profile.ll_sweep_windows`), where each ran beside another copy under callgrind as
+    the loop's and the validation's windows of the original run beside the clone; [] otherwise.
+
+    Why (session 38): redis's code-side LL misses at A are ~0.0137 or ~0.024-0.027 a request per
+    window (a jemalloc purge runs in some), and the target of 6 + 6 windows drew the upper mode in
+    4 where the validation drew it in 16 of 32 (target 0.0188 a request, validation 0.021): the
+    clone sat 11.7% under at A and its LL at B 10.1% under. The sweep's 20 anchors (15 in the
+    upper mode) were already run, at A, and thrown away but for their pooled ratios. They ran
+    without branch simulation, so they join the pool for every metric but the branches'.
+    A multi-threaded original's anchors ran alone (`ll_sweep_windows`): memcached alone misses
+    less at A's LL than beside another copy (its anchors 0.0121 code misses a request, its loop's
+    windows 0.0135, its validation's 0.015), so they would pull the target away from the
+    conditions it is judged in, and they are left out."""
+    wins = vgp.get("anchor_windows") or []
+    if not vgp.get("anchors_paired") or not all(isinstance(w.get("requests"), (int, float)) for w in wins):
+        return []
+    return [dict(w) for w in wins]
+
+
+def retarget(target: dict, windows: list[dict], anchors: list[dict] | None = None) -> dict:
     """The tuning target's whole-clone figures (`vg.metrics`' keys) as the pool of `windows` (the
     profile's and those the loop ran beside the clone, each a window's metrics with its
-    "requests"); the rest of `target` (the LL sweep's shares, the skeleton's misses) as it was."""
+    "requests"); the rest of `target` (the LL sweep's shares, the skeleton's misses) as it was.
+    `anchors` (`target_anchors`) join the pool for every metric they measure (not the branches:
+    `vg.pool_metrics` keeps those only where every window has them)."""
     if len(windows) < 2 or not all(isinstance(w.get("requests"), (int, float)) for w in windows):
         return target
-    return {**target, **vg.pool_metrics(windows)}
+    out = {**target, **vg.pool_metrics(windows)}
+    if anchors:
+        out.update(vg.pool_metrics([*windows, *anchors]))
+    return out
 
 
 def tune(
@@ -823,7 +852,10 @@ def tune(
     target off the validation's by 15-26% on the LL sides (redis's rare jemalloc stretch in 3 of 6
     windows against 7 of 27; memcached's data side 23 misses per window against 30), and one
     window of the clone counts ~20 data-side misses (+-45% from counting alone)."""
-    target = dict(prof["valgrind"]["metrics"])
+    vgp = prof["valgrind"]
+    windows = [dict(w) for w in vgp.get("windows") or []]
+    anchors = target_anchors(vgp)
+    target = retarget(dict(vgp["metrics"]), windows, anchors)
     # the share of the data-side LL misses at A that the profile's largest swept LL still misses
     bins = gen.llc_bins(prof["valgrind"].get("ll_sweep"))
     target["DL_persistent_fraction"] = bins["persistent"].get("data", 1.0)
@@ -836,14 +868,12 @@ def tune(
         target["skeleton_DL_persistent"] = skel_ll["DL_at_max"]
     port = prof["listen"]["port"]
     load = prof["load"]["args"]
-    vgp = prof["valgrind"]
     original = (prof.get("private") or {}).get("launch")
-    windows = [dict(w) for w in vgp.get("windows") or []]
     knobs = dict(gen.DEFAULT_KNOBS)
     body_targets = _targets_by_body(prof)
     d1_targets = _d1_targets_by_body(prof)
     history = []
-    spread = target_spread(vgp)
+    spread = target_spread({"windows": windows, "metrics": target}, anchors)
     clone_wins: list[vg.Window] = []
     meta: dict = {}
     job = {
@@ -874,8 +904,8 @@ def tune(
         clone_wins.append(got[0])
         if original:
             windows.append(vg.metrics(got[1]) | {"requests": got[1].requests})
-            target = retarget(target, windows)
-            spread = target_spread({"windows": windows, "metrics": target})
+            target = retarget(target, windows, anchors)
+            spread = target_spread({"windows": windows, "metrics": target}, anchors)
             half = vg.side_by_side(
                 [
                     {**half_job, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}-half"},
@@ -912,8 +942,9 @@ def tune(
             }
         )
         pooled = f" ({len(clone_wins)} windows of this clone)" if len(clone_wins) > 1 else ""
+        also = f" (+{len(anchors)} of the LL sweep's, but for the branches)" if anchors else ""
         progress(
-            f"tuning iteration {it}/{max_iter}{pooled}, target of {len(windows)} windows: "
+            f"tuning iteration {it}/{max_iter}{pooled}, target of {len(windows)} windows{also}: "
             + ", ".join(f"{k.split('_')[0]} {100 * v:.1f}%" for k, v in errs.items())
         )
         if within(errs):
@@ -944,6 +975,7 @@ def tune(
         "target": target,
         "target_spread": spread,
         "target_windows": windows,
+        "target_anchor_windows": len(anchors),
     }
     (clone_dir / "private").mkdir(exist_ok=True)
     (clone_dir / "private" / "tuning.json").write_text(json.dumps(result, indent=1))
