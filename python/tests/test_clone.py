@@ -1930,8 +1930,13 @@ def test_the_tuning_target_pools_the_ll_sweeps_paired_anchors_but_for_the_branch
         < tune.target_spread({"windows": windows, "metrics": alone})["IL_misses_per_request"]
     )
     assert "branch_mispredict_rate" in sp  # from the windows that have it
-    # windows without request counts (older profiles): the anchors are not pooled
+    # windows without request counts or a metric (a corrupt profile): the anchors are not pooled
     assert tune.target_anchors({"anchor_windows": [{"IL_misses_per_request": 0.02}], "anchors_paired": True}) == []
+    bad = [dict(w) for w in got[:3]]
+    bad[1]["DL_misses_per_request"] = "x"
+    assert tune.target_anchors({"anchor_windows": bad, "anchors_paired": True}) == []
+    assert tune.target_anchors({"anchor_windows": {"a": 1}, "anchors_paired": True}) == []
+    assert tune.target_anchors({"anchor_windows": got, "anchors_paired": "yes"}) == []
 
 
 def test_d1_tuning_step_per_body():

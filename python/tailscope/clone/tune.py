@@ -803,6 +803,17 @@ def score(errs: dict, spread: dict | None = None) -> float:
     )
 
 
+# what `vg.pool_metrics` reads of each window, but for the branches
+_POOLED_KEYS = (
+    "instructions_per_request",
+    "data_refs_per_request",
+    "I1_miss_rate",
+    "D1_miss_rate",
+    "IL_misses_per_request",
+    "DL_misses_per_request",
+)
+
+
 def target_anchors(vgp: dict) -> list[dict]:
     """The profile's windows at A beyond its pool that the tuning target pools too: the LL sweep's
     anchors (`profile.ll_sweep_windows`), where each ran beside another copy under callgrind as
@@ -818,9 +829,14 @@ def target_anchors(vgp: dict) -> list[dict]:
     less at A's LL than beside another copy (its anchors 0.0121 code misses a request, its loop's
     windows 0.0135, its validation's 0.015), so they would pull the target away from the
     conditions it is judged in, and they are left out."""
-    wins = vgp.get("anchor_windows") or []
-    if not vgp.get("anchors_paired") or not all(isinstance(w.get("requests"), (int, float)) for w in wins):
-        return []
+    wins = vgp.get("anchor_windows")
+    keys = ("requests", *_POOLED_KEYS)
+    if (
+        vgp.get("anchors_paired") is not True
+        or not isinstance(wins, list)
+        or not all(isinstance(w, dict) and all(isinstance(w.get(k), (int, float)) for k in keys) for w in wins)
+    ):
+        return []  # (none kept, run alone, or a corrupt list: the target as before)
     return [dict(w) for w in wins]
 
 
