@@ -1910,7 +1910,7 @@ def test_the_tuning_target_pools_the_ll_sweeps_paired_anchors_but_for_the_branch
     assert tune.target_anchors(vgp) == []  # run alone (a multi-threaded original): left out
     assert tune.target_anchors(vgp | {"anchors_paired": False}) == []
     got = tune.target_anchors(vgp | {"anchors_paired": True})
-    assert len(got) == 20
+    assert len(got) == 20 and set(vg.POOLED_KEYS) <= set(got[0])  # what pool_metrics reads
     # kept from before session 38's profile: no anchors, the pool as before
     assert tune.target_anchors({"windows": windows}) == []
     assert tune.retarget({}, windows, []) == tune.retarget({}, windows)

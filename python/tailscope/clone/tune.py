@@ -803,17 +803,6 @@ def score(errs: dict, spread: dict | None = None) -> float:
     )
 
 
-# what `vg.pool_metrics` reads of each window, but for the branches
-_POOLED_KEYS = (
-    "instructions_per_request",
-    "data_refs_per_request",
-    "I1_miss_rate",
-    "D1_miss_rate",
-    "IL_misses_per_request",
-    "DL_misses_per_request",
-)
-
-
 def target_anchors(vgp: dict) -> list[dict]:
     """The profile's windows at A beyond its pool that the tuning target pools too: the LL sweep's
     anchors (`profile.ll_sweep_windows`), where each ran beside another copy under callgrind as
@@ -830,7 +819,7 @@ def target_anchors(vgp: dict) -> list[dict]:
     windows 0.0135, its validation's 0.015), so they would pull the target away from the
     conditions it is judged in, and they are left out."""
     wins = vgp.get("anchor_windows")
-    keys = ("requests", *_POOLED_KEYS)
+    keys = ("requests", *vg.POOLED_KEYS)
     if (
         vgp.get("anchors_paired") is not True
         or not isinstance(wins, list)

@@ -77,6 +77,17 @@ def metrics(win: Window, threads: list[int] | None = None) -> dict:
     return _rates(counts, win.requests, "Bc" in (ts[0].events if ts else []))
 
 
+# what `pool_metrics` reads of every window (and of the branches' where all have them)
+POOLED_KEYS = (
+    "instructions_per_request",
+    "data_refs_per_request",
+    "I1_miss_rate",
+    "D1_miss_rate",
+    "IL_misses_per_request",
+    "DL_misses_per_request",
+)
+
+
 def pool_metrics(ms: list[dict]) -> dict:
     """`metrics` of several windows as one, from each window's own metrics and its "requests"
     (what profile.pool_windows keeps of the tuning target's windows): the counts are taken back
