@@ -759,10 +759,11 @@ def target_spread(vgp: dict, anchors: list[dict] | None = None) -> dict[str, flo
         return {}
     pool = dict(vgp.get("metrics") or {})
     counted = all(isinstance(w.get("requests"), (int, float)) for w in wins)
+    extra = (anchors or []) if counted else []  # (as retarget: no pool without request counts)
     out = {}
     for k in TOLERANCE:
         if all(k in w for w in wins):
-            ws = [*wins, *(a for a in anchors or [] if k in a and counted)]
+            ws = [*wins, *(a for a in extra if k in a)]
             if counted:
                 pool["requests"] = sum(w["requests"] for w in ws)
             floor = counting_floor(pool, k)
