@@ -1939,6 +1939,126 @@ def test_the_tuning_target_pools_the_ll_sweeps_paired_anchors_but_for_the_branch
     assert tune.target_anchors({"anchor_windows": got, "anchors_paired": "yes"}) == []
 
 
+def test_an_unpaired_originals_persistent_data_target_is_measured_at_the_sweeps_largest_ll():
+    """tune.persistent_ll_config / persistent_target / _ll_by_side (session 39): where the LL sweep
+    ran alone (a multi-threaded original), the clone's persistent data walkers aim at the
+    original's misses at the sweep's largest LL, pooled from the sweep's raw windows there and the
+    loop's windows beside the clone, not at the sweep's share times the target at A (memcached:
+    0.20 x 0.0063 a request, 155% over the validation's 0.00051); the clone's own rest there is
+    measured. Paired sweeps, old profiles and corrupt sweeps keep the share."""
+    from tailscope.clone import tune
+    from tailscope.clone import valgrind as vg
+
+    mb = 1 << 20
+    sweep = {"sizes": [2 * mb, 4 * mb, 8 * mb], "raw": {"DL": [0.0010, 0.0009]}, "windows": [6, 10, 10]}
+    vgp = {"ll_sweep": sweep, "anchors_paired": False, "window_requests": 6000}
+    cfg = tune.persistent_ll_config(vgp)
+    # A's L1s and the sweep's largest LL: a point of the profile's sweep, never the held-out B
+    assert cfg == {**vg.CONFIG_A, "LL": "8388608,16,64"} and cfg != vg.CONFIG_B
+    assert tune.persistent_ll_config(vgp | {"anchors_paired": True}) is None
+    assert tune.persistent_ll_config({k: v for k, v in vgp.items() if k != "anchors_paired"}) is None
+    assert tune.persistent_ll_config(vgp | {"ll_sweep": {**sweep, "sizes": [2 * mb, "x"]}}) is None
+    assert tune.persistent_ll_config(vgp | {"ll_sweep": None}) is None
+    # the sweep's 10 windows at 8 MiB (0.0009 a request) alone, then with four of the loop's
+    assert tune.persistent_target(vgp, []) == pytest.approx(0.0009)
+    loop = [{"DL_misses_per_request": 0.0003, "requests": 6000}] * 4
+    assert tune.persistent_target(vgp, loop) == pytest.approx((10 * 0.0009 + 4 * 0.0003) / 14)
+    # a corrupt sweep entry: the loop's windows alone; nothing at all: None
+    bad = vgp | {"ll_sweep": {**sweep, "raw": {"DL": ["x"]}}}
+    assert tune.persistent_target(bad, loop) == pytest.approx(0.0003)
+    assert tune.persistent_target(bad, []) is None
+    assert tune.persistent_target(vgp | {"ll_sweep": {**sweep, "windows": [6, 10, float("nan")]}}, loop) == (
+        pytest.approx(0.0003)
+    )
+    # the step: want = the target at the largest LL less the clone's rest there (its misses there
+    # but for clone_farp_'s), not 0.25 x the target at A less the skeleton's estimate
+    target = {"IL_misses_per_request": 0.0, "DL_misses_per_request": 0.04, "DL_persistent_fraction": 0.25}
+    m = {"IL_misses_per_request": 0.0, "DL_misses_per_request": 0.04}
+    args = ({"DLmr": 0.02}, {"DLmr": 0.015}, {"keep": 1.0, "persist": 1.0}, {"DLmr": 0.016})
+    k0 = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k0, m, target, *args)
+    assert k0["data_ll_scale"] == pytest.approx((0.25 * 0.04 - 0.005) / 0.016)
+    k = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k, m | {tune.PERSISTENT_KEY: 0.018}, target | {tune.PERSISTENT_KEY: 0.006}, *args)
+    assert k["data_ll_scale"] == pytest.approx((0.006 - (0.018 - 0.016)) / 0.016)
+    # (the rings make up the rest at A as before: what the walkers were asked for stays)
+    assert k["data_llc_scale"] == pytest.approx((0.04 - 0.005 - (0.006 - 0.002)) / (0.015 + 0.004))
+    # the clone not yet measured there: the skeleton's estimate of its rest, as before
+    k2 = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(k2, m, target | {tune.PERSISTENT_KEY: 0.006, "skeleton_DL_persistent": 0.001}, *args)
+    assert k2["data_ll_scale"] == pytest.approx((0.006 - 0.001) / 0.016)
+
+
+def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(monkeypatch, tmp_path):
+    """tune.tune (session 39): for an original whose LL sweep ran alone, each iteration runs a
+    third pair, both sides at A's L1s and the sweep's largest LL; the original's windows there
+    pool with the sweep's into the persistent target, the clone's (this build's) give its
+    figure there, and the progress line shows the error. A paired sweep runs no such pair."""
+    from tailscope.clone import tune
+    from tailscope.clone import valgrind as vg
+
+    def counts(dl):
+        return {"Ir": 8_000_000, "Dr": 3_000_000, "Dw": 1_000_000, "I1mr": 40_000, "D1mr": 60_000}.copy() | {
+            "ILmr": 70,
+            "DLmr": dl,
+            "Bc": 800_000,
+            "Bcm": 40_000,
+        }
+
+    mb = 1 << 20
+    seen = []
+
+    def side_by_side(jobs):
+        seen.append((jobs[0]["tag"], jobs[1]["tag"], jobs[0]["cache"]["LL"]))
+        assert jobs[0]["cache"] == jobs[1]["cache"] != vg.CONFIG_B
+        if jobs[0]["tag"].endswith("-ll"):
+            return [_fake_window(6000, {1: counts(12)}), _fake_window(6000, {1: counts(3)})]
+        return [_fake_window(6000, {1: counts(27)}), _fake_window(6000, {1: counts(27)})]
+
+    monkeypatch.setattr(vg, "side_by_side", side_by_side)
+    monkeypatch.setattr(generate, "generate", lambda *a, **k: {"thread_map": [], "targets": {}})
+    monkeypatch.setattr(generate, "build", lambda d: 0.1)
+    wins = [vg.metrics(_fake_window(6000, {1: counts(27)})) | {"requests": 6000} for _ in range(6)]
+    sweep = {
+        "sizes": [2 * mb, 4 * mb, 8 * mb],
+        "IL": [70 / 6000] * 3,
+        "DL": [27 / 6000, 9 / 6000, 6 / 6000],
+        "raw": {"IL": [70 / 6000] * 2, "DL": [8 / 6000, 5 / 6000]},
+        "windows": [6, 10, 10],
+    }
+    prof = {
+        "valgrind": {
+            "metrics": vg.pool_metrics(wins),
+            "windows": wins,
+            "rate": 400,
+            "window_requests": 6000,
+            "ll_sweep": sweep,
+            "anchors_paired": False,
+        },
+        "listen": {"port": 11211},
+        "load": {"args": []},
+        "private": {"launch": {"argv": ["orig"]}},
+        "body": {},
+    }
+    msgs: list[str] = []
+    res = tune.tune(prof, tmp_path, msgs.append)
+    n = res["iterations"]
+    assert res["persistent_ll_windows"] == n == 6
+    assert [s for s in seen if s[0].endswith("-ll")] == [
+        (f"tune{i}-ll", f"tune{i}-ll-original", "8388608,16,64") for i in range(1, 7)
+    ]
+    # the sweep's 10 raw windows at 5 misses and the loop's 6 at 3
+    assert res["target"][tune.PERSISTENT_KEY] == pytest.approx((10 * 5 + 6 * 3) / (16 * 6000))
+    assert res["history"][-1]["metrics"][tune.PERSISTENT_KEY] == pytest.approx(12 / 6000)
+    assert f"DL at 8 MiB {100 * (12 / 4.25 - 1):.1f}%" in msgs[-1], msgs[-1]
+    # a paired sweep (a single-threaded original): no third pair, no such target
+    seen.clear()
+    prof["valgrind"]["anchors_paired"] = True
+    res = tune.tune(prof, tmp_path, msgs.append)
+    assert not any(s[0].endswith("-ll") for s in seen) and tune.PERSISTENT_KEY not in res["target"]
+    assert res["persistent_ll_windows"] == 0
+
+
 def test_d1_tuning_step_per_body():
     """With per-body D1 targets the D1 knob moves per body (data_far_scale:<body>), each on its own
     threads' misses: memcached's one factor matched the total at A with the timer 41% over its
