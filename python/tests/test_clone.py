@@ -1624,6 +1624,27 @@ def _fake_window(requests: int, per_thread: dict[int, dict]) -> "object":
     return vg.Window(threads=ts, requests=requests, seconds=1.0, loadgen={})
 
 
+def test_a_windows_metrics_keep_its_load_generators_median_latency():
+    """valgrind.metrics (session 39): a window's metrics carry the load generator's median latency
+    (LATENCY_KEY, µs: how fast valgrind ran the server then), never a pool's (its windows' speeds
+    differ) nor a thread group's; a value that is not a finite number is left out."""
+    from tailscope.clone import valgrind as vg
+
+    w = _fake_window(6000, {1: {"Ir": 8_000_000, "Dr": 3_000_000, "DLmr": 60}, 2: {"Ir": 1_000_000}})
+    w.loadgen = {"latency_us": {"p50": 412.5, "p99": 900.0}}
+    assert vg.metrics(w)[vg.LATENCY_KEY] == 412.5
+    assert vg.metrics(w)["DL_misses_per_request"] == pytest.approx(60 / 6000)
+    assert vg.LATENCY_KEY not in vg.metrics(vg.pool([w, w]))
+    assert vg.LATENCY_KEY not in vg.metrics(w, threads=[1])
+    for bad in ({"latency_us": {"p50": float("nan")}}, {"latency_us": {"p50": True}}, {"latency_us": "x"}, {}, None):
+        w.loadgen = bad
+        assert vg.LATENCY_KEY not in vg.metrics(w), bad
+    # (kept with the windows, pool_metrics reads past it)
+    w.loadgen = {"latency_us": {"p50": 10}}
+    ms = [vg.metrics(w) | {"requests": 6000}] * 2
+    assert vg.pool_metrics(ms)["DL_misses_per_request"] == pytest.approx(60 / 6000)
+
+
 def test_auto_sim_windows_run_until_the_original_can_be_judged():
     """validate.sim_windows (session 23, `clone-report --sim-windows auto`): sim_runs pairs, then
     more while a judged row's original spread is above its limit, up to the cap. The stopping

@@ -1031,6 +1031,9 @@ def tune(
                 "build_s": build_s,
                 "clone_windows": len(clone_wins),
                 "target_windows": len(windows),
+                # (session 39) how fast valgrind ran the clone in this iteration's window (the
+                # original's is in its window's metrics, `target_windows`)
+                f"clone_{vg.LATENCY_KEY}": vg.metrics(clone_wins[-1]).get(vg.LATENCY_KEY),
                 **({"half_i1_misses_per_request": half_bodies} if half_bodies else {}),
             }
         )

@@ -9,6 +9,7 @@ thread. Costs are then per request of the window.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,8 +58,16 @@ def _rates(c: dict[str, float], requests: int, branch: bool) -> dict:
     return out
 
 
+# the load generator's median latency over a window, in µs: how fast valgrind ran the server then
+# (an open loop well below the server's rate under valgrind: its service time). Kept with each
+# window's metrics, never tuned nor judged: a speed measure for the windows' analysis (session
+# 39: redis's data-side LL misses follow how fast the host ran, through its latency histogram)
+LATENCY_KEY = "loadgen_p50_us"
+
+
 def metrics(win: Window, threads: list[int] | None = None) -> dict:
-    """Simulated miss rates and per-request counts of a window (cachegrind's definitions)."""
+    """Simulated miss rates and per-request counts of a window (cachegrind's definitions), and
+    the whole window's LATENCY_KEY where its load generator reported one."""
     ts = [t for t in win.threads if threads is None or t.thread in threads]
 
     def tot(*events):
@@ -74,7 +83,12 @@ def metrics(win: Window, threads: list[int] | None = None) -> dict:
         "Bc": tot("Bc"),
         "Bcm": tot("Bcm"),
     }
-    return _rates(counts, win.requests, "Bc" in (ts[0].events if ts else []))
+    out = _rates(counts, win.requests, "Bc" in (ts[0].events if ts else []))
+    lat = win.loadgen.get("latency_us") if isinstance(win.loadgen, dict) else None
+    p50 = lat.get("p50") if isinstance(lat, dict) else None
+    if threads is None and isinstance(p50, (int, float)) and not isinstance(p50, bool) and math.isfinite(p50):
+        out[LATENCY_KEY] = float(p50)
+    return out
 
 
 # what `pool_metrics` reads of every window (and of the branches' where all have them)
