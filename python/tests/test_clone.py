@@ -2000,10 +2000,29 @@ def test_an_unpaired_originals_persistent_data_target_is_measured_at_the_sweeps_
     tune._ll_by_side(k0, m, target, *args)
     assert k0["data_ll_scale"] == pytest.approx((0.25 * 0.04 - 0.005) / 0.016)
     k = dict(generate.DEFAULT_KNOBS)
-    tune._ll_by_side(k, m | {tune.PERSISTENT_KEY: 0.018}, target | {tune.PERSISTENT_KEY: 0.006}, *args)
-    assert k["data_ll_scale"] == pytest.approx((0.006 - (0.018 - 0.016)) / 0.016)
+    mp = m | {tune.PERSISTENT_KEY: 0.018, tune.PERSISTENT_REST_KEY: 0.002}
+    tune._ll_by_side(k, mp, target | {tune.PERSISTENT_KEY: 0.006}, *args)
+    assert k["data_ll_scale"] == pytest.approx((0.006 - 0.002) / 0.016)
     # (the rings make up the rest at A as before: what the walkers were asked for stays)
     assert k["data_llc_scale"] == pytest.approx((0.04 - 0.005 - (0.006 - 0.002)) / (0.015 + 0.004))
+    # the code side (with code rings): the cold ring (clone_far_'s code misses, 0.002 at A) makes
+    # up the original's 0.0034 at the largest LL less the clone's rest there (0.0004), and the
+    # rings A's code side less the ring's change
+    tc = target | {"IL_misses_per_request": 0.012, tune.PERSISTENT_IL_KEY: 0.0034}
+    mc = m | {"IL_misses_per_request": 0.010, tune.PERSISTENT_IL_REST_KEY: 0.0004}
+    far, llc = {"DLmr": 0.02, "ILmr": 0.002}, {"DLmr": 0.015, "ILmr": 0.006}
+    kc = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(kc, mc, tc, far, llc, *args[2:])
+    assert kc["cold_code_scale"] == pytest.approx(0.003 / 0.002)
+    assert kc["code_llc_scale"] == pytest.approx((0.012 - (0.010 - 0.006) - 0.001) / 0.006)
+    # not measured there yet, or no code rings (redis: the cold ring is A's knob): as before
+    kc0 = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(kc0, m | {"IL_misses_per_request": 0.010}, tc, far, llc, *args[2:])
+    assert kc0["cold_code_scale"] == 1.0
+    assert kc0["code_llc_scale"] == pytest.approx((0.012 - 0.004) / 0.006)
+    kr = dict(generate.DEFAULT_KNOBS)
+    tune._ll_by_side(kr, mc, tc | {"IL_ring_bins": 0.0}, far, llc, *args[2:])
+    assert kr["cold_code_scale"] == pytest.approx(0.012 / 0.010)
     # the clone not yet measured there: the skeleton's estimate of its rest, as before
     k2 = dict(generate.DEFAULT_KNOBS)
     tune._ll_by_side(k2, m, target | {tune.PERSISTENT_KEY: 0.006, "skeleton_DL_persistent": 0.001}, *args)
@@ -2068,10 +2087,15 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     assert [s for s in seen if s[0].endswith("-ll")] == [
         (f"tune{i}-ll", f"tune{i}-ll-original", "8388608,16,64") for i in range(1, 7)
     ]
-    # the sweep's 10 raw windows at 5 misses and the loop's 6 at 3
+    # the sweep's 10 raw windows at 5 misses and the loop's 6 at 3; the code side's at 70 both
     assert res["target"][tune.PERSISTENT_KEY] == pytest.approx((10 * 5 + 6 * 3) / (16 * 6000))
-    assert res["history"][-1]["metrics"][tune.PERSISTENT_KEY] == pytest.approx(12 / 6000)
-    assert f"DL at 8 MiB {100 * (12 / 4.25 - 1):.1f}%" in msgs[-1], msgs[-1]
+    assert res["target"][tune.PERSISTENT_IL_KEY] == pytest.approx(70 / 6000)
+    last = res["history"][-1]["metrics"]
+    assert last[tune.PERSISTENT_KEY] == pytest.approx(12 / 6000)
+    # (the fake windows have no clone_far_ functions: all of the clone's misses there are its rest)
+    assert last[tune.PERSISTENT_REST_KEY] == pytest.approx(12 / 6000)
+    assert last[tune.PERSISTENT_IL_REST_KEY] == pytest.approx(70 / 6000)
+    assert f"DL at 8 MiB {100 * (12 / 4.25 - 1):.1f}%, IL at 8 MiB 0.0%" in msgs[-1], msgs[-1]
     # a paired sweep (a single-threaded original): no third pair, no such target
     seen.clear()
     prof["valgrind"]["anchors_paired"] = True
@@ -2950,6 +2974,22 @@ def test_the_ll_sides_step_by_regula_falsi_once_bracketed():
     # the code side the same way
     k = tune.ll_bracket(newton, [it(0.1, 0.017, il=0.016, code=0.6), it(0.1, 0.017, il=0.024, code=1.0)], target)
     assert k["code_llc_scale"] == pytest.approx(0.8) and k["data_llc_scale"] == 0.09
+    # (session 39) with code rings the cold ring steps at the sweep's largest LL: its knob is never
+    # bracketed on A's code side, and the rings' knob only between iterations of one cold ring,
+    # and not while the cold ring steps
+    code = [it(0.1, 0.017, il=0.016, code=0.6), it(0.1, 0.017, il=0.024, code=1.0)]
+    for h, c in zip(code, (1.0, 1.5), strict=True):
+        h["knobs"]["cold_code_scale"] = c
+    assert tune.ll_bracket({**newton, "cold_code_scale": 1.5}, code, target)["code_llc_scale"] == 0.9
+    code[0]["knobs"]["cold_code_scale"] = 1.5
+    assert tune.ll_bracket({**newton, "cold_code_scale": 1.5}, code, target)["code_llc_scale"] == pytest.approx(0.8)
+    assert tune.ll_bracket({**newton, "cold_code_scale": 1.2}, code, target)["code_llc_scale"] == 0.9
+    cold = [it(0.1, 0.017, il=0.016), it(0.1, 0.017, il=0.024)]
+    for h, c in zip(cold, (0.6, 1.0), strict=True):
+        h["knobs"]["cold_code_scale"] = c
+    assert tune.ll_bracket({**newton, "cold_code_scale": 1.0}, cold, target)["cold_code_scale"] == 1.0
+    no_rings = {**target, "IL_ring_bins": 0.0}
+    assert tune.ll_bracket({**newton, "cold_code_scale": 1.0}, cold, no_rings)["cold_code_scale"] == pytest.approx(0.8)
 
     # the loop on a response twice as steep as the Newton step's slope
     def run(bracket: bool) -> list[float]:

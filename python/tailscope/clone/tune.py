@@ -476,7 +476,26 @@ def _ll_by_side(
     t_il, c_il = ratio * target.get("IL_misses_per_request", 0.0), m.get("IL_misses_per_request", 0.0)
     llc_il = llc.get("ILmr", 0.0)
     if target.get("IL_ring_bins", 1.0) > 0:
-        _newton(k, "code_llc_scale", t_il - (c_il - llc_il), llc_il)
+        cold_step = 0.0
+        if PERSISTENT_IL_KEY in target and PERSISTENT_IL_REST_KEY in m:
+            # (session 39) the loop measured both sides at the sweep's largest LL, where of the
+            # clone's code only the cold ring and its rest miss: the ring (its misses at A are
+            # clone_far_'s code misses, the only code of it that misses A's LL) makes up the
+            # original's there; the conflict rings then make up A's, less the ring's change.
+            # memcached's clone missed 17 code lines a window at 8 MiB in all ten of session 39's
+            # iterations, the original 17-22 (19.8), and its code side at B ended 10.1% under
+            cold = max(0.0, far.get("ILmr", 0.0))
+            before = k.get("cold_code_scale", 1.0)
+            _newton(
+                k,
+                "cold_code_scale",
+                ratio * target[PERSISTENT_IL_KEY] - m[PERSISTENT_IL_REST_KEY],
+                cold,
+                lo=COLD_KNOB_RANGE[0],
+                hi=COLD_KNOB_RANGE[1],
+            )
+            cold_step = cold * (k.get("cold_code_scale", 1.0) / before - 1.0) if before > 0 else 0.0
+        _newton(k, "code_llc_scale", t_il - (c_il - llc_il) - cold_step, llc_il)
     else:
         # no code bin: the profile's LL sweep saw the same code misses at every size, so there is
         # no ring to make up a difference, and the cold ring is what misses (session 22: redis's
@@ -509,9 +528,12 @@ def _ll_by_side(
     if PERSISTENT_KEY in target:
         # (session 39, `persistent_ll_config`) the loop measured both sides at the sweep's largest
         # LL: the target is the original's misses there, and the clone's rest there is what it
-        # missed but for its persistent walkers, not the skeleton's estimate
-        if PERSISTENT_KEY in m:
-            rest_p = max(0.0, m[PERSISTENT_KEY] - far_p)
+        # missed but for its persistent walkers (clone_farp_'s there), pooled over every
+        # iteration's window there (it does not depend on the knobs), not the skeleton's estimate.
+        # Session 39's first form took one window's: 7 misses, less the walkers' ~2 measured at A,
+        # put the rest over the target and the walkers at the step's floor (0.24 -> 0.012)
+        if PERSISTENT_REST_KEY in m:
+            rest_p = max(0.0, m[PERSISTENT_REST_KEY])
         want_far = max(0.0, ratio * target[PERSISTENT_KEY] - rest_p)
     else:
         want_far = max(0.0, p * t_dl - rest_p)
@@ -711,12 +733,18 @@ def ll_bracket(knobs: dict, history: list[dict], target: dict) -> dict:
     for knob, key in LL_BRACKETED:
         if knob not in last["knobs"] and knob not in knobs:
             continue
+        if knob == "cold_code_scale" and target.get("IL_ring_bins", 1.0) > 0:
+            continue  # (with code rings the cold ring is tuned at the sweep's largest LL, `_ll_by_side`)
+        if knob == "code_llc_scale" and knobs.get("cold_code_scale") != last["knobs"].get("cold_code_scale"):
+            continue  # (the cold ring steps now: the rings' Newton step has counted its change in)
         x1, e1 = last["knobs"].get(knob, 1.0), _side_error(last["metrics"], target, key)
         if e1 == 0 or key not in last["metrics"]:
             continue
         for h in reversed(history[:-1]):
-            if any(h["knobs"].get(f) != last["knobs"].get(f) for f in fixed) or key not in h["metrics"]:
-                break  # (an older layout: a different curve)
+            # (an older layout: a different curve; so is another cold ring for the code rings)
+            same = (*fixed, "cold_code_scale") if knob == "code_llc_scale" else fixed
+            if any(h["knobs"].get(f) != last["knobs"].get(f) for f in same) or key not in h["metrics"]:
+                break
             x0, e0 = h["knobs"].get(knob, 1.0), _side_error(h["metrics"], target, key)
             if e0 * e1 < 0 and abs(x1 - x0) >= 0.1 * max(x0, x1) and (e1 - e0) * (x1 - x0) > 0:
                 x = x1 - e1 * (x1 - x0) / (e1 - e0)
@@ -859,6 +887,12 @@ def retarget(target: dict, windows: list[dict], anchors: list[dict] | None = Non
 # the data-side LL misses per request at the LL sweep's largest LL: the original's (the target's
 # entry) and the clone's (its metrics'), where the loop measures them (`persistent_ll_config`)
 PERSISTENT_KEY = "DL_at_persistent_LL"
+# the same of the code side, and (the clone's metrics only) what the clone misses there but for
+# its persistent walkers (data) and clone_far_'s code (the cold ring), pooled over every window
+# the loop ran there
+PERSISTENT_IL_KEY = "IL_at_persistent_LL"
+PERSISTENT_REST_KEY = "DL_rest_at_persistent_LL"
+PERSISTENT_IL_REST_KEY = "IL_rest_at_persistent_LL"
 
 
 def persistent_ll_config(vgp: dict) -> dict | None:
@@ -887,21 +921,21 @@ def persistent_ll_config(vgp: dict) -> dict | None:
     return {**vg.CONFIG_A, "LL": cache_arg(max(sizes))}
 
 
-def persistent_target(vgp: dict, orig: list[dict]) -> float | None:
-    """The original's data-side LL misses per request at the sweep's largest LL: the pool of the
-    sweep's raw windows there (`profile.ll_sweep`'s "raw", before the anchors' correction, as many
-    windows as it pooled, each of the loop's mean requests) and the loop's windows `orig` (each a
-    window's metrics with its "requests"). None without either."""
+def persistent_target(vgp: dict, orig: list[dict], side: str = "DL") -> float | None:
+    """The original's LL misses per request at the sweep's largest LL, data side ("DL") or code
+    side ("IL"): the pool of the sweep's raw windows there (`profile.ll_sweep`'s "raw", before the
+    anchors' correction, as many windows as it pooled, each of the loop's mean requests) and the
+    loop's windows `orig` (each a window's metrics with its "requests"). None without either."""
     ll = vgp.get("ll_sweep") or {}
     n_req, n_dl = 0.0, 0.0
     for w in orig:
-        r, d = w.get("requests"), w.get("DL_misses_per_request")
+        r, d = w.get("requests"), w.get(f"{side}_misses_per_request")
         if isinstance(r, (int, float)) and isinstance(d, (int, float)) and r > 0 and d >= 0:
             n_req, n_dl = n_req + r, n_dl + d * r
     per = n_req / len(orig) if orig and n_req > 0 else float(vgp.get("window_requests") or 0)
     try:
         sizes = [int(x) for x in ll["sizes"]]
-        raw = float(ll["raw"]["DL"][sizes[1:].index(max(sizes[1:]))])
+        raw = float(ll["raw"][side][sizes[1:].index(max(sizes[1:]))])
         nwin = float(ll["windows"][sizes.index(max(sizes))])
     except (KeyError, TypeError, ValueError, IndexError):
         raw, nwin = 0.0, 0.0
@@ -909,6 +943,27 @@ def persistent_target(vgp: dict, orig: list[dict]) -> float | None:
         raw, nwin = 0.0, 0.0
     n_req, n_dl = n_req + nwin * per, n_dl + raw * nwin * per
     return n_dl / n_req if n_req > 0 else None
+
+
+def persistent_rest(win: vg.Window, meta: dict) -> dict:
+    """What one of the clone's windows at the sweep's largest LL missed there per request but for
+    its persistent walkers (clone_farp_'s data misses: PERSISTENT_REST_KEY) and for clone_far_'s
+    code misses (the cold ring: PERSISTENT_IL_REST_KEY), with its "requests"."""
+    m, sp = vg.metrics(win), _split(win, meta)
+    farp, far = sp.get("farp") or {}, sp["far"]
+    return {
+        "requests": win.requests,
+        PERSISTENT_REST_KEY: max(0.0, m["DL_misses_per_request"] - farp.get("DLmr", 0.0) - farp.get("DLmw", 0.0)),
+        PERSISTENT_IL_REST_KEY: max(0.0, m["IL_misses_per_request"] - far.get("ILmr", 0.0)),
+    }
+
+
+def _pool_rest(rests: list[dict]) -> dict:
+    """`persistent_rest` of several windows as one (weighed by their requests); {} for none."""
+    n = sum(r["requests"] for r in rests)
+    if n <= 0:
+        return {}
+    return {k: sum(r[k] * r["requests"] for r in rests) / n for k in (PERSISTENT_REST_KEY, PERSISTENT_IL_REST_KEY)}
 
 
 def tune(
@@ -965,8 +1020,11 @@ def tune(
     persist_cache = persistent_ll_config(vgp) if original else None
     persist_clone: list[vg.Window] = []  # this build's windows there
     persist_orig: list[dict] = []  # the original's, all of the loop's, with the sweep's
-    if persist_cache is not None and (pt := persistent_target(vgp, [])) is not None:
-        target[PERSISTENT_KEY] = pt
+    persist_rest: list[dict] = []  # the clone's rest there, each of the loop's windows
+    persist_keys = (("DL", PERSISTENT_KEY), ("IL", PERSISTENT_IL_KEY))
+    for side, key in persist_keys if persist_cache is not None else ():
+        if (pt := persistent_target(vgp, [], side)) is not None:
+            target[key] = pt
     for it in range(1, max_iter + 1):
         again = bool(history) and knobs == history[-1]["knobs"]
         if again:
@@ -1003,9 +1061,11 @@ def tune(
                     ]
                 )
                 persist_clone.append(pw[0])
+                persist_rest.append(persistent_rest(pw[0], meta))
                 persist_orig.append(vg.metrics(pw[1]) | {"requests": pw[1].requests})
-                if (pt := persistent_target(vgp, persist_orig)) is not None:
-                    target[PERSISTENT_KEY] = pt
+                for side, key in persist_keys:
+                    if (pt := persistent_target(vgp, persist_orig, side)) is not None:
+                        target[key] = pt
         win = vg.pool(clone_wins)
         m = vg.metrics(win)
         half_bodies: dict = {}
@@ -1016,7 +1076,9 @@ def tune(
                 "original": original_body_misses(half_orig, prof),
             }
         if persist_clone:
-            m[PERSISTENT_KEY] = vg.metrics(vg.pool(persist_clone))["DL_misses_per_request"]
+            pm = vg.metrics(vg.pool(persist_clone))
+            m[PERSISTENT_KEY], m[PERSISTENT_IL_KEY] = pm["DL_misses_per_request"], pm["IL_misses_per_request"]
+            m.update(_pool_rest(persist_rest))
         errs = errors(m, target)
         sc = rank(errs, spread)[1]
         split = _split(win, meta)
@@ -1039,11 +1101,10 @@ def tune(
         )
         pooled = f" ({len(clone_wins)} windows of this clone)" if len(clone_wins) > 1 else ""
         also = f" (+{len(anchors)} of the LL sweep's, but for the branches)" if anchors else ""
-        persist = (
-            f", DL at {int(persist_cache['LL'].split(',')[0]) >> 20} MiB "
-            f"{100 * rel_err(m[PERSISTENT_KEY], target[PERSISTENT_KEY]):.1f}%"
-            if PERSISTENT_KEY in m and PERSISTENT_KEY in target and persist_cache
-            else ""
+        persist = "".join(
+            f", {side} at {int(persist_cache['LL'].split(',')[0]) >> 20} MiB {100 * rel_err(m[key], target[key]):.1f}%"
+            for side, key in persist_keys
+            if persist_cache and key in m and key in target
         )
         progress(
             f"tuning iteration {it}/{max_iter}{pooled}, target of {len(windows)} windows{also}: "
