@@ -16,7 +16,9 @@ orthogonal, as the paper observes):
     D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL;
                                  per body since session 12: data_far_scale:<body> on its misses)
     LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings);
-                                 cold_code_scale   (the cold code ring, where the clone has no rings)
+                                 cold_code_scale   (the cold code ring, where the clone has no rings;
+                                 with rings, on both sides' code misses at the sweep's largest
+                                 LL where the loop runs the third pair below)
     LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses;
                                  for an original whose LL sweep ran alone, on both sides' misses
                                  at the sweep's largest LL, a third pair per iteration, session
