@@ -47,6 +47,7 @@ from pathlib import Path
 
 from . import generate as gen
 from . import valgrind as vg
+from .workingset import cache_arg
 
 MAX_ITERATIONS = 10
 # the least windows of the original the target pools before the loop may stop (`tune`): the
@@ -918,8 +919,6 @@ def persistent_ll_config(vgp: dict) -> dict | None:
     sizes = ll.get("sizes")
     if not isinstance(sizes, list) or len(sizes) < 2 or not all(type(x) is int and x > 0 for x in sizes):
         return None
-    from .workingset import cache_arg
-
     return {**vg.CONFIG_A, "LL": cache_arg(max(sizes))}
 
 
