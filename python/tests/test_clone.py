@@ -2159,6 +2159,46 @@ def test_original_spread_is_the_pooled_means_uncertainty():
     assert validate.verdict([("cache A", 0.16, drift)], 0.10)["holds"] is None, drift
 
 
+def test_original_spread_widens_where_the_windows_run_in_stretches():
+    """validate.autocorrelation_factor (session 40): neighbouring windows of the validation share
+    the host's slow stretches (redis's data side at A, session 38: lag-1 autocorrelation 0.50), so
+    the standard error of their mean is wider than that of as many independent windows. The same
+    values in another order keep the independent spread; a negative lag-1 never narrows it."""
+    from tailscope.clone import validate
+
+    stretches = [100.0] * 6 + [140.0] * 6 + [100.0] * 6 + [140.0] * 6  # slow stretches of six
+    alternating = [100.0, 140.0] * 12
+    assert sorted(stretches) == sorted(alternating)
+    r = validate.lag1(stretches)
+    assert 0.6 < r <= validate.MAX_LAG1, r
+    assert validate.lag1(alternating) == 0.0  # -1, clipped: never narrower than independent
+    assert validate.autocorrelation_factor(alternating) == 1.0
+    assert validate.autocorrelation_factor(stretches) == pytest.approx(((1 + r) / (1 - r)) ** 0.5)
+
+    def side(vals):
+        return {"LL_miss_rate": sum(vals) / len(vals), "runs": [{"LL_miss_rate": v} for v in vals]}
+
+    plain = validate.original_spread(side(alternating), "LL_miss_rate")
+    wide = validate.original_spread(side(stretches), "LL_miss_rate")
+    assert plain == pytest.approx(validate.mean_spread(alternating, 24))
+    assert wide == pytest.approx(plain * validate.autocorrelation_factor(stretches))
+    # a clone 11% off: judged and failing against independent windows, not judged against stretches
+    assert plain < 0.10 < wide
+    assert validate.verdict([("cache A", 0.11, plain)], 0.10)["holds"] is False
+    assert validate.verdict([("cache A", 0.11, wide)], 0.10)["holds"] is None
+    # the profile's windows, which ran apart, widen the deviation but not the autocorrelation
+    s2 = side(alternating) | {"profile_runs": [{"LL_miss_rate": v} for v in [100.0] * 8 + [140.0] * 8]}
+    assert validate.original_spread(s2, "LL_miss_rate") == pytest.approx(
+        validate.mean_spread([*alternating, *[100.0] * 8, *[140.0] * 8], 24)
+    )
+    # too few windows to tell, a corrupt figure, no spread, an extreme run: bounded, never a crash
+    assert validate.lag1(stretches[:7]) == 0.0
+    assert validate.lag1([*stretches, float("nan")]) == 0.0
+    assert validate.lag1([5.0] * 20) == 0.0
+    assert validate.lag1([float(i) for i in range(40)]) == validate.MAX_LAG1
+    assert validate.autocorrelation_factor([float(i) for i in range(40)]) == pytest.approx(3.0)
+
+
 def test_original_spread_pools_the_deviation_over_hierarchies():
     """validate.pooled_deviation (session 26): the original's window-to-window deviation is the
     service's, not the cache's. A rare stretch in about half of redis's windows adds ~50% to its

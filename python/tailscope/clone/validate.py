@@ -20,7 +20,8 @@ of their medians), and never less than the sampling noise of the median of its r
 (`median_floor`, session 22).
 Simulated: SIM_RUNS callgrind windows per side and hierarchy, the two sides' side by side;
 each side's rates come from the summed counts of its windows, the original's spread is two
-standard errors of its pooled mean (`original_spread`), and never less than the counting noise
+standard errors of its pooled mean (`original_spread`; wider where neighbouring windows share a
+stretch of the host, `autocorrelation_factor`, session 40), and never less than the counting noise
 of the pooled number of events, 2/sqrt(N) (`counting_floor`, session 20: LL misses are tens
 per window). A row whose original spread exceeds the metric's limit cannot be
 judged: no clone can be shown within 10% of a figure that moves more than 10% between two runs
@@ -30,6 +31,7 @@ passing it.
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -595,6 +597,13 @@ def original_spread(side: dict, key: str, peers: tuple | list = ()) -> float | N
         rel = pooled_deviation([own, *(_window_values(s, key) for s in peers)])
         if rel is not None:
             sp = max(sp, 2 * rel / n**0.5)
+        # windows in stretches: the standard error of their mean is wider (`autocorrelation_factor`;
+        # the validation's own windows in the order they ran, not the profile's, which ran apart)
+        try:
+            ordered = [float(r[key]) for r in side["runs"] if key in r]
+        except (TypeError, ValueError):
+            ordered = []
+        sp *= autocorrelation_factor(ordered)
         floor = counting_floor(side, key)
         return sp if floor is None else max(sp, floor)
     return None
@@ -603,6 +612,42 @@ def original_spread(side: dict, key: str, peers: tuple | list = ()) -> float | N
 def _window_values(side: dict, key: str) -> list[float]:
     """A side's figures per callgrind window: its validation windows and, at A, the profile's."""
     return [float(r[key]) for r in (*side.get("runs", []), *side.get("profile_runs", [])) if key in r]
+
+
+# the lag-1 autocorrelation of the original's windows, in the order they ran, that its spread
+# allows for: at most MAX_LAG1 (a factor of 3 on the spread), from at least MIN_LAG1_WINDOWS
+MAX_LAG1 = 0.8
+MIN_LAG1_WINDOWS = 8
+
+
+def lag1(values: list[float]) -> float:
+    """The lag-1 autocorrelation of a side's windows in the order they ran, clipped to
+    [0, MAX_LAG1]; 0 for fewer than MIN_LAG1_WINDOWS windows, no spread or a non-finite figure."""
+    if len(values) < MIN_LAG1_WINDOWS or not all(math.isfinite(v) for v in values):
+        return 0.0
+    m = statistics.fmean(values)
+    d = [v - m for v in values]
+    ss = sum(x * x for x in d)
+    if ss <= 0:
+        return 0.0
+    r = sum(a * b for a, b in itertools.pairwise(d)) / ss
+    return min(MAX_LAG1, max(0.0, r))
+
+
+def autocorrelation_factor(values: list[float]) -> float:
+    """How much wider the standard error of the mean of windows that run in stretches is than
+    that of independent ones: sqrt((1 + r) / (1 - r)) for a lag-1 autocorrelation r (`lag1`), the
+    effective number of windows being n (1 - r) / (1 + r) (an AR(1) series). 1 for r = 0.
+
+    Why (session 40): the host's slow stretches span several of the original's windows, and the
+    validation's windows run one after the other, so neighbouring windows share them. redis's
+    data-side LL misses per window at A had a lag-1 autocorrelation of 0.50 in session 38's
+    validation (48 to 192 a window, higher in the slow stretch): 34 windows held as much as ~11
+    independent ones, and two standard errors over 34 understated how far the pooled mean could
+    move from run to run by a factor of 1.7. memcached's windows are independent (-0.2 to 0.0
+    in session 39's: counting noise), and their spread is unchanged."""
+    r = lag1(values)
+    return math.sqrt((1 + r) / (1 - r))
 
 
 def pooled_deviation(groups: list[list[float]]) -> float | None:
