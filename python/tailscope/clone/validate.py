@@ -599,11 +599,7 @@ def original_spread(side: dict, key: str, peers: tuple | list = ()) -> float | N
             sp = max(sp, 2 * rel / n**0.5)
         # windows in stretches: the standard error of their mean is wider (`autocorrelation_factor`;
         # the validation's own windows in the order they ran, not the profile's, which ran apart)
-        try:
-            ordered = [float(r[key]) for r in side["runs"] if key in r]
-        except (TypeError, ValueError):
-            ordered = []
-        sp *= autocorrelation_factor(ordered)
+        sp *= autocorrelation_factor(_window_values({"runs": side["runs"]}, key))
         floor = counting_floor(side, key)
         return sp if floor is None else max(sp, floor)
     return None
