@@ -640,7 +640,7 @@ def autocorrelation_factor(values: list[float]) -> float:
     data-side LL misses per window at A had a lag-1 autocorrelation of 0.50 in session 38's
     validation (48 to 192 a window, higher in the slow stretch): 34 windows held as much as ~11
     independent ones, and two standard errors over 34 understated how far the pooled mean could
-    move from run to run by a factor of 1.7. memcached's windows are independent (-0.2 to 0.0
+    move from run to run by a factor of 1.7. memcached's windows are independent (-0.37 to +0.18
     in session 39's: counting noise), and their spread is unchanged."""
     r = lag1(values)
     return math.sqrt((1 + r) / (1 - r))
