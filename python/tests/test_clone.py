@@ -2031,9 +2031,10 @@ def test_an_unpaired_originals_persistent_data_target_is_measured_at_the_sweeps_
 
 def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(monkeypatch, tmp_path):
     """tune.tune (session 39): for an original whose LL sweep ran alone, each iteration runs a
-    third pair, both sides at A's L1s and the sweep's largest LL; the original's windows there
-    pool with the sweep's into the persistent target, the clone's (this build's) give its
-    figure there, and the progress line shows the error. A paired sweep runs no such pair."""
+    third set, all at A's L1s and the sweep's largest LL, the clone's window beside two of the
+    original's (session 41: PERSISTENT_ORIGINALS); the original's windows there pool with the
+    sweep's into the persistent target, the clone's (this build's) give its figure there, and the
+    progress line shows the error. A paired sweep runs no such set."""
     from tailscope.clone import tune
     from tailscope.clone import valgrind as vg
 
@@ -2049,10 +2050,16 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     seen = []
 
     def side_by_side(jobs):
-        seen.append((jobs[0]["tag"], jobs[1]["tag"], jobs[0]["cache"]["LL"]))
-        assert jobs[0]["cache"] == jobs[1]["cache"] != vg.CONFIG_B
+        seen.append((*(j["tag"] for j in jobs), jobs[0]["cache"]["LL"]))
+        assert all(j["cache"] == jobs[0]["cache"] != vg.CONFIG_B for j in jobs)
         if jobs[0]["tag"].endswith("-ll"):
-            return [_fake_window(6000, {1: counts(12)}), _fake_window(6000, {1: counts(3)})]
+            assert [j["launch"] for j in jobs[1:]] == [{"argv": ["orig"]}] * 2
+            return [
+                _fake_window(6000, {1: counts(12)}),
+                _fake_window(6000, {1: counts(3)}),
+                _fake_window(6000, {1: counts(4)}),
+            ]
+        assert len(jobs) == 2
         return [_fake_window(6000, {1: counts(27)}), _fake_window(6000, {1: counts(27)})]
 
     monkeypatch.setattr(vg, "side_by_side", side_by_side)
@@ -2083,19 +2090,19 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     msgs: list[str] = []
     res = tune.tune(prof, tmp_path, msgs.append)
     n = res["iterations"]
-    assert res["persistent_ll_windows"] == n == 6
+    assert res["persistent_ll_windows"] == 2 * n == 12
     assert [s for s in seen if s[0].endswith("-ll")] == [
-        (f"tune{i}-ll", f"tune{i}-ll-original", "8388608,16,64") for i in range(1, 7)
+        (f"tune{i}-ll", f"tune{i}-ll-original", f"tune{i}-ll-original2", "8388608,16,64") for i in range(1, 7)
     ]
-    # the sweep's 10 raw windows at 5 misses and the loop's 6 at 3; the code side's at 70 both
-    assert res["target"][tune.PERSISTENT_KEY] == pytest.approx((10 * 5 + 6 * 3) / (16 * 6000))
+    # the sweep's 10 raw windows at 5 misses and the loop's 6 + 6 at 3 and 4; the code side's at 70
+    assert res["target"][tune.PERSISTENT_KEY] == pytest.approx((10 * 5 + 6 * 3 + 6 * 4) / (22 * 6000))
     assert res["target"][tune.PERSISTENT_IL_KEY] == pytest.approx(70 / 6000)
     last = res["history"][-1]["metrics"]
     assert last[tune.PERSISTENT_KEY] == pytest.approx(12 / 6000)
     # (the fake windows have no clone_far_ functions: all of the clone's misses there are its rest)
     assert last[tune.PERSISTENT_REST_KEY] == pytest.approx(12 / 6000)
     assert last[tune.PERSISTENT_IL_REST_KEY] == pytest.approx(70 / 6000)
-    assert f"DL at 8 MiB {100 * (12 / 4.25 - 1):.1f}%, IL at 8 MiB 0.0%" in msgs[-1], msgs[-1]
+    assert f"DL at 8 MiB {100 * (12 / (92 / 22) - 1):.1f}%, IL at 8 MiB 0.0%" in msgs[-1], msgs[-1]
     # a paired sweep (a single-threaded original): no third pair, no such target
     seen.clear()
     prof["valgrind"]["anchors_paired"] = True

@@ -18,11 +18,12 @@ orthogonal, as the paper observes):
     LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings);
                                  cold_code_scale   (the cold code ring, where the clone has no rings;
                                  with rings, on both sides' code misses at the sweep's largest
-                                 LL where the loop runs the third pair below)
+                                 LL where the loop runs the third set below)
     LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses;
                                  for an original whose LL sweep ran alone, on both sides' misses
-                                 at the sweep's largest LL, a third pair per iteration, session
-                                 39: PERSISTENT_KEY)
+                                 at the sweep's largest LL, a third set per iteration, session
+                                 39: PERSISTENT_KEY; the clone's window beside two of the
+                                 original's since session 41: PERSISTENT_ORIGINALS)
                                  data_llc_scale    (the data conflict rings: what a larger LL keeps)
     branch mispredictions     -> branch_x          (the random-branch unit, asmgen.brx_function;
                                  branch_mask_frac, the patterns' share in a counter form, only
@@ -896,6 +897,15 @@ PERSISTENT_KEY = "DL_at_persistent_LL"
 PERSISTENT_IL_KEY = "IL_at_persistent_LL"
 PERSISTENT_REST_KEY = "DL_rest_at_persistent_LL"
 PERSISTENT_IL_REST_KEY = "IL_rest_at_persistent_LL"
+# how many windows of the original the loop runs there beside each of the clone's, all at once.
+# Why (session 41): memcached's data-side misses at 8 MiB are a few a window, 0-16, with a
+# deviation about their mean (3.4 a window over 91 windows beside the clone: sessions 39's and 40's
+# loops and validations, and session 41's probes): ten windows pin that mean to +-1 a window, a
+# tenth of its LL at B (~21 misses a window), and session 40's ten read 4.7 where its validation's
+# 27 read 2.2 (the clone, tuned to 4.0 with the sweep's ten, failed that row 13.0% over).
+# A third copy costs no time: three windows took 19 s as two did (about 0.7 of a CPU under
+# callgrind), and the originals' median latency did not move (311-325 us against 326-333)
+PERSISTENT_ORIGINALS = 2
 
 
 def persistent_ll_config(vgp: dict) -> dict | None:
@@ -1020,7 +1030,7 @@ def tune(
     # (session 39) both sides at the LL sweep's largest LL too, where the sweep ran alone
     persist_cache = persistent_ll_config(vgp) if original else None
     persist_clone: list[vg.Window] = []  # this build's windows there
-    persist_orig: list[dict] = []  # the original's, all of the loop's, with the sweep's
+    persist_orig: list[dict] = []  # the original's (PERSISTENT_ORIGINALS an iteration), with the sweep's
     persist_rest: list[dict] = []  # the clone's rest there, each of the loop's windows
     persist_keys = (("DL", PERSISTENT_KEY), ("IL", PERSISTENT_IL_KEY))
     for side, key in persist_keys if persist_cache is not None else ():
@@ -1058,12 +1068,15 @@ def tune(
                 pw = vg.side_by_side(
                     [
                         {**pjob, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}-ll"},
-                        {**pjob, "launch": original, "tag": f"tune{it}-ll-original"},
+                        *(
+                            {**pjob, "launch": original, "tag": f"tune{it}-ll-original{j + 1 if j else ''}"}
+                            for j in range(PERSISTENT_ORIGINALS)
+                        ),
                     ]
                 )
                 persist_clone.append(pw[0])
                 persist_rest.append(persistent_rest(pw[0], meta))
-                persist_orig.append(vg.metrics(pw[1]) | {"requests": pw[1].requests})
+                persist_orig += [vg.metrics(w) | {"requests": w.requests} for w in pw[1:]]
                 for side, key in persist_keys:
                     if (pt := persistent_target(vgp, persist_orig, side)) is not None:
                         target[key] = pt
