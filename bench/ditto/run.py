@@ -136,6 +136,9 @@ def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "al
             (out / "private" / "bench_times.json").write_text(json.dumps(times))
             return {}
         return validate_service(name, out, quick, times, part="simulated" if stage == "simulated" else "all")
+    # the new run goes to a directory beside the last complete one, which it replaces only once
+    # it is complete (session 41: a pipeline stopped or failed had cleared the last run first)
+    final, out = out, work / f".{name}.partial"
     shutil.rmtree(out, ignore_errors=True)
     srv = subprocess.Popen(
         ["taskset", "-c", "0", *spec["cmd"]],
@@ -181,11 +184,13 @@ def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "al
     subprocess.run(["make", "-s", "-C", str(out)], check=True)
     build_s = time.monotonic() - t0
     times = {"pipeline_s": pipeline_s, "build_s": build_s}
+    (out / "private" / "bench_times.json").write_text(json.dumps(times))
+    shutil.rmtree(final, ignore_errors=True)
+    out.rename(final)
     if stage == "pipeline":
-        (out / "private" / "bench_times.json").write_text(json.dumps(times))
         print(f"[ditto] {name}: pipeline {pipeline_s / 60:.1f} min, build {build_s:.1f} s; next: --stage report")
         return {}
-    return validate_service(name, out, quick, times)
+    return validate_service(name, final, quick, times)
 
 
 def validate_service(name: str, out: Path, quick: bool, times: dict, part: str = "all") -> dict:

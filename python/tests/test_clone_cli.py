@@ -5,6 +5,7 @@ import os
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -174,6 +175,56 @@ def test_bench_ditto_times_file_errors_are_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(run, "ROOT", tmp_path)  # the clone directory is named relative to the repo
     r = run.load_service("memcached", tmp_path)
     assert (r["pipeline_s"], r["build_s"], r["validate_s"]) == (400.0, 0.4, 300)
+
+
+def test_bench_ditto_pipeline_replaces_the_last_run_only_once_it_is_complete(tmp_path, monkeypatch):
+    """bench/ditto/run.py --stage pipeline (session 41) builds the new run beside the service's
+    last complete one, and replaces it only when the new one is complete: a failed or stopped
+    pipeline leaves the last run as it was (it had cleared it first), a complete one takes its
+    place and leaves nothing beside it."""
+    run = _bench_ditto()
+
+    class Server:
+        pid = 4242
+
+        def terminate(self):
+            pass
+
+        def wait(self, timeout=None):
+            return 0
+
+    monkeypatch.setattr(run.subprocess, "Popen", lambda *a, **k: Server())
+    monkeypatch.setattr(run, "_wait_port", lambda port: None)
+    makes = []
+    monkeypatch.setattr(run.subprocess, "run", lambda cmd, **k: makes.append(cmd))
+    last = tmp_path / "memcached"
+    (last / "private").mkdir(parents=True)
+    (last / "private" / "validation.json").write_text("{}")
+
+    def clone(rc, complete):
+        def child(cmd, **kw):
+            out = Path(cmd[cmd.index("-o") + 1])
+            assert out != last and not out.exists(), out
+            (out / "private").mkdir(parents=True)
+            if complete:
+                (out / "clone").write_text("binary")
+            return subprocess.CompletedProcess(cmd, rc, None, None)
+
+        return child
+
+    for rc, complete in ((1, False), (2, True), (143, False)):
+        monkeypatch.setattr(run, "child", clone(rc, complete))
+        with pytest.raises(SystemExit):
+            run.run_service("memcached", run.SERVICES["memcached"], tmp_path, quick=True, stage="pipeline")
+        assert (last / "private" / "validation.json").exists() and not (last / "clone").exists()
+    assert makes == []
+    monkeypatch.setattr(run, "child", clone(0, True))
+    assert run.run_service("memcached", run.SERVICES["memcached"], tmp_path, quick=True, stage="pipeline") == {}
+    assert (last / "clone").read_text() == "binary" and not (last / "private" / "validation.json").exists()
+    times = json.loads((last / "private" / "bench_times.json").read_text())
+    assert set(times) == {"pipeline_s", "build_s"}
+    assert [p.name for p in tmp_path.iterdir()] == ["memcached"]
+    assert [c[3] for c in makes] == [str(tmp_path / ".memcached.partial")] * 2
 
 
 def test_bench_ditto_results_stage_and_an_unknown_service(tmp_path, monkeypatch):
