@@ -185,8 +185,7 @@ def run_service(name: str, spec: dict, work: Path, quick: bool, stage: str = "al
     build_s = time.monotonic() - t0
     times = {"pipeline_s": pipeline_s, "build_s": build_s}
     (out / "private" / "bench_times.json").write_text(json.dumps(times))
-    shutil.rmtree(final, ignore_errors=True)
-    out.rename(final)
+    replace_run(out, final)
     if stage == "pipeline":
         print(f"[ditto] {name}: pipeline {pipeline_s / 60:.1f} min, build {build_s:.1f} s; next: --stage report")
         return {}
@@ -235,6 +234,30 @@ def validate_service(name: str, out: Path, quick: bool, times: dict, part: str =
         **times,
         "clone_dir": str(out.relative_to(ROOT)),
     }
+
+
+def replace_run(new: Path, final: Path) -> None:
+    """Put a complete run (`new`) in the place of the service's last one (`final`): the last one
+    moves aside first and goes only once the new one is in place. A move that fails puts the last
+    one back and is one line saying where each run is (session 41 left a traceback there)."""
+    old = final.with_name(f".{final.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    try:
+        if final.exists():
+            final.rename(old)
+        new.rename(final)
+    except OSError as exc:
+        if old.exists() and not final.exists():
+            try:
+                old.rename(final)  # (the last run back in its place)
+            except OSError:
+                pass
+        where = f"; the last one is in {old}" if old.exists() else f"; the last one stays in {final}"
+        raise SystemExit(
+            f"bench ditto: the new run is complete in {new} but could not take the place of {final} "
+            f"({exc.strerror or exc}){where}"
+        ) from None
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def load_service(name: str, work: Path) -> dict:

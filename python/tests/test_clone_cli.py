@@ -225,6 +225,23 @@ def test_bench_ditto_pipeline_replaces_the_last_run_only_once_it_is_complete(tmp
     assert set(times) == {"pipeline_s", "build_s"}
     assert [p.name for p in tmp_path.iterdir()] == ["memcached"]
     assert [c[3] for c in makes] == [str(tmp_path / ".memcached.partial")] * 2
+    # a new run that cannot take the last one's place: one line naming both, the last run kept
+    new = tmp_path / ".memcached.partial"
+    (new / "private").mkdir(parents=True)
+    real = Path.rename
+
+    def refuse(self, target):
+        if self == new:
+            raise OSError(13, "Permission denied")
+        return real(self, target)
+
+    monkeypatch.setattr(Path, "rename", refuse)
+    with pytest.raises(SystemExit) as exc:
+        run.replace_run(new, last)
+    msg = str(exc.value)
+    assert "\n" not in msg and str(new) in msg and "Permission denied" in msg and f"stays in {last}" in msg, msg
+    assert (last / "clone").read_text() == "binary" and new.exists()
+    assert not (tmp_path / ".memcached.old").exists()
 
 
 def test_bench_ditto_results_stage_and_an_unknown_service(tmp_path, monkeypatch):
