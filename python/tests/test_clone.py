@@ -2206,6 +2206,58 @@ def test_original_spread_widens_where_the_windows_run_in_stretches():
     assert validate.autocorrelation_factor([float(i) for i in range(40)]) == pytest.approx(3.0)
 
 
+def test_the_original_spread_at_a_draws_on_the_tuning_loops_windows(tmp_path):
+    """validate.loop_windows (session 42): the original's windows at A that the tuning loop ran
+    beside the clone join the deviation of its spread at A, as the profile's do. memcached's data
+    side at A is bimodal a window; seven validation windows that all missed the upper mode, with
+    six of the profile's that did too, judged a clone at the mixture's mean as failing."""
+    import json
+
+    from tailscope.clone import report, validate
+    from tailscope.clone.errors import CloneError
+
+    def w(ll):
+        return {"LL_miss_rate": ll, "requests": 5855.0}
+
+    prof = [w(v) for v in (100.0, 104.0, 98.0, 101.0, 99.0, 103.0)]  # the profile's: all low
+    loop = [w(v) for v in (100.0, 160.0, 102.0, 99.0, 158.0, 101.0, 97.0, 162.0, 100.0, 103.0)]
+    vgp = {"windows": prof}
+    priv = tmp_path / "private"
+    priv.mkdir()
+    # no tuning record (a clone tuned without the original): the profile's windows alone
+    assert validate.loop_windows(tmp_path, vgp) == prof
+    (priv / "tuning.json").write_text(json.dumps({"target_windows": [*prof, *loop]}))
+    assert validate.loop_windows(tmp_path, vgp) == [*prof, *loop]
+    # a record of another profile's: its windows say nothing of this one
+    assert validate.loop_windows(tmp_path, {"windows": [w(90.0), *prof[1:]]}) == [w(90.0), *prof[1:]]
+    # a record from before the windows were kept
+    (priv / "tuning.json").write_text(json.dumps({"iterations": 3}))
+    assert validate.loop_windows(tmp_path, vgp) == prof
+    # corrupt: one line each, never a traceback or a silent pass
+    for bad in ("{", json.dumps({"target_windows": 5}), json.dumps({"target_windows": [*prof, {"LL_miss_rate": "x"}]})):
+        (priv / "tuning.json").write_text(bad)
+        with pytest.raises(CloneError, match=r"tuning\.json is corrupt"):
+            validate.loop_windows(tmp_path, vgp)
+    (priv / "tuning.json").write_text(json.dumps({"target_windows": [*prof, *loop]}).replace("160.0", "NaN"))
+    with pytest.raises(CloneError, match="finite"):
+        validate.loop_windows(tmp_path, vgp)
+
+    # seven validation windows in the lower mode: with the profile's alone the spread is small and
+    # a clone at the mixture's mean (~+18%) is judged and fails; with the loop's windows, which
+    # caught the upper mode three times in ten, the row is not judged. The mean stays the
+    # validation's own
+    runs = [w(v) for v in (99.0, 102.0, 100.0, 101.0, 98.0, 103.0, 100.0)]
+    side = {"LL_miss_rate": 100.4, "runs": runs, "profile_runs": prof}
+    narrow = validate.original_spread(side, "LL_miss_rate")
+    wide = validate.original_spread(side | {"profile_runs": [*prof, *loop]}, "LL_miss_rate")
+    assert narrow < 0.02 and wide > 0.12, (narrow, wide)
+    assert validate.verdict([("cache A", 0.18, narrow)], 0.10)["holds"] is False
+    assert validate.verdict([("cache A", 0.18, wide)], 0.10)["holds"] is None
+    # and the report says what the spread at A drew on
+    res = {"simulated": {"A": {"original": side | {"profile_runs": [*prof, *loop]}}}}
+    assert "its 16 windows there before the validation" in report.windows_note(res)
+
+
 def test_original_spread_pools_the_deviation_over_hierarchies():
     """validate.pooled_deviation (session 26): the original's window-to-window deviation is the
     service's, not the cache's. A rare stretch in about half of redis's windows adds ~50% to its

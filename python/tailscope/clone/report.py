@@ -147,7 +147,15 @@ def windows_note(res: dict) -> str:
     n = {cfg: len((sides.get("original") or {}).get("runs") or []) for cfg, sides in sim.items()}
     if not any(n.values()):
         return ""
-    return "each side pooled " + ", ".join(f"{v} windows at {cfg}" for cfg, v in n.items()) + "."
+    out = "each side pooled " + ", ".join(f"{v} windows at {cfg}" for cfg, v in n.items()) + "."
+    before = len(((sim.get("A") or {}).get("original") or {}).get("profile_runs") or [])
+    if before:
+        # (validate.loop_windows, session 42)
+        out += (
+            f" The original's spread at A also takes its deviation from its {before} windows there before the "
+            "validation (the profile's and the tuning loop's; not its mean: the clone was tuned to them)."
+        )
+    return out
 
 
 def host_note(res: dict) -> str:
