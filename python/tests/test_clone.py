@@ -2103,6 +2103,18 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     assert last[tune.PERSISTENT_REST_KEY] == pytest.approx(12 / 6000)
     assert last[tune.PERSISTENT_IL_REST_KEY] == pytest.approx(70 / 6000)
     assert f"DL at 8 MiB {100 * (12 / (92 / 22) - 1):.1f}%, IL at 8 MiB 0.0%" in msgs[-1], msgs[-1]
+    # each iteration keeps the LL parts its steps were taken on (none here: no clone functions)
+    assert res["history"][0]["ll_parts"] == dict.fromkeys(
+        ("data_rings", "data_far", "data_farp", "code_rings", "code_far"), 0.0
+    )
+    split = {
+        "llc": {"DLmr": 0.002, "DLmw": 0.001, "ILmr": 0.004},
+        "far": {"DLmr": 0.0005, "DLmw": 0.0001, "ILmr": 0.003},
+        "farp": {"DLmr": 0.0002},
+    }
+    assert tune.ll_parts(split) == pytest.approx(
+        {"data_rings": 0.003, "data_far": 0.0006, "data_farp": 0.0002, "code_rings": 0.004, "code_far": 0.003}
+    )
     # a paired sweep (a single-threaded original): no third pair, no such target
     seen.clear()
     prof["valgrind"]["anchors_paired"] = True

@@ -339,6 +339,23 @@ def _split(win: vg.Window, meta: dict) -> dict:
     return out
 
 
+def ll_parts(split: dict) -> dict[str, float]:
+    """A `_split`'s LL misses per request by the clone's parts: the data and code conflict rings
+    (clone_llc*), clone_far_'s walkers with clone_farp_'s (far) and the latter alone (farp)."""
+
+    def dl(d: dict) -> float:
+        return d.get("DLmr", 0.0) + d.get("DLmw", 0.0)
+
+    llc, far, farp = split.get("llc") or {}, split.get("far") or {}, split.get("farp") or {}
+    return {
+        "data_rings": dl(llc),
+        "data_far": dl(far),
+        "data_farp": dl(farp),
+        "code_rings": llc.get("ILmr", 0.0),
+        "code_far": far.get("ILmr", 0.0),
+    }
+
+
 def _targets_by_body(prof: dict) -> dict[str, float]:
     """The original's instructions per request of each body's threads: over the profile's pool of
     windows where it has one (session 9), else its detail window."""
@@ -1110,6 +1127,9 @@ def tune(
                 # (session 39) how fast valgrind ran the clone in this iteration's window (the
                 # original's is in its window's metrics, `target_windows`)
                 f"clone_{vg.LATENCY_KEY}": vg.metrics(clone_wins[-1]).get(vg.LATENCY_KEY),
+                # (session 42) the LL misses per request at A of the parts each LL knob moves:
+                # what the loop's steps were taken on, for reading its course afterwards
+                "ll_parts": ll_parts(split),
                 **({"half_i1_misses_per_request": half_bodies} if half_bodies else {}),
             }
         )
