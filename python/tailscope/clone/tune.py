@@ -461,8 +461,6 @@ def update_knobs(
 LL_KNOB_FLOOR = 1e-4
 # cold_code_scale's range: the profile's first-fetch count is right within a factor of a few
 COLD_KNOB_RANGE = (0.25, 4.0)
-# the code rings count as spent (`_ll_by_side`) when they miss at most this share of the target
-RINGS_SPENT = 0.02
 
 
 def _newton(k: dict, knob: str, want: float, have: float, lo: float = LL_KNOB_FLOOR, hi: float = 50.0) -> None:
@@ -499,7 +497,7 @@ def _ll_by_side(
     t_il, c_il = ratio * target.get("IL_misses_per_request", 0.0), m.get("IL_misses_per_request", 0.0)
     llc_il = llc.get("ILmr", 0.0)
     if target.get("IL_ring_bins", 1.0) > 0:
-        cold_step, spent = 0.0, False
+        cold_step = 0.0
         if PERSISTENT_IL_KEY in target and PERSISTENT_IL_REST_KEY in m:
             # (session 39) the loop measured both sides at the sweep's largest LL, where of the
             # clone's code only the cold ring and its rest miss: the ring (its misses at A are
@@ -518,19 +516,7 @@ def _ll_by_side(
                 hi=COLD_KNOB_RANGE[1],
             )
             cold_step = cold * (k.get("cold_code_scale", 1.0) / before - 1.0) if before > 0 else 0.0
-        elif llc_il <= RINGS_SPENT * t_il and c_il - llc_il > t_il and far.get("ILmr", 0.0) > 0:
-            # (session 42) the rings are spent (they miss next to nothing) and the rest of the
-            # clone alone misses more than the target: the cold ring, the one other code part a
-            # knob moves, gives up the difference. redis's loop had its rings' knob at 0.05 from
-            # the second iteration on (it stayed there: they missed nothing) and its code side at
-            # 134-136 misses a window against a target that fell to 113 (the profile's windows
-            # mostly in the upper mode, the loop's last eight all in the lower): 20% over at the
-            # cap, with nothing left to step. The rings take no step: there is nothing to give
-            cold = far["ILmr"]
-            _newton(k, "cold_code_scale", t_il - (c_il - cold), cold, lo=COLD_KNOB_RANGE[0], hi=COLD_KNOB_RANGE[1])
-            spent = True
-        if not spent:
-            _newton(k, "code_llc_scale", t_il - (c_il - llc_il) - cold_step, llc_il)
+        _newton(k, "code_llc_scale", t_il - (c_il - llc_il) - cold_step, llc_il)
     else:
         # no code bin: the profile's LL sweep saw the same code misses at every size, so there is
         # no ring to make up a difference, and the cold ring is what misses (session 22: redis's
