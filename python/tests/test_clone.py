@@ -1966,7 +1966,7 @@ def test_an_unpaired_originals_persistent_data_target_is_measured_at_the_sweeps_
     original's misses at the sweep's largest LL, pooled from the sweep's raw windows there and the
     loop's windows beside the clone, not at the sweep's share times the target at A (memcached:
     0.20 x 0.0063 a request, 155% over the validation's 0.00051); the clone's own rest there is
-    measured. Paired sweeps, old profiles and corrupt sweeps keep the share."""
+    measured. Since session 42 paired sweeps and old profiles too; corrupt sweeps keep the share."""
     from tailscope.clone import tune
     from tailscope.clone import valgrind as vg
 
@@ -1976,8 +1976,9 @@ def test_an_unpaired_originals_persistent_data_target_is_measured_at_the_sweeps_
     cfg = tune.persistent_ll_config(vgp)
     # A's L1s and the sweep's largest LL: a point of the profile's sweep, never the held-out B
     assert cfg == {**vg.CONFIG_A, "LL": "8388608,16,64"} and cfg != vg.CONFIG_B
-    assert tune.persistent_ll_config(vgp | {"anchors_paired": True}) is None
-    assert tune.persistent_ll_config({k: v for k, v in vgp.items() if k != "anchors_paired"}) is None
+    # (session 42) a paired sweep (redis's) and a profile from before the pairing was kept alike
+    assert tune.persistent_ll_config(vgp | {"anchors_paired": True}) == cfg
+    assert tune.persistent_ll_config({k: v for k, v in vgp.items() if k != "anchors_paired"}) == cfg
     assert tune.persistent_ll_config(vgp | {"ll_sweep": {**sweep, "sizes": [2 * mb, "x"]}}) is None
     assert tune.persistent_ll_config(vgp | {"ll_sweep": None}) is None
     # the sweep's 10 windows at 8 MiB (0.0009 a request) alone, then with four of the loop's
@@ -2034,7 +2035,7 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     third set, all at A's L1s and the sweep's largest LL, the clone's window beside two of the
     original's (session 41: PERSISTENT_ORIGINALS); the original's windows there pool with the
     sweep's into the persistent target, the clone's (this build's) give its figure there, and the
-    progress line shows the error. A paired sweep runs no such set."""
+    progress line shows the error. A paired sweep runs the same set (session 42)."""
     from tailscope.clone import tune
     from tailscope.clone import valgrind as vg
 
@@ -2115,9 +2116,17 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     assert tune.ll_parts(split) == pytest.approx(
         {"data_rings": 0.003, "data_far": 0.0006, "data_farp": 0.0002, "code_rings": 0.004, "code_far": 0.003}
     )
-    # a paired sweep (a single-threaded original): no third pair, no such target
+    # a paired sweep (a single-threaded original): the same set, the same target (session 42)
     seen.clear()
     prof["valgrind"]["anchors_paired"] = True
+    res = tune.tune(prof, tmp_path, msgs.append)
+    first = next(s for s in seen if s[0].endswith("-ll"))
+    assert first == ("tune1-ll", "tune1-ll-original", "tune1-ll-original2", "8388608,16,64")
+    assert res["persistent_ll_windows"] == 2 * res["iterations"]
+    assert tune.PERSISTENT_KEY in res["target"]
+    # a profile without a sweep: none
+    seen.clear()
+    prof["valgrind"]["ll_sweep"] = None
     res = tune.tune(prof, tmp_path, msgs.append)
     assert not any(s[0].endswith("-ll") for s in seen) and tune.PERSISTENT_KEY not in res["target"]
     assert res["persistent_ll_windows"] == 0

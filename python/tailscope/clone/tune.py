@@ -20,10 +20,11 @@ orthogonal, as the paper observes):
                                  with rings, on both sides' code misses at the sweep's largest
                                  LL where the loop runs the third set below)
     LL misses, data side      -> data_ll_scale     (the walkers beyond the LL: what any LL misses;
-                                 for an original whose LL sweep ran alone, on both sides' misses
-                                 at the sweep's largest LL, a third set per iteration, session
-                                 39: PERSISTENT_KEY; the clone's window beside two of the
-                                 original's since session 41: PERSISTENT_ORIGINALS)
+                                 on both sides' misses at the sweep's largest LL, a third set
+                                 per iteration, session 39: PERSISTENT_KEY; the clone's window
+                                 beside two of the original's since session 41:
+                                 PERSISTENT_ORIGINALS; until session 42 only for an original
+                                 whose LL sweep ran alone)
                                  data_llc_scale    (the data conflict rings: what a larger LL keeps)
     branch mispredictions     -> branch_x          (the random-branch unit, asmgen.brx_function;
                                  branch_mask_frac, the patterns' share in a counter form, only
@@ -926,10 +927,10 @@ PERSISTENT_ORIGINALS = 2
 
 
 def persistent_ll_config(vgp: dict) -> dict | None:
-    """The cache at which the loop also runs both sides each iteration, for an original whose LL
-    sweep ran alone (`profile.ll_sweep_windows`: a multi-threaded one): A's L1s and the sweep's
-    largest LL (a point of the profile's sweep, not the held-out hierarchy). None for an original
-    whose sweep ran in pairs, or a profile without a well-formed sweep.
+    """The cache at which the loop also runs both sides each iteration: A's L1s and the sweep's
+    largest LL (a point of the profile's sweep, not the held-out hierarchy). None for a profile
+    without a well-formed sweep. Until session 42 only for an original whose LL sweep ran alone
+    (`profile.ll_sweep_windows`: a multi-threaded one); why for every original, below.
 
     Why (session 39): the clone's persistent data walkers were sized to the sweep's share of A's
     data-side misses that its largest LL still misses, times the tuning target at A. memcached's
@@ -939,9 +940,21 @@ def persistent_ll_config(vgp: dict) -> dict | None:
     clone), so the share (0.20) times the target (0.0063) put the clone's data side at 8 MiB at
     0.0013 a request, 155% over the validation's original, and its LL at B 25.7% over. The
     original's misses at the largest LL measured beside the clone, pooled with the sweep's own
-    (`persistent_target`), are in the conditions it is judged in, and do not pass through A."""
+    (`persistent_target`), are in the conditions it is judged in, and do not pass through A.
+
+    Why for a paired sweep too (session 42): redis's code-side misses come in two modes a window
+    (at A 80 or 142-158, at 8 MiB 74 or 127-143: an 8 MiB LL keeps 7-10% of them in either mode),
+    and the share of windows in the upper one moves from one stretch of the host to the next (the
+    profile's six windows had five, the loop's last eight none). Its clone's share of code misses
+    an 8 MiB LL keeps came from the sweep (0.91 persistent) and the target at A: with the target
+    at A drawn low, the cold ring alone made it up, the code rings went to 0.05 and missed nothing
+    from the second iteration on, and the clone kept 2.3% of its code misses at B where the
+    original kept 7-10% in either mode. The validation's original at B was 14% under its figure at A (the share of
+    upper-mode windows 63% there, 69% at A), and the LL at B failed 11.8% over (its code side
+    17.8%). Measured at 8 MiB each iteration, both sides' code misses there set the cold ring and
+    A's the rings, from pools of the same windows' kind (`_ll_by_side`)."""
     ll = vgp.get("ll_sweep")
-    if vgp.get("anchors_paired") is not False or not isinstance(ll, dict):
+    if not isinstance(ll, dict):
         return None
     sizes = ll.get("sizes")
     if not isinstance(sizes, list) or len(sizes) < 2 or not all(type(x) is int and x > 0 for x in sizes):
@@ -1044,7 +1057,7 @@ def tune(
     half_job = {**job, "cache": half_i1_config()}
     half_clone: list[vg.Window] = []  # the clone's windows at half of A's I1 (this build's)
     half_orig: list[vg.Window] = []  # the original's, all of the loop's: the target's pool
-    # (session 39) both sides at the LL sweep's largest LL too, where the sweep ran alone
+    # (session 39) both sides at the LL sweep's largest LL too (every original since session 42)
     persist_cache = persistent_ll_config(vgp) if original else None
     persist_clone: list[vg.Window] = []  # this build's windows there
     persist_orig: list[dict] = []  # the original's (PERSISTENT_ORIGINALS an iteration), with the sweep's
