@@ -153,7 +153,8 @@ def windows_note(res: dict) -> str:
         # (validate.loop_windows, session 42)
         out += (
             f" The original's spread at A also takes its deviation from its {before} windows there before the "
-            "validation (the profile's and the tuning loop's; not its mean: the clone was tuned to them)."
+            "validation (the profile's and, since session 42, the tuning loop's; not its figure: the clone was "
+            "tuned to them)."
         )
     return out
 
