@@ -404,7 +404,8 @@ def main() -> int:
         "clone was tuned to a pool of the original's windows at A taken by the profile and by the tuning loop (one "
         "beside each of its clone's windows). The original's own spread "
         "there is two standard errors of its pooled mean, 2·sd/√n, the deviation taken over its windows (at A the "
-        "profile's windows too); for two windows this is |a − b| / mean, the sessions 7–8 figure. It is never less "
+        "profile's and, since session 42, the tuning loop's windows too, for the deviation only); for two "
+        "windows this is |a − b| / mean, the sessions 7–8 figure. It is never less "
         "than the same taken with the deviation pooled over every hierarchy's windows (each relative to its own "
         "hierarchy's mean: a rare stretch of the service's own shows in some windows at every hierarchy), nor than "
         "the counting noise of the pool, 2/√N for N pooled events (it binds for the LL misses, tens per window).",
