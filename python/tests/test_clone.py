@@ -2030,6 +2030,56 @@ def test_an_unpaired_originals_persistent_data_target_is_measured_at_the_sweeps_
     assert k2["data_ll_scale"] == pytest.approx((0.006 - 0.001) / 0.016)
 
 
+def test_a_bimodal_originals_target_at_the_largest_ll_is_drawn_mode_by_mode():
+    """tune.balanced_persistent (session 43): redis's code misses a window are 80 or 150 at A and
+    74 or 138 at 8 MiB. A loop whose pool at A drew the upper mode once in six windows and whose
+    pool at 8 MiB drew it three times in four reads more at 8 MiB than at A (session 42: 112
+    against 110), and the cold ring aimed at that left the code rings nothing to keep. Mode by
+    mode, weighed as A's windows hold the modes, the target there is 0.92 of A's; before the loop
+    has both modes on both sides, the sweep's balanced ratio; one mode (memcached) or a corrupt
+    sweep: nothing, and the absolute pool stands."""
+    from tailscope.clone import tune
+
+    def ws(pairs):
+        rest = dict.fromkeys(("instructions_per_request", "data_refs_per_request", "I1_miss_rate", "D1_miss_rate"), 0.0)
+        return [
+            {**rest, "IL_misses_per_request": il / 6000, "DL_misses_per_request": dl / 6000, "requests": 6000}
+            for il, dl in pairs
+        ]
+
+    mb = 1 << 20
+    sweep = {
+        "sizes": [2 * mb, 4 * mb, 8 * mb],
+        "IL": [0.02, 0.019, 0.0186],
+        "DL": [0.016, 0.01, 0.0064],
+        "modes": [None, [6, 2]],
+    }
+    vgp = {"ll_sweep": sweep}
+    at_a = ws([(80, 60)] * 5 + [(150, 110)])
+    at_8 = ws([(74, 24), (138, 46), (138, 46), (138, 46)])
+    target = {"IL_misses_per_request": (5 * 80 + 150) / 6 / 6000, "DL_misses_per_request": (5 * 60 + 110) / 6 / 6000}
+    pooled = sum(w["IL_misses_per_request"] for w in at_8) / 4
+    assert pooled > target["IL_misses_per_request"]  # the pools' shares differ: 8 MiB reads more
+    got = tune.balanced_persistent(vgp, target, at_a, at_8)
+    want_il = (5 * 74 + 138) / (5 * 80 + 150)
+    assert got["IL_persistent_ratio"] == pytest.approx(want_il) and 0.91 < want_il < 0.93
+    assert got[tune.PERSISTENT_IL_KEY] == pytest.approx(target["IL_misses_per_request"] * want_il)
+    assert got[tune.PERSISTENT_KEY] == pytest.approx(target["DL_misses_per_request"] * (5 * 24 + 46) / (5 * 60 + 110))
+    # the loop's windows at 8 MiB in one mode so far: the sweep's ratio (0.93 code, 0.40 data)
+    early = tune.balanced_persistent(vgp, target, at_a, at_8[1:3])
+    assert early["IL_persistent_ratio"] == pytest.approx(0.93) and early["DL_persistent_ratio"] == pytest.approx(0.4)
+    assert tune.balanced_persistent(vgp, target, at_a, [])["IL_persistent_ratio"] == pytest.approx(0.93)
+    # one mode in the sweep (memcached's), no modes kept (an old profile), a corrupt sweep: {}
+    assert tune.balanced_persistent({"ll_sweep": {**sweep, "modes": [None, None]}}, target, at_a, at_8) == {}
+    assert (
+        tune.balanced_persistent({"ll_sweep": {k: v for k, v in sweep.items() if k != "modes"}}, target, at_a, at_8)
+        == {}
+    )
+    assert tune.balanced_persistent({"ll_sweep": {**sweep, "IL": [0.0, 1.0, 1.0]}}, target, at_a, at_8) == {}
+    assert tune.balanced_persistent({"ll_sweep": {**sweep, "DL": ["x"]}}, target, at_a, at_8) == {}
+    assert tune.balanced_persistent({"ll_sweep": None}, target, at_a, at_8) == {}
+
+
 def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(monkeypatch, tmp_path):
     """tune.tune (session 39): for an original whose LL sweep ran alone, each iteration runs a
     third set, all at A's L1s and the sweep's largest LL, the clone's window beside two of the

@@ -986,6 +986,52 @@ def persistent_target(vgp: dict, orig: list[dict], side: str = "DL") -> float | 
     return n_dl / n_req if n_req > 0 else None
 
 
+# where the original's windows are bimodal (`balanced_persistent`): the ratio each side's target at
+# the sweep's largest LL took to its target at A, kept in the target for reading the loop's course
+PERSISTENT_RATIO_KEYS = {"IL": "IL_persistent_ratio", "DL": "DL_persistent_ratio"}
+
+
+def balanced_persistent(vgp: dict, target: dict, at_a: list[dict], orig: list[dict]) -> dict[str, float]:
+    """For an original whose windows come in two modes (the profile's LL sweep found them at its
+    largest LL: `profile.mode_balanced`), each side's target at that LL as the target at A times
+    what that LL keeps of it mode by mode, weighed as the windows at A hold the modes: from the
+    loop's pools (`at_a`, the target's windows at A, and `orig`, the original's at that LL) where
+    both show both modes, else the sweep's own ratio. {} for an original of one mode, a sweep
+    without its modes or a corrupt one (`persistent_target`'s absolute figure stands then).
+
+    Why (session 42): redis's code misses a window are 80 or 142-158 at A and 74 or 127-143 at
+    8 MiB (an 8 MiB LL keeps 7-10% in either mode), and the share of windows in the upper mode
+    moves from one stretch of the host to the next. The first loop to measure both sides at 8 MiB
+    pooled 110 code misses a window at A and 112 at 8 MiB: its two pools had drawn the upper mode
+    in different shares, which moves each by more than the 7-10%. Aimed at 112, the cold ring
+    (which every LL misses) went to 1.35 and the code rings (what a larger LL keeps) to ~0, and the
+    clone kept 3% of its code misses at 8 MiB where the original keeps 7-10%: the code side at B
+    (session 42's validation, the path before: 2.3% kept) fails. The modes' means do not move
+    with their shares, so the ratio of the means, mode by mode, is the split the clone must make."""
+    from . import profile as prof_mod  # (profile imports nothing of the loop's)
+
+    ll = vgp.get("ll_sweep")
+    try:
+        sizes = [int(x) for x in ll["sizes"]]
+        i = sizes[1:].index(max(sizes[1:]))
+        if ll["modes"][i] is None:
+            return {}
+        sweep = {side: float(ll[side][i + 1]) / float(ll[side][0]) for side in PERSISTENT_RATIO_KEYS}
+    except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError):
+        return {}
+    loop = prof_mod.mode_balanced(orig, at_a) if orig and at_a else None
+    out: dict[str, float] = {}
+    for side, rkey in PERSISTENT_RATIO_KEYS.items():
+        r = (loop or {}).get(side)
+        r = r if isinstance(r, float) and r >= 0 else sweep[side]
+        if not r >= 0:  # (NaN)
+            return {}
+        key = PERSISTENT_KEY if side == "DL" else PERSISTENT_IL_KEY
+        out[key] = float(target.get(f"{side}_misses_per_request", 0.0)) * r
+        out[rkey] = r
+    return out
+
+
 def persistent_rest(win: vg.Window, meta: dict) -> dict:
     """What one of the clone's windows at the sweep's largest LL missed there per request but for
     its persistent walkers (clone_farp_'s data misses: PERSISTENT_REST_KEY) and for clone_far_'s
@@ -1066,6 +1112,8 @@ def tune(
     for side, key in persist_keys if persist_cache is not None else ():
         if (pt := persistent_target(vgp, [], side)) is not None:
             target[key] = pt
+    if persist_cache is not None:  # (session 43) a bimodal original: the split mode by mode
+        target.update(balanced_persistent(vgp, target, windows, []))
     for it in range(1, max_iter + 1):
         again = bool(history) and knobs == history[-1]["knobs"]
         if again:
@@ -1110,6 +1158,7 @@ def tune(
                 for side, key in persist_keys:
                     if (pt := persistent_target(vgp, persist_orig, side)) is not None:
                         target[key] = pt
+                target.update(balanced_persistent(vgp, target, windows, persist_orig))
         win = vg.pool(clone_wins)
         m = vg.metrics(win)
         half_bodies: dict = {}
