@@ -2054,7 +2054,7 @@ def test_a_bimodal_originals_target_at_the_largest_ll_is_drawn_mode_by_mode():
         "DL": [0.016, 0.01, 0.0064],
         "modes": [None, [6, 2]],
     }
-    vgp = {"ll_sweep": sweep}
+    vgp = {"ll_sweep": sweep, "anchors_paired": True}
     at_a = ws([(80, 60)] * 5 + [(150, 110)])
     at_8 = ws([(74, 24), (138, 46), (138, 46), (138, 46)])
     target = {"IL_misses_per_request": (5 * 80 + 150) / 6 / 6000, "DL_misses_per_request": (5 * 60 + 110) / 6 / 6000}
@@ -2069,15 +2069,17 @@ def test_a_bimodal_originals_target_at_the_largest_ll_is_drawn_mode_by_mode():
     early = tune.balanced_persistent(vgp, target, at_a, at_8[1:3])
     assert early["IL_persistent_ratio"] == pytest.approx(0.93) and early["DL_persistent_ratio"] == pytest.approx(0.4)
     assert tune.balanced_persistent(vgp, target, at_a, [])["IL_persistent_ratio"] == pytest.approx(0.93)
-    # one mode in the sweep (memcached's), no modes kept (an old profile), a corrupt sweep: {}
-    assert tune.balanced_persistent({"ll_sweep": {**sweep, "modes": [None, None]}}, target, at_a, at_8) == {}
-    assert (
-        tune.balanced_persistent({"ll_sweep": {k: v for k, v in sweep.items() if k != "modes"}}, target, at_a, at_8)
-        == {}
-    )
-    assert tune.balanced_persistent({"ll_sweep": {**sweep, "IL": [0.0, 1.0, 1.0]}}, target, at_a, at_8) == {}
-    assert tune.balanced_persistent({"ll_sweep": {**sweep, "DL": ["x"]}}, target, at_a, at_8) == {}
-    assert tune.balanced_persistent({"ll_sweep": None}, target, at_a, at_8) == {}
+    # a sweep that ran alone (memcached's: its ratio and the target at A were drawn in different
+    # conditions), one mode in the sweep, no modes kept (an old profile), a corrupt sweep: {}
+    assert tune.balanced_persistent({"ll_sweep": sweep, "anchors_paired": False}, target, at_a, at_8) == {}
+    assert tune.balanced_persistent({"ll_sweep": sweep}, target, at_a, at_8) == {}
+    vgp = {"anchors_paired": True}
+    assert tune.balanced_persistent(vgp | {"ll_sweep": {**sweep, "modes": [None, None]}}, target, at_a, at_8) == {}
+    nomodes = {k: v for k, v in sweep.items() if k != "modes"}
+    assert tune.balanced_persistent(vgp | {"ll_sweep": nomodes}, target, at_a, at_8) == {}
+    assert tune.balanced_persistent(vgp | {"ll_sweep": {**sweep, "IL": [0.0, 1.0, 1.0]}}, target, at_a, at_8) == {}
+    assert tune.balanced_persistent(vgp | {"ll_sweep": {**sweep, "DL": ["x"]}}, target, at_a, at_8) == {}
+    assert tune.balanced_persistent(vgp | {"ll_sweep": None}, target, at_a, at_8) == {}
 
 
 def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(monkeypatch, tmp_path):

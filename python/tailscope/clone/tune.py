@@ -997,7 +997,8 @@ def balanced_persistent(vgp: dict, target: dict, at_a: list[dict], orig: list[di
     what that LL keeps of it mode by mode, weighed as the windows at A hold the modes: from the
     loop's pools (`at_a`, the target's windows at A, and `orig`, the original's at that LL) where
     both show both modes, else the sweep's own ratio. {} for an original of one mode, a sweep
-    without its modes or a corrupt one (`persistent_target`'s absolute figure stands then).
+    without its modes or a corrupt one, and a sweep that did not run in pairs
+    (`persistent_target`'s absolute figure stands then).
 
     Why (session 42): redis's code misses a window are 80 or 142-158 at A and 74 or 127-143 at
     8 MiB (an 8 MiB LL keeps 7-10% in either mode), and the share of windows in the upper mode
@@ -1007,9 +1008,17 @@ def balanced_persistent(vgp: dict, target: dict, at_a: list[dict], orig: list[di
     (which every LL misses) went to 1.35 and the code rings (what a larger LL keeps) to ~0, and the
     clone kept 3% of its code misses at 8 MiB where the original keeps 7-10%: the code side at B
     (session 42's validation, the path before: 2.3% kept) fails. The modes' means do not move
-    with their shares, so the ratio of the means, mode by mode, is the split the clone must make."""
+    with their shares, so the ratio of the means, mode by mode, is the split the clone must make.
+
+    Why only a sweep that ran in pairs (a single-threaded original, `profile.ll_sweep_windows`):
+    one that ran alone (memcached's) measured its ratio on windows alone, and the target at A is
+    drawn beside the clone, where memcached misses more at A but not at 8 MiB (session 39): the
+    ratio times that target would put the target at 8 MiB over what the original misses there,
+    which the absolute pool measures in the loop's own conditions."""
     from . import profile as prof_mod  # (profile imports nothing of the loop's)
 
+    if vgp.get("anchors_paired") is not True:
+        return {}
     ll = vgp.get("ll_sweep")
     try:
         sizes = [int(x) for x in ll["sizes"]]
