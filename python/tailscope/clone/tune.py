@@ -23,8 +23,11 @@ orthogonal, as the paper observes):
                                  on both sides' misses at the sweep's largest LL, a third set
                                  per iteration, session 39: PERSISTENT_KEY; the clone's window
                                  beside two of the original's since session 41:
-                                 PERSISTENT_ORIGINALS; until session 42 only for an original
-                                 whose LL sweep ran alone)
+                                 PERSISTENT_ORIGINALS, one where the sweep ran in pairs since
+                                 session 43: `persistent_originals`; until session 42 only for
+                                 an original whose LL sweep ran alone; a bimodal original's
+                                 target there mode by mode since session 43:
+                                 `balanced_persistent`)
                                  data_llc_scale    (the data conflict rings: what a larger LL keeps)
     branch mispredictions     -> branch_x          (the random-branch unit, asmgen.brx_function;
                                  branch_mask_frac, the patterns' share in a counter form, only
@@ -926,6 +929,22 @@ PERSISTENT_IL_REST_KEY = "IL_rest_at_persistent_LL"
 PERSISTENT_ORIGINALS = 2
 
 
+def persistent_originals(vgp: dict) -> int:
+    """How many of the original's windows the loop runs at the sweep's largest LL beside each of
+    the clone's: PERSISTENT_ORIGINALS, but one for an original whose sweep ran in pairs (a
+    single-threaded one, `profile.ll_sweep_windows`), so that the set runs as its sweep, its
+    windows at A and the validation do, two copies at once.
+
+    Why (session 43): redis's data-side misses follow how fast it runs against the load (its cron
+    runs by the wall clock), and three copies under callgrind on two CPUs run slower than two.
+    Its loop's windows at 8 MiB, three at once, missed 60.6 data lines a window in the upper mode
+    and 37 in the lower; its sweep's, in pairs, 46.8 and 21.2, and the validation's at B 52 and
+    25.5 (its windows at A read alike in the loop, the sweep and the validation: 106-115 and 62-76).
+    Tuned to the inflated pool, the clone's data side at B was 36% over; its code side, which does
+    not follow the host's speed, was not moved (the same 74 / 127-143 in every set)."""
+    return 1 if vgp.get("anchors_paired") is True else PERSISTENT_ORIGINALS
+
+
 def persistent_ll_config(vgp: dict) -> dict | None:
     """The cache at which the loop also runs both sides each iteration: A's L1s and the sweep's
     largest LL (a point of the profile's sweep, not the held-out hierarchy). None for a profile
@@ -1115,7 +1134,7 @@ def tune(
     # (session 39) both sides at the LL sweep's largest LL too (every original since session 42)
     persist_cache = persistent_ll_config(vgp) if original else None
     persist_clone: list[vg.Window] = []  # this build's windows there
-    persist_orig: list[dict] = []  # the original's (PERSISTENT_ORIGINALS an iteration), with the sweep's
+    persist_orig: list[dict] = []  # the original's (`persistent_originals` an iteration)
     persist_rest: list[dict] = []  # the clone's rest there, each of the loop's windows
     persist_keys = (("DL", PERSISTENT_KEY), ("IL", PERSISTENT_IL_KEY))
     for side, key in persist_keys if persist_cache is not None else ():
@@ -1157,7 +1176,7 @@ def tune(
                         {**pjob, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}-ll"},
                         *(
                             {**pjob, "launch": original, "tag": f"tune{it}-ll-original{j + 1 if j else ''}"}
-                            for j in range(PERSISTENT_ORIGINALS)
+                            for j in range(persistent_originals(vgp))
                         ),
                     ]
                 )
