@@ -1696,6 +1696,44 @@ def test_auto_sim_windows_run_until_the_original_can_be_judged():
     assert report.windows_note({"simulated": {}}) == ""
 
 
+def test_every_hierarchy_runs_until_its_verdicts_spread_is_within_the_limit():
+    """validate.sim_all (session 43): A runs first with no peers and stops once its own spread is
+    within the limit; B's windows, pooled into A's spread as the verdict pools them (`errors`),
+    widen it, so A runs on until the verdict's spread is within the limit (or the cap). Before,
+    redis's A was "not judged" by a hair twice (10.03%, 10.1%). The rule still reads the
+    original's windows only."""
+    from tailscope.clone import validate
+
+    def win(ilmr: int) -> object:
+        t = {"Ir": 50_000_000, "Dr": 10_000_000, "Dw": 5_000_000, "I1mr": 500_000, "D1mr": 600_000}
+        return _fake_window(6000, {1: t | {"ILmr": ilmr, "DLmr": 0, "Bc": 8_000_000, "Bcm": 400_000}})
+
+    def pair(values, clone):
+        return lambda i: {"original": win(values[i % 2]), "clone": win(clone)}
+
+    lines: list[str] = []
+    pairs = {"A": pair((10_000, 13_000), 11_500), "B": pair((10_000, 16_000), 40_000)}
+    alone = validate.sim_windows(pairs["A"], "A", {}, 6, 20, lines.append)
+    n_alone = len(alone["original"])
+    assert 6 < n_alone < 12  # its own spread: ~14% a window
+    lines.clear()
+    wins = validate.sim_all(pairs, {}, 6, 20, lines.append)
+    n_a, n_b = len(wins["A"]["original"]), len(wins["B"]["original"])
+    assert n_b == 20 and n_alone < n_a <= 20, (n_alone, n_a, n_b)
+    assert len(wins["A"]["clone"]) == n_a and len([x for x in lines if "both sides" in x]) == n_a + n_b
+    sides = {c: validate._sim_side(w["original"], c, {}) for c, w in wins.items()}
+    sp = validate.original_spread(sides["A"], "LL_miss_rate", [sides["B"]])
+    assert sp <= 0.10 or n_a == 20, sp
+    # one window fewer at A and the verdict's spread is over the limit: it stopped at the first it could
+    short = validate._sim_side(wins["A"]["original"][:-1], "A", {})
+    assert validate.original_spread(short, "LL_miss_rate", [sides["B"]]) > 0.10
+    # the same originals with other clones: the same windows (the clone never decides)
+    again = validate.sim_all({"A": pair((10_000, 13_000), 90_000), "B": pair((10_000, 16_000), 1)}, {}, 6, 20, print)
+    assert [len(w["original"]) for w in again.values()] == [n_a, n_b]
+    # one hierarchy: sim_windows' windows
+    assert len(validate.sim_all({"A": pairs["A"]}, {}, 6, 20, print)["A"]["original"]) == n_alone
+
+
 def test_a_failed_ebpf_window_is_tried_again():
     """profile.traced (session 23): bpftrace hung for 60 s after the SIGINT that ended redis's idle
     window, was killed with no maps, and the whole bench run of redis failed on it. A window whose
