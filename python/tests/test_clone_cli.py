@@ -121,6 +121,9 @@ def test_clone_report_bad_dirs(tmp_path):
     (tmp_path / "private").mkdir()
     (tmp_path / "private" / "profile.json").write_text("{ not json")
     _one_line_error(_run("clone-report", tmp_path), "is corrupt")
+    # (session 43, `errors.read_json`) bytes that are not text: the same one line, not a traceback
+    (tmp_path / "private" / "profile.json").write_bytes(b'{"version": "\xff\xfe"}')
+    _one_line_error(_run("clone-report", tmp_path), "is corrupt: not JSON", "not UTF-8")
     (tmp_path / "private" / "profile.json").write_text(json.dumps({"version": 99}))
     _one_line_error(_run("clone-report", tmp_path), "not a tailscope clone profile")
     (tmp_path / "private" / "profile.json").write_text(json.dumps({"version": 1, "network": {}}))

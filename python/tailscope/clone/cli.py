@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import CloneError
+from .errors import CloneError, read_json
 from .runner import IDLE_MODES
 
 # `clone --profile-windows`: at ~20 s a window, 40 add some 13 min to the pipeline (the tuning
@@ -222,10 +222,7 @@ def cmd_clone_report(ns) -> int:
     for name in ("tuning", "leakage"):
         p = d / "private" / f"{name}.json"
         if p.exists():
-            try:
-                extra[name] = json.loads(p.read_text())
-            except json.JSONDecodeError:
-                raise CloneError(f"{p} is corrupt: not JSON") from None
+            extra[name] = read_json(p)
     out = Path(ns.out) if ns.out else d / "report.html"
     report.write_html(
         out,

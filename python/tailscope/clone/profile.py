@@ -26,7 +26,7 @@ from pathlib import Path
 
 from . import isa, runner, target, threads, trace, workingset
 from . import valgrind as vg
-from .errors import CloneError
+from .errors import CloneError, read_json
 from .tools import find_loadgen, need
 
 PROFILE_VERSION = 1
@@ -1022,11 +1022,9 @@ def _json_default(o):
 def load_profile(path: Path) -> dict:
     """Read a profile.json; a corrupt or foreign file is a one-line CloneError."""
     try:
-        prof = json.loads(Path(path).read_text())
+        prof = read_json(path)
     except OSError as exc:
         raise CloneError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except json.JSONDecodeError as exc:
-        raise CloneError(f"{path} is corrupt: not JSON ({exc.msg} at line {exc.lineno})") from None
     if not isinstance(prof, dict) or prof.get("version") != PROFILE_VERSION:
         raise CloneError(f"{path} is not a tailscope clone profile (version {PROFILE_VERSION})")
     for key in ("network", "threads", "listen", "body", "load"):

@@ -41,7 +41,7 @@ from pathlib import Path
 
 from . import runner, target, trace
 from . import valgrind as vg
-from .errors import CloneError
+from .errors import CloneError, read_json
 from .tools import need
 from .tune import clone_launch, mean_spread, rel_err
 
@@ -310,13 +310,11 @@ def load_native_part(clone_dir: Path) -> dict:
     clone's binary is a one-line CloneError."""
     path = clone_dir / "private" / "validation-native.json"
     try:
-        nat = json.loads(path.read_text())
+        nat = read_json(path)
     except OSError:
         raise CloneError(
             f"{path}: no native part: run `tailscope clone-report {clone_dir} --part native` first"
         ) from None
-    except json.JSONDecodeError as exc:
-        raise CloneError(f"{path} is corrupt: not JSON ({exc.msg})") from None
     if not isinstance(nat, dict) or not isinstance(nat.get("levels"), dict) or not isinstance(nat.get("rates"), dict):
         raise CloneError(f"{path} is corrupt: no 'levels' or 'rates'")
     exe = clone_dir / "clone"
@@ -541,11 +539,9 @@ def loop_windows(clone_dir: Path, vgp: dict) -> list[dict]:
     prof_wins = vgp.get("windows") or []
     path = clone_dir / "private" / "tuning.json"
     try:
-        rec = json.loads(path.read_text())
+        rec = read_json(path)
     except OSError:
         return prof_wins
-    except json.JSONDecodeError as exc:
-        raise CloneError(f"{path} is corrupt: not JSON ({exc.msg})") from None
     wins = rec.get("target_windows") if isinstance(rec, dict) else None
     if wins is None:
         return prof_wins  # (a clone tuned before session 28 kept no windows)
