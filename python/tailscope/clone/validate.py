@@ -579,8 +579,8 @@ def unjudgeable_sim_rows(orig: dict, peers: tuple | list = ()) -> tuple[str, int
     is still above the limit, as "LL miss rate spread 14.2% > 10%" (joined by ", "; "" when none
     is), and the most windows a side any of them needs (`windows_needed`; 0 when none). Whether
     to run more windows depends on the original's windows alone, never on the clone's error, so
-    that stopping cannot favour a pass (session 23). `peers`: the original at the hierarchies
-    already run (`original_spread`)."""
+    that stopping cannot favour a pass (session 23). `peers`: the original at the other hierarchies
+    run so far (`original_spread`, `sim_all`)."""
     out, need = [], 0
     for k in SIM_KEYS:
         tol = TARGETS.get(k)
