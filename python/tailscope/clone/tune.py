@@ -51,6 +51,7 @@ import statistics
 from pathlib import Path
 
 from . import generate as gen
+from . import profile
 from . import valgrind as vg
 from .workingset import cache_arg
 
@@ -1034,8 +1035,6 @@ def balanced_persistent(vgp: dict, target: dict, at_a: list[dict], orig: list[di
     drawn beside the clone, where memcached misses more at A but not at 8 MiB (session 39): the
     ratio times that target would put the target at 8 MiB over what the original misses there,
     which the absolute pool measures in the loop's own conditions."""
-    from . import profile as prof_mod  # (profile imports nothing of the loop's)
-
     if vgp.get("anchors_paired") is not True:
         return {}
     ll = vgp.get("ll_sweep")
@@ -1047,7 +1046,7 @@ def balanced_persistent(vgp: dict, target: dict, at_a: list[dict], orig: list[di
         sweep = {side: float(ll[side][i + 1]) / float(ll[side][0]) for side in PERSISTENT_RATIO_KEYS}
     except (KeyError, TypeError, ValueError, IndexError, ZeroDivisionError):
         return {}
-    loop = prof_mod.mode_balanced(orig, at_a) if orig and at_a else None
+    loop = profile.mode_balanced(orig, at_a) if orig and at_a else None
     out: dict[str, float] = {}
     for side, rkey in PERSISTENT_RATIO_KEYS.items():
         r = (loop or {}).get(side)
