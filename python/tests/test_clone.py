@@ -953,6 +953,43 @@ def test_the_loop_keeps_an_iteration_within_every_tolerance():
     assert not tune.within({k: 0.0 for k in list(tol)[1:]})  # a metric not measured is not within
 
 
+def test_the_loop_keeps_an_iteration_within_the_validations_limits_over_a_lower_score():
+    """tune.rank's middle tier (session 44): memcached's loop kept iteration 6 by its score (I1
+    0.1% off, branches 13.9%) over iteration 8 (I1 9.4%, branches 9.7%), and the validation failed
+    the branch row at 14.6%. An iteration within every judged limit now ranks first."""
+    from tailscope.clone import tune, validate
+
+    spread = {"LL_miss_rate": 0.216, "DL_misses_per_request": 0.353, "branch_mispredict_rate": 0.004}
+    it6 = {  # the session's figures, against the final target
+        "instructions_per_request": 0.004,
+        "I1_miss_rate": 0.001,
+        "D1_miss_rate": 0.052,
+        "LL_miss_rate": 0.165,
+        "branch_mispredict_rate": 0.139,
+        "IL_misses_per_request": 0.102,
+        "DL_misses_per_request": 0.295,
+        "data_refs_per_request": 0.007,
+    }
+    it8 = it6 | {"I1_miss_rate": 0.094, "D1_miss_rate": 0.037, "branch_mispredict_rate": 0.097}
+    assert tune.score(it6, spread) < tune.score(it8, spread)  # the score alone keeps iteration 6
+    assert not tune.within(it6) and not tune.within(it8)
+    assert tune.within_limits(it8, spread) and not tune.within_limits(it6, spread)
+    assert tune.rank(it8, spread) < tune.rank(it6, spread)
+    # LL at 16.5% is within its limit beyond the target's own spread (21.6%), not without it
+    assert not tune.within_limits(it8)
+    # the limits are the validation's: instructions 5%, the miss rates and branches 10%
+    lim = validate.TARGETS
+    assert tune.within_limits(it8 | {"instructions_per_request": lim["instructions_per_request"]}, spread)
+    assert not tune.within_limits(it8 | {"instructions_per_request": 1.01 * lim["instructions_per_request"]}, spread)
+    # the LL rows by side and the references are tuned, not judged: no limit of their own
+    assert tune.within_limits(it8 | {"DL_misses_per_request": 0.9, "data_refs_per_request": 0.5}, spread)
+    # a judged metric the iteration did not measure is not within
+    assert not tune.within_limits({k: v for k, v in it8.items() if k != "D1_miss_rate"}, spread)
+    # an iteration within every tolerance still ranks before one only within the limits
+    spot = {k: 0.5 * t for k, t in tune.TOLERANCE.items()}
+    assert tune.rank(spot, spread) < tune.rank(it8, spread)
+
+
 def test_the_score_counts_errors_beyond_the_targets_own_spread():
     """tune.score (session 17): an error counts beyond the target's own spread over the profile's
     windows only. redis's LL rows moved 20-30% between the profile's windows, and the loop kept an
