@@ -103,6 +103,10 @@ class BodySpec:
     chunk_insns: int = 0  # instructions per cache-line chunk (0: straight-line blocks)
     expected: float = 0.0  # set by generate_body: the body's exact instructions per event
     block_budget: float = 0.0  # set by generate_body: the blocks' share of those instructions
+    # set by generate_body: the blocks' memory operands per instruction are mix_a * mem_scale -
+    # mix_b (`layout_mix_a:<name>`, `layout_mix_b:<name>` pin them: tune.pin_layout)
+    mix_a: float = 0.0
+    mix_b: float = 0.0
     cold_bin: int = 0  # the data bin of accesses that miss at the largest swept size (0: none)
     cold_code_lines: float = 0.0  # code line entries per event that miss at the largest swept size
     walk_sizes: dict | None = None  # bin -> walker region bytes (layer_walkers: all bodies at once)
@@ -1510,7 +1514,17 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     # (the rep unit's references are fixed: the factor applies to the rest, as instr_scale does)
     rest_refs = max(0.0, spec.mem_per_insn * spec.instructions - rep_fixed_refs)
     rest_refs /= max(1.0, spec.instructions - rep_fixed)
-    mu_want = (rest_refs * mem_scale * (instructions - rep_ins) - (walk_refs - rep_refs)) / rest
+    # = mix_a * mem_scale - mix_b. Pinned with the layout when the knobs pin them: taken from
+    # each generation's walkers and instructions, a walker's step of 2 instructions (memcached's
+    # worker `data_far_scale` 0.623 -> 0.643, session 44) moved this by 0.1% and redrew the
+    # blocks' instructions: a block went from 253 instructions a pass to 255 and, by rounding,
+    # from 2 passes an event to 1 (conditional branches -5.5% a request, mispredictions -14%, I1
+    # +9%), and the loop's I1 and branch steps chased each other to its last iteration
+    spec.mix_a = rest_refs * (instructions - rep_ins) / rest
+    spec.mix_b = (walk_refs - rep_refs) / rest
+    mix_a = knobs.get(f"layout_mix_a:{spec.name}", spec.mix_a)
+    mix_b = knobs.get(f"layout_mix_b:{spec.name}", spec.mix_b)
+    mu_want = float(mix_a) * mem_scale - float(mix_b)
     mu_want = min(0.9, max(0.0, mu_want))
     if 0 < mu and mixf[~mem].sum() > 0:
         reg_total = mixf[~mem].sum()

@@ -614,6 +614,8 @@ def generate(
             "instructions_per_event": spec.instructions,
             "expected_per_event": round(spec.expected, 1),
             "block_budget": spec.block_budget,
+            "mix_a": spec.mix_a,
+            "mix_b": spec.mix_b,
             "blocks": [
                 {
                     "weight": round(x.weight, 5),

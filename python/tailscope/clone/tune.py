@@ -665,12 +665,16 @@ def pin_layout(knobs: dict, meta: dict) -> dict:
     rings, the walkers, the random-branch unit) changes how often the blocks run, not their code.
     Unpinned, memcached's I1 error went 4.0% -> 60.1% between two iterations whose I1 knob moved
     by 3% (icode_far_scale 2.05 -> 1.98; session 17's final run), and 33/29/20/4/60/30/19/11%
-    over iterations 3-10. Bodies already pinned keep their pin."""
-    pins = {
-        f"layout_budget:{name}": t["block_budget"]
-        for name, t in meta.get("targets", {}).items()
-        if "block_budget" in t and f"layout_budget:{name}" not in knobs
-    }
+    over iterations 3-10. Bodies already pinned keep their pin.
+
+    The blocks' operand mix is pinned with it (`layout_mix_a:<name>`, `layout_mix_b:<name>`:
+    their memory operands per instruction, a * mem_scale - b; session 44). Taken from each
+    generation's walkers, a walker's step redrew every block's instructions (asmgen)."""
+    pins = {}
+    for name, t in meta.get("targets", {}).items():
+        for key, field in (("layout_budget", "block_budget"), ("layout_mix_a", "mix_a"), ("layout_mix_b", "mix_b")):
+            if isinstance(t.get(field), (int, float)) and f"{key}:{name}" not in knobs:
+                pins[f"{key}:{name}"] = t[field]
     return {**knobs, **pins}
 
 
