@@ -407,6 +407,43 @@ def test_generated_instructions_per_event_are_exact(tmp_path, instructions, chun
 
 @needs_valgrind
 @needs_gcc
+def test_the_filler_is_exact_branch_free_and_of_one_size(tmp_path):
+    """The filler (session 45) runs as many instructions as `fill` straight additions and a ret,
+    with no conditional branch (the validation's branch row), from code whose size does not move
+    with `fill`: straight, a ring step that moved one pass of a block into it added that pass's
+    lines to every event's code (redis's I1 misses per request +20%)."""
+    fills = [1, 7, 8, 9, 23, 24, 25, 27, 28, 29, 161, 250, 4096]
+    asm = ["    .intel_syntax noprefix", "    .text"]
+    for f in fills:
+        regs = asmgen._Regs(np.random.default_rng(f), [1.0] * len(isa.DEP_BINS))
+        asm += [f"    .globl fill_{f}_x", *asmgen.filler_function(f"fill_{f}_x", f, regs)]
+    (tmp_path / "fill.S").write_text("\n".join(asm) + "\n")
+    calls = 200
+    main = "".join(f"void fill_{f}_x(void);\n" for f in fills)
+    each = " ".join(f"fill_{f}_x();" for f in fills)
+    main += f"int main(void) {{ for (int i = 0; i < {calls}; i++) {{ {each} }} return 0; }}\n"
+    (tmp_path / "main.c").write_text(main)
+    exe = tmp_path / "fill"
+    subprocess.run(["gcc", "-O1", "-o", str(exe), str(tmp_path / "main.c"), str(tmp_path / "fill.S")], check=True)
+    tc = _cg_run(tmp_path, exe, calls, "fill", ("--branch-sim=yes",))
+    sizes = {}
+    nm = subprocess.run(["nm", "-S", str(exe)], check=True, capture_output=True, text=True).stdout
+    for ln in nm.splitlines():
+        parts = ln.split()
+        if len(parts) == 4 and parts[3].startswith("fill_"):
+            sizes[int(parts[3][5:-2])] = int(parts[1], 16)
+    assert tc.fn_total("Bc", "main") >= calls  # (main's loop: the branches are counted)
+    for f in fills:
+        assert tc.fn_total("Ir", f"fill_{f}_x") == calls * (f + 1), f
+        assert tc.fn_total("Bc", f"fill_{f}_x") == 0, f
+    looped = [sizes[f] for f in fills if f >= asmgen.FILL_LOOP_MIN]
+    # (an entry of up to 3 additions, the alignment before the loop's line, the line)
+    assert max(looped) <= 3 * 64, sizes
+    assert sizes[4096] <= sizes[250] + 16, sizes
+
+
+@needs_valgrind
+@needs_gcc
 @pytest.mark.parametrize("rate,iters,width", [(0.25, 3000, 1), (2.5, 80, 8)])
 def test_rep_unit_round_trip(tmp_path, rate, iters, width):
     """The rep unit (session 12): a body asked for `rate` rep string executions per event of

@@ -1773,20 +1773,16 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     else:
         out += [f"    call {x}" for x in seq]
     expected += 1 + far_expected
-    # the filler: straight-line register arithmetic for what whole passes left over, a function
-    # of its own after all the body's other code, so that its length (which moves with every
-    # knob step) does not move the blocks' or the far function's lines (the I1 sets, and the
+    # the filler: register arithmetic for what whole passes left over (filler_function), a
+    # function of its own after all the body's other code, so that its length (which moves with
+    # every knob step) does not move the blocks' or the far function's lines (the I1 sets, and the
     # address bits callgrind's branch predictor indexes by)
     fill = min(4096, round(instructions - expected - 2))  # (its call and ret)
     fill_lines = []
     if fill > 0:
         fname = f"clone_fill_{spec.name}"
         out.append(f"    call {fname}")
-        fill_lines = [f"    .type {fname}, @function", f"{fname}:"]
-        for _ in range(fill):
-            a = regs.acc()
-            fill_lines.append(f"    add {a}, {regs.src()}")
-        fill_lines += ["    ret", f"    .size {fname}, .-{fname}"]
+        fill_lines = filler_function(fname, fill, regs)
         expected += fill + 2
     out += [
         "    pop r15",
@@ -1807,6 +1803,70 @@ def generate_body(spec: BodySpec, rng: np.random.Generator, knobs: dict) -> tupl
     ]
     spec.expected = expected
     return out, blocks, arena
+
+
+FILL_UNROLL = 16  # the filler loop's additions per pass: with its control, one 64-byte line
+FILL_CONTROL = 4  # dec, mov, cmovz, jmp
+FILL_ENTRY = 4  # mov, lea, lea, jmp
+FILL_LOOP_MIN = FILL_ENTRY + FILL_CONTROL  # below this many instructions the filler is straight
+
+
+def filler_function(fname: str, fill: int, regs: _Regs) -> list[str]:
+    """clone_fill_<name>: register arithmetic of as many instructions as `fill` straight
+    additions and a ret, from code of a fixed size (one line for the loop, for any count).
+
+    The filler makes up what whole passes of the blocks leave over, so its length moves with
+    every knob step, and by a whole pass of the elastic block when that block gains or loses
+    one. Straight-line code (up to session 44) added its lines to the code every event fetches:
+    redis's I1 misses per request went up by a fifth when a ring step took one pass (161
+    instructions) from the blocks to the filler (session 45: iterations 6 -> 7, the blocks' own
+    misses 48k -> 88k a window, the filler's 12k -> 27k), and the loop's I1 knob stepped back
+    and forth over that cliff for its last six iterations. A loop in one cache line fetches the
+    same lines whatever its count.
+
+    The loop is closed by an indirect jump picked with cmov, not a conditional branch: the
+    validation's branch row counts conditional branches only, and a loop exit after the random
+    branch unit's outcomes (the far function's) would mispredict by the history it inherits. The
+    first pass enters part-way, so that the count is exact to one instruction."""
+    if fill < FILL_LOOP_MIN:
+        body = [f"    add {regs.acc()}, {regs.src()}" for _ in range(fill)]
+        return [f"    .type {fname}, @function", f"{fname}:", *body, "    ret", f"    .size {fname}, .-{fname}"]
+    per = FILL_UNROLL + FILL_CONTROL
+    # fill (what straight code did in as many additions) = pre + FILL_ENTRY + n * per - skip
+    rest = fill - FILL_ENTRY
+    n = -(-rest // per)
+    skip = n * per - rest  # additions the first pass skips (0 <= skip < per)
+    pre = 0
+    if skip > FILL_UNROLL:  # (it would enter at the loop control: n >= 2 here; a straight prefix)
+        n -= 1
+        pre, skip = per - skip, 0
+    top, entry, done = f".L{fname}_top", f".L{fname}_entry", f".L{fname}_done"
+    lines = [f"    .type {fname}, @function", f"{fname}:"]
+    lines += [f"    add {regs.acc()}, {regs.src()}" for _ in range(pre)]
+    lines += [
+        f"    mov r12d, {n}",
+        f"    lea r13, [rip + {top}]",
+        f"    lea r14, [rip + {done}]",
+        f"    jmp {entry}",
+        "    .p2align 6",
+        f"{top}:",
+    ]
+    for i in range(FILL_UNROLL):
+        if i == skip:
+            lines.append(f"{entry}:")
+        lines.append(f"    add {regs.acc()}, {regs.src()}")
+    if skip == FILL_UNROLL:
+        lines.append(f"{entry}:")
+    lines += [
+        "    dec r12d",
+        "    mov r11, r13",
+        "    cmovz r11, r14",
+        "    jmp r11",
+        f"{done}:",
+        "    ret",
+        f"    .size {fname}, .-{fname}",
+    ]
+    return lines
 
 
 def _far_function(
