@@ -1828,9 +1828,12 @@ def filler_function(fname: str, fill: int, regs: _Regs) -> list[str]:
     validation's branch row counts conditional branches only, and a loop exit after the random
     branch unit's outcomes (the far function's) would mispredict by the history it inherits. The
     first pass enters part-way, so that the count is exact to one instruction."""
+
+    def adds(k: int) -> list[str]:
+        return [f"    add {regs.acc()}, {regs.src()}" for _ in range(k)]
+
     if fill < FILL_LOOP_MIN:
-        body = [f"    add {regs.acc()}, {regs.src()}" for _ in range(fill)]
-        return [f"    .type {fname}, @function", f"{fname}:", *body, "    ret", f"    .size {fname}, .-{fname}"]
+        return [f"    .type {fname}, @function", f"{fname}:", *adds(fill), "    ret", f"    .size {fname}, .-{fname}"]
     per = FILL_UNROLL + FILL_CONTROL
     # fill (what straight code did in as many additions) = pre + FILL_ENTRY + n * per - skip
     rest = fill - FILL_ENTRY
@@ -1842,7 +1845,7 @@ def filler_function(fname: str, fill: int, regs: _Regs) -> list[str]:
         pre, skip = per - skip, 0
     top, entry, done = f".L{fname}_top", f".L{fname}_entry", f".L{fname}_done"
     lines = [f"    .type {fname}, @function", f"{fname}:"]
-    lines += [f"    add {regs.acc()}, {regs.src()}" for _ in range(pre)]
+    lines += adds(pre)
     lines += [
         f"    mov r12d, {n}",
         f"    lea r13, [rip + {top}]",
@@ -1851,12 +1854,7 @@ def filler_function(fname: str, fill: int, regs: _Regs) -> list[str]:
         "    .p2align 6",
         f"{top}:",
     ]
-    for i in range(FILL_UNROLL):
-        if i == skip:
-            lines.append(f"{entry}:")
-        lines.append(f"    add {regs.acc()}, {regs.src()}")
-    if skip == FILL_UNROLL:
-        lines.append(f"{entry}:")
+    lines += [*adds(skip), f"{entry}:", *adds(FILL_UNROLL - skip)]
     lines += [
         "    dec r12d",
         "    mov r11, r13",
