@@ -1429,6 +1429,59 @@ def test_clone_serves_the_load(tmp_path):
         assert lg["completed"] > 100 and lg["errors"] == 0 and lg["timeouts"] == 0, lg
 
 
+@needs_gcc
+def test_a_held_load_generator_calls_back_between_runs_with_its_connections_open(tmp_path):
+    """runner.loadgen_held (session 46): the generator stops after its warm-up and after the
+    measured run, every reply in; each callback runs while it is stopped, the server holding the
+    generator's 16 connections; the summary is the measured run's alone."""
+    import os
+
+    from tailscope.clone import runner, tune
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private network namespace")
+    try:
+        from tailscope.clone.tools import find_loadgen
+
+        find_loadgen()
+    except CloneError as exc:
+        pytest.skip(str(exc))
+    prof = generate.neutral_profile("memcached", port=9997)
+    d = tmp_path / "clone"
+    generate.generate(prof, d, seed=1)
+    generate.build(d)
+    seen = []
+    with runner.NetNs() as ns:
+        srv = runner.start(ns, tune.clone_launch(d, 9997), 9997, tmp_path / "clone.log")
+
+        def edge(name):
+            def call():
+                held = [p for p in Path("/proc").iterdir() if p.name.isdigit() and runner._stopped(int(p.name))]
+                est = ns.run(["ss", "-tnH", "state", "established", "sport = :9997"]).stdout.splitlines()
+                seen.append((name, len(held) > 0, len(est)))
+
+            return call
+
+        try:
+            lg, secs = runner.loadgen_held(
+                ns,
+                9997,
+                ["--protocol", "memcached", "--keys", "100"],
+                400,
+                1.0,
+                edge("start"),
+                edge("end"),
+                warmup=0.5,
+                preload=True,
+            )
+        finally:
+            srv.stop()
+    assert seen == [("start", True, 16), ("end", True, 16)], seen
+    # ~400 requests in the measured second, all answered, none of the warm-up's ~200
+    assert 300 < lg["completed"] < 500 and lg["errors"] == 0 and lg["timeouts"] == 0, lg
+    assert 0.9 < secs < 5, secs
+
+
 @needs_valgrind
 @needs_gcc
 def test_the_two_sides_callgrind_windows_run_side_by_side(tmp_path):

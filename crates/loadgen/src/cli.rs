@@ -66,6 +66,15 @@ pub struct Args {
     /// loop only; costs the generator's whole CPU.
     #[arg(long)]
     pub stall_us: Option<u64>,
+    /// Stop (SIGSTOP) at the measured run's two edges, with every reply in
+    /// and the connections open: once after the preload and the warm-up,
+    /// once after the run. Whoever started the generator acts on the quiet
+    /// server meanwhile (e.g. zeroes a profiler's counters, then dumps them)
+    /// and resumes it with SIGCONT. The warm-up is then a run of its own on
+    /// the same connections, drained before the stop, so the measured run
+    /// holds no connection set-up or tear-down. Open loop only.
+    #[arg(long)]
+    pub hold: bool,
     /// Time-series bin width in milliseconds.
     #[arg(long, default_value = "20")]
     pub bin_ms: u64,
@@ -209,6 +218,13 @@ impl Args {
                 );
             }
         }
+        if self.hold
+            && (self.protocol == ProtocolKind::Breakwater || !matches!(load, Load::Open { .. }))
+        {
+            return Err("--hold applies to open-loop runs (--rate N or --steps) \
+                        of redis, memcached, http or line"
+                .into());
+        }
         if self.requests_out.is_some() && self.protocol == ProtocolKind::Breakwater {
             return Err("--requests-out does not apply to --protocol breakwater".into());
         }
@@ -242,6 +258,7 @@ impl Args {
             bw_intended_deadline: self.bw_intended_deadline,
             keep_requests: self.requests_out.is_some(),
             stall_us: self.stall_us,
+            hold: self.hold,
         })
     }
 }

@@ -76,6 +76,9 @@ pub struct Config {
     /// longer than this (the generator off its CPU) as a stall, and keep the
     /// requests it disturbed out of the latency statistics.
     pub stall_us: Option<u64>,
+    /// `--hold`: stop the process (SIGSTOP) before and after the measured
+    /// run, drained and connected, until a SIGCONT.
+    pub hold: bool,
 }
 
 impl Config {
@@ -108,6 +111,7 @@ impl Config {
             bw_intended_deadline: false,
             keep_requests: false,
             stall_us: None,
+            hold: false,
         }
     }
 

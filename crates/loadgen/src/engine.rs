@@ -47,7 +47,15 @@ pub fn run(config: &Config) -> Result<Summary, String> {
     if config.preload {
         engine.preload(config.keys, config.timeout_ms)?;
     }
-    let warmup_ns = (config.warmup_s * 1e9) as u64;
+    let mut warmup_s = config.warmup_s;
+    if config.hold {
+        if warmup_s > 0.0 {
+            engine.warm(config)?;
+        }
+        warmup_s = 0.0;
+        stop_self();
+    }
+    let warmup_ns = (warmup_s * 1e9) as u64;
     engine.recorder = Recorder::new(warmup_ns, &config.measured_steps(), config.bin_ms);
     if config.keep_requests {
         engine.recorder.keep_requests();
@@ -60,17 +68,25 @@ pub fn run(config: &Config) -> Result<Summary, String> {
     engine.start = Instant::now();
     let start_monotonic_ns = monotonic_ns();
     match &config.load {
-        Load::Open { steps } => {
-            engine.run_open(steps, config.warmup_s, config.seed, config.timeout_ms)?
-        }
+        Load::Open { steps } => engine.run_open(steps, warmup_s, config.seed, config.timeout_ms)?,
         Load::Closed { depth, duration_s } => {
             engine.run_closed(*depth, warmup_ns, *duration_s, config.timeout_ms)?
         }
+    }
+    if config.hold {
+        stop_self();
     }
     let mut summary =
         std::mem::replace(&mut engine.recorder, Recorder::new(0, &[], 1)).finish(config);
     summary.start_monotonic_ns = Some(start_monotonic_ns);
     Ok(summary)
+}
+
+/// `--hold`: stop this process until a SIGCONT, as job control does. The
+/// caller has every reply in, so the server is idle meanwhile.
+fn stop_self() {
+    // SAFETY: raise only sends a signal to the calling thread.
+    unsafe { libc::raise(libc::SIGSTOP) };
 }
 
 /// CLOCK_MONOTONIC in ns (the clock `Instant` and eBPF's `bpf_ktime_get_ns` read).
@@ -248,6 +264,35 @@ impl Engine {
             self.poll_once(timeout)?;
         }
         self.count_timeouts();
+        Ok(())
+    }
+
+    /// `--hold`'s warm-up: an unmeasured open-loop run of its own at the
+    /// first step's rate, on the connections the measured run will use,
+    /// drained before it returns (a reply still due would land in the
+    /// measured run).
+    fn warm(&mut self, config: &Config) -> Result<(), String> {
+        let Load::Open { steps } = &config.load else {
+            return Err("--hold applies to open-loop runs".into());
+        };
+        let step = Step {
+            rate: steps[0].rate,
+            duration_s: config.warmup_s,
+        };
+        self.recording = false;
+        self.start = Instant::now();
+        self.timer_target_ns = None;
+        let seed = config.seed ^ 0x9e37_79b9_7f4a_7c15;
+        self.run_open(&[step], 0.0, seed, config.timeout_ms)?;
+        self.timer_target_ns = None;
+        if !self.is_drained() {
+            return Err(format!(
+                "warm-up: {} requests to {} unanswered {} ms after the last send",
+                self.outstanding + self.backlog.len(),
+                self.target,
+                config.timeout_ms
+            ));
+        }
         Ok(())
     }
 

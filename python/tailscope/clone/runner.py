@@ -329,25 +329,19 @@ def start(
     return Server(ns=ns, proc=proc, pid=pid, port=port, log=log)
 
 
-def loadgen(
-    ns: NetNs | None,
+def _loadgen_cmd(
     port: int,
     load_args: list[str],
     rate: float,
     duration: float,
-    out_json: Path | None = None,
-    warmup: float = 0.0,
-    preload: bool = False,
+    warmup: float,
+    preload: bool,
     cpu: int | None = None,
     host: str = "127.0.0.1",
-    timeout: float | None = None,
     requests_out: Path | None = None,
     stall_us: int | None = None,
-) -> dict:
-    """Run tailscope-loadgen once (open loop at `rate`) and return its JSON summary. requests_out:
-    where it writes each successful reply's intended time, latency and flags (docs/loadgen.md). stall_us: the generator
-    spins, and keeps the replies its own stalls (a loop turn longer than this) disturbed out of the
-    latencies (`--stall-us`; counted in the summary's `generator_stalls`)."""
+) -> list[str]:
+    """tailscope-loadgen's command line for one open-loop run (JSON summary on stdout)."""
     lg = find_loadgen()
     args = [a for a in load_args if a != "--preload"]
     cmd = [
@@ -373,6 +367,29 @@ def loadgen(
         cmd += ["--requests-out", str(requests_out)]
     if stall_us is not None:
         cmd += ["--stall-us", str(stall_us)]
+    return cmd
+
+
+def loadgen(
+    ns: NetNs | None,
+    port: int,
+    load_args: list[str],
+    rate: float,
+    duration: float,
+    out_json: Path | None = None,
+    warmup: float = 0.0,
+    preload: bool = False,
+    cpu: int | None = None,
+    host: str = "127.0.0.1",
+    timeout: float | None = None,
+    requests_out: Path | None = None,
+    stall_us: int | None = None,
+) -> dict:
+    """Run tailscope-loadgen once (open loop at `rate`) and return its JSON summary. requests_out:
+    where it writes each successful reply's intended time, latency and flags (docs/loadgen.md). stall_us: the generator
+    spins, and keeps the replies its own stalls (a loop turn longer than this) disturbed out of the
+    latencies (`--stall-us`; counted in the summary's `generator_stalls`)."""
+    cmd = _loadgen_cmd(port, load_args, rate, duration, warmup, preload, cpu, host, requests_out, stall_us)
     full = ns.wrap(cmd) if ns else cmd
     try:
         p = subprocess.run(
@@ -390,6 +407,89 @@ def loadgen(
     if out_json:
         out_json.write_text(p.stdout)
     return summary
+
+
+def loadgen_held(
+    ns: NetNs | None,
+    port: int,
+    load_args: list[str],
+    rate: float,
+    duration: float,
+    at_start,
+    at_end,
+    warmup: float = 0.0,
+    preload: bool = False,
+    timeout: float | None = None,
+) -> tuple[dict, float]:
+    """One open-loop run held at its edges (`tailscope-loadgen --hold`): the generator preloads
+    (`preload`) and warms the server for `warmup` s on its own connections, stops with every
+    reply in, and `at_start()` runs; then the measured run, after which it stops again before
+    closing its connections, and `at_end()` runs. Returns the run's JSON summary and the wall
+    seconds between the two stops.
+
+    Why (session 46): a callgrind window used to be counted from a `callgrind_control -z` sent
+    as soon as a separate preload run had exited to the dump after the measured run's generator
+    had exited, so whether the server had yet freed the preload's clients, or the run's own, fell
+    to a race; redis's windows at A counted 16 to 31 client frees, and jemalloc's first
+    wake-up of its background thread (lazy symbol binding, cold code: ~51 code and ~37 data LL
+    misses) in 26 of 40. Held, a window counts requests only, on connections warm since the
+    warm-up."""
+    cmd = [*_loadgen_cmd(port, load_args, rate, duration, warmup, preload), "--hold"]
+    full = ns.wrap(cmd) if ns else cmd
+    p = subprocess.Popen(full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        _await_hold(p, timeout or (warmup + 120))
+        at_start()
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGCONT)
+        _await_hold(p, duration + 120)
+        secs = time.monotonic() - t0
+        at_end()
+        os.killpg(p.pid, signal.SIGCONT)
+        try:
+            out, err = p.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            raise CloneError("the load generator did not exit after its run") from None
+    finally:
+        if p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(p.pid, signal.SIGKILL)  # a stopped process dies to SIGKILL too
+            p.communicate()
+    if p.returncode != 0:
+        last = (err.strip().splitlines() or ["no output"])[-1]
+        raise CloneError(f"load generator failed: {last[:300]}")
+    try:
+        return json.loads(out), secs
+    except json.JSONDecodeError:
+        raise CloneError("load generator printed no JSON summary") from None
+
+
+def _await_hold(p: subprocess.Popen, timeout: float) -> None:
+    """Wait until the held generator stops (SIGSTOP, state T)."""
+    deadline = time.monotonic() + timeout
+    while not _stopped(p.pid):
+        if p.poll() is not None:
+            err = p.stderr.read() if p.stderr else ""
+            last = (err.strip().splitlines() or ["no output"])[-1]
+            raise CloneError(f"load generator failed: {last[:300]}")
+        if time.monotonic() > deadline:
+            raise CloneError("the load generator did not reach its hold (server stuck?)")
+        time.sleep(0.02)
+
+
+def _stopped(pid: int) -> bool:
+    """Whether `pid`, or a child of it (a wrapper that forks), is stopped."""
+    pids = [pid]
+    with contextlib.suppress(OSError, ValueError):
+        pids += [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for q in pids:
+        try:
+            stat = Path(f"/proc/{q}/stat").read_text()
+        except OSError:
+            continue
+        if stat.rpartition(")")[2].split()[:1] == ["T"]:
+            return True
+    return False
 
 
 def split_load(load: str) -> list[str]:
