@@ -1429,14 +1429,9 @@ def test_clone_serves_the_load(tmp_path):
         assert lg["completed"] > 100 and lg["errors"] == 0 and lg["timeouts"] == 0, lg
 
 
-@needs_gcc
-def test_a_held_load_generator_calls_back_between_runs_with_its_connections_open(tmp_path):
-    """runner.loadgen_held (session 46): the generator stops after its warm-up and after the
-    measured run, every reply in; each callback runs while it is stopped, the server holding the
-    generator's 16 connections; the summary is the measured run's alone."""
+def _skip_without_netns_and_loadgen():
+    """Skip unless this runs as root (private network namespaces) with tailscope-loadgen built."""
     import os
-
-    from tailscope.clone import runner, tune
 
     if os.geteuid() != 0:
         pytest.skip("needs root for a private network namespace")
@@ -1446,6 +1441,17 @@ def test_a_held_load_generator_calls_back_between_runs_with_its_connections_open
         find_loadgen()
     except CloneError as exc:
         pytest.skip(str(exc))
+
+
+@needs_gcc
+def test_a_held_load_generator_calls_back_between_runs_with_its_connections_open(tmp_path):
+    """runner.loadgen_held (session 46): the generator stops after its warm-up and after the
+    measured run, every reply in; each callback runs while it is stopped, the server holding the
+    generator's 16 connections; the summary is the measured run's alone."""
+
+    from tailscope.clone import runner, tune
+
+    _skip_without_netns_and_loadgen()
     prof = generate.neutral_profile("memcached", port=9997)
     d = tmp_path / "clone"
     generate.generate(prof, d, seed=1)
@@ -1488,19 +1494,11 @@ def test_the_two_sides_callgrind_windows_run_side_by_side(tmp_path):
     """validate._window_pair (session 22): the original's and the clone's windows run at the same
     time, each in its own network namespace on the same port; each side gets its own window of
     the whole load, and two copies of one program measure alike."""
-    import os
 
     from tailscope.clone import tune, validate
     from tailscope.clone import valgrind as vg
 
-    if os.geteuid() != 0:
-        pytest.skip("needs root for a private network namespace")
-    try:
-        from tailscope.clone.tools import find_loadgen
-
-        find_loadgen()
-    except CloneError as exc:
-        pytest.skip(str(exc))
+    _skip_without_netns_and_loadgen()
     prof = generate.neutral_profile("memcached", port=9998)
     d = tmp_path / "clone"
     generate.generate(prof, d, seed=1)
