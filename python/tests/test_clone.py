@@ -14,6 +14,7 @@ import re
 import shutil
 import statistics
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -334,6 +335,90 @@ summary: 17 5 1
     with pytest.raises(CloneError, match="not a callgrind"):
         (tmp_path / "x").write_text("hello\n")
         callgrind.parse(tmp_path / "x")
+
+
+def test_a_thread_idle_through_the_window_costs_nothing(tmp_path):
+    """callgrind.parse (session 47): a dump whose summary: counts no instruction is a thread that
+    did not run in it; its cost lines (and totals:) are its last block before it blocked, from
+    before the window, and are left out. A thread that ran keeps its totals:, which count the
+    jumps through the PLT that summary: leaves out."""
+    head = "# callgrind format\nversion: 1\npositions: line\nevents: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw\n"
+    idle = tmp_path / "cg.1-02"
+    idle.write_text(
+        head + "summary: 0\n\nob=(1) /x\nfn=(1) bg_main\n0 5 3 2 2 0 1 0 0 1\n\ntotals: 5 3 2 2 0 1 0 0 1\n"
+    )
+    tc = callgrind.parse(idle)
+    assert tc.total("Ir") == 0 and tc.total("DLmw") == 0 and tc.fn_self == {}
+    ran = tmp_path / "cg.1-01"
+    ran.write_text(
+        head + "summary: 90 9 0 0 0 0 0 0 0\n\nob=(1) /x\nfn=(1) f\n0 100 10 0 0 0 0 1\n\ntotals: 100 10 0 0 0 0 1\n"
+    )
+    tc = callgrind.parse(ran)
+    assert tc.total("Ir") == 100 and tc.total("ILmr") == 1 and tc.fn_self["f"][0] == 100
+
+
+@needs_valgrind
+@needs_gcc
+def test_callgrind_windows_leave_out_what_idle_threads_ran_before_them(tmp_path):
+    """The real case behind the test above: a thread blocked in pause() since start-up and a
+    thread that works once per byte on a pipe, zeroed (callgrind_control -z), one byte, dumped
+    (-d). The idle thread's dump counts nothing; the worker's counts its one loop."""
+    src = tmp_path / "idle.c"
+    src.write_text(
+        """#include <pthread.h>
+#include <unistd.h>
+static void *idle(void *a) { for (;;) pause(); return a; }
+int main(void) {
+	pthread_t t;
+	pthread_create(&t, 0, idle, 0);
+	char b;
+	while (read(0, &b, 1) == 1) {
+		long n = 1000000;
+		__asm__ volatile("1: dec %0\\n jnz 1b" : "+r"(n));
+		write(1, &b, 1);
+	}
+	return 0;
+}
+"""
+    )
+    exe = tmp_path / "idle"
+    subprocess.run(["gcc", "-O2", "-o", str(exe), str(src), "-lpthread"], check=True)
+    prefix = tmp_path / "w.cg"
+    p = subprocess.Popen(
+        [
+            "valgrind",
+            "--tool=callgrind",
+            "--separate-threads=yes",
+            "--cache-sim=yes",
+            f"--callgrind-out-file={prefix}",
+            str(exe),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        p.stdin.write(b"x")  # a first loop: both threads are up and the worker waits again
+        p.stdin.flush()
+        assert p.stdout.read(1) == b"x"
+        time.sleep(0.5)
+        subprocess.run(["callgrind_control", "-z", str(p.pid)], check=True, capture_output=True, timeout=60)
+        p.stdin.write(b"y")
+        p.stdin.flush()
+        assert p.stdout.read(1) == b"y"
+        subprocess.run(["callgrind_control", "-d", str(p.pid)], check=True, capture_output=True, timeout=60)
+        deadline = time.monotonic() + 30
+        while len(callgrind.dumps(prefix)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+    finally:
+        p.kill()
+        p.wait()
+    files = callgrind.dumps(prefix)
+    assert [f.name[-2:] for f in files] == ["01", "02"], files
+    worker, idle = (callgrind.parse(f, with_instr=False) for f in files)
+    assert 2_000_000 <= worker.total("Ir") < 2_100_000, worker.summary
+    assert idle.total("Ir") == 0 and idle.total("DLmw") == 0 and idle.total("D1mw") == 0, idle.summary
 
 
 def test_classify_instructions():
