@@ -2416,6 +2416,14 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     assert [s for s in seen if s[0].endswith("-ll")] == [
         (f"tune{i}-ll", f"tune{i}-ll-original", f"tune{i}-ll-original2", "8388608,16,64") for i in range(1, 7)
     ]
+    # (session 47) that set is the I1 at half too: no pair of its own, and both originals pool
+    # into the half-I1 target
+    assert not any(s[0].endswith("-half") for s in seen) and len(seen) == 2 * n
+    assert tune.persistent_half_config(tune.persistent_ll_config(prof["valgrind"])) == {
+        **tune.half_i1_config(),
+        "LL": "8388608,16,64",
+    }
+    assert res["target"][tune.HALF_I1_KEY] == pytest.approx(40_000 / 8_000_000)
     # the sweep's 10 raw windows at 5 misses and the loop's 6 + 6 at 3 and 4; the code side's at 70
     assert res["target"][tune.PERSISTENT_KEY] == pytest.approx((10 * 5 + 6 * 3 + 6 * 4) / (22 * 6000))
     assert res["target"][tune.PERSISTENT_IL_KEY] == pytest.approx(70 / 6000)
@@ -4324,6 +4332,13 @@ def test_the_ll_sweeps_anchor_windows_run_beside_or_between_the_swept_ones(monke
     assert all(len(ws) == 2 for ws in wins + anchors) and anchors[0][0] is anchors[1][0]  # one anchor a round
     # what the profile keeps of them for the tuning target (tune.target_anchors): each window once
     assert len(profile._unique(w for ws in anchors for w in ws)) == 2
+    # (session 47) the pool's windows as a multi-threaded original's anchors: one a round, no
+    # window of the sweep's own at A
+    ran.clear()
+    pool = [vg.Window([], 1, 1.0, {}) for _ in range(2)]
+    wins, anchors = profile.ll_sweep_windows(job, sized, 2, False, lambda m: None, anchor=lambda j: pool[j])
+    assert [t for t, _ in ran] == ["llsweep0-0", "llsweep1-0", "llsweep0-1", "llsweep1-1"]
+    assert anchors == [pool, pool] and all(len(ws) == 2 for ws in wins)
 
 
 def test_the_ll_sweep_weighs_the_swept_windows_modes_as_the_anchors_hold_them():

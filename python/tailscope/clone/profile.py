@@ -37,8 +37,14 @@ PROTOCOLS = {"memcached": 1, "redis": 2, "line": 3, "http": 4}
 # to 1.5 per window and its LL rate at B sat 13% under. Twelve since session 28: six gave
 # memcached's data side a persistent share of 0.05, where the validation's windows of the original
 # at B kept 0.14 of A's. Ten since session 34, with anchor windows at A's LL (`ll_sweep_windows`):
-# ~20 s a window or a pair, ~6.5 min for both sizes beside their anchors, ~10 min one at a time
-LL_SWEEP_WINDOWS = 10
+# ~20 s a window or a pair, ~6.5 min for both sizes beside their anchors, ~10 min one at a time.
+# Four since session 47: with the windows held (session 46) a window's LL misses no longer take
+# in the connections' set-up and tear-down, which made the modes these counts were raised for
+# (memcached's data side at 8 MiB: 0.1 a window, where sessions 24-28 counted 0-12), each loop
+# iteration adds the original's windows at the largest LL to the target there
+# (`tune.persistent_target`), and the pipeline, at 28 s a window, ran 33-43 minutes against its
+# 30 (the sweep alone 9.3 min for redis's 20 pairs, 13.8 for memcached's 30 windows)
+LL_SWEEP_WINDOWS = 4
 
 
 def _deltas(before: list[dict], after: list[dict]) -> dict[int, dict]:
@@ -688,10 +694,14 @@ def run_profile(
     # (146 x3; the validation's six: 83 x3 and 142-158), a 1-in-4 draw; six make it 1 in 32.
     # Side by side they would be quicker, but two copies of the original side by side miss more
     # (session 22, reverted 819901f)
-    pool = []
-    for i in range(max(1, windows)):
-        progress(f"callgrind window {i + 1}/{windows} (the tuning target's pool): {vg_requests} requests")
-        pool.append(original_window(f"pool{i}"))
+    pool: list[vg.Window] = []
+    windows = max(1, windows)
+
+    def pool_window(j: int) -> vg.Window:
+        progress(f"callgrind window {j + 1}/{windows} (the tuning target's pool): {vg_requests} requests")
+        pool.append(original_window(f"pool{j}"))
+        return pool[-1]
+
     # the LL sweep (session 10): A's L1s, LL 2x and 4x A's (same ways): which of the LL misses
     # at A a larger LL keeps, code and data apart (generate.llc_bins; more than half of
     # memcached's LL misses at A are gone at 4x, and the clone, whose LL misses all missed any
@@ -717,7 +727,17 @@ def run_profile(
         "preload": "--preload" in load_args,
     }
     sized = [{**job, "cache": {**vg.CONFIG_A, "LL": workingset.cache_arg(size)}} for size in ll_sizes]
-    ll_wins, ll_anchors = ll_sweep_windows(job, sized, LL_SWEEP_WINDOWS, paired, progress)
+    if paired:
+        for j in range(windows):
+            pool_window(j)
+        ll_wins, ll_anchors = ll_sweep_windows(job, sized, LL_SWEEP_WINDOWS, paired, progress)
+    else:
+        # (session 47) a multi-threaded original's anchors run alone at A, as its pool's windows
+        # do: the pool's first windows are the anchors, one a round
+        rounds = min(LL_SWEEP_WINDOWS, windows)
+        ll_wins, ll_anchors = ll_sweep_windows(job, sized, rounds, paired, progress, anchor=pool_window)
+        for j in range(rounds, windows):
+            pool_window(j)
     code_fp = isa.analyse(win.threads)["code_footprint_bytes"]
     dmax = max_ws or min(256 << 20, max(1 << 20, 1 << max(0, int(info["rss_kb"] * 1024 * 2 - 1).bit_length())))
     sizes = workingset.sizes(max(dmax, 2 * code_fp))
@@ -806,8 +826,9 @@ def run_profile(
             "windows": pooled["windows"],
             # the LL sweep's anchor windows at A (no branch simulation), each once; tune pools
             # them into the target where they ran beside another copy, as the loop's windows do
-            # (`tune.target_anchors`)
-            "anchor_windows": _per_window(_unique(w for ws in ll_anchors for w in ws)),
+            # (`tune.target_anchors`); none where they are the pool's own windows (a multi-
+            # threaded original, session 47: they are in "windows")
+            "anchor_windows": _per_window(_unique(w for ws in ll_anchors for w in ws)) if paired else [],
             "anchors_paired": paired,
             "body_instructions_per_request": pooled["body_instructions_per_request"],
             "body_D1_misses_per_request": pooled["body_D1_misses_per_request"],
@@ -819,7 +840,7 @@ def run_profile(
                 ll_a,
                 ll_sizes,
                 [vg.metrics(vg.pool(ws)) for ws in ll_wins],
-                [len(pool), *[LL_SWEEP_WINDOWS] * len(ll_sizes)],
+                [len(pool), *(len(ws) for ws in ll_wins)],
                 [vg.metrics(vg.pool(ws)) for ws in ll_anchors],
                 [mode_balanced(_per_window(ws), _per_window(an)) for ws, an in zip(ll_wins, ll_anchors, strict=True)],
             ),
@@ -831,7 +852,7 @@ def run_profile(
     return prof
 
 
-def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progress) -> tuple[list, list]:
+def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progress, anchor=None) -> tuple[list, list]:
     """The LL sweep's windows (`vg.window` jobs `sized`, one per swept LL, each run `n` times) and
     their anchors (`job` at A's LL): (the windows per size, its anchors per size).
 
@@ -842,7 +863,10 @@ def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progres
     time, and the pairing changes how the threads interleave) but not at 8 MiB, so its anchors in
     pairs read 0.016 code and 0.011 data misses a request against its pool's 0.012 and 0.0049, and
     the anchored points came out a half to a third of the raw ones; redis (one busy thread) was
-    not inflated in pairs (session 22), and its runs with this code kept them (journal, session 34)."""
+    not inflated in pairs (session 22), and its runs with this code kept them (journal, session 34).
+
+    `anchor(j)`, where given, is round j's anchor of a multi-threaded original (the profile's pool
+    windows, session 47), in place of a window of `job`."""
     wins: list[list] = [[] for _ in sized]
     anchors: list[list] = [[] for _ in sized]
     if paired:
@@ -857,7 +881,7 @@ def ll_sweep_windows(job: dict, sized: list[dict], n: int, paired: bool, progres
     else:
         for j in range(n):
             progress(f"LL sweep: round {j + 1}/{n}: one window at A's LL, then one at each of {len(sized)} larger LLs")
-            a = vg.window(**{**job, "tag": f"llanchor-{j}", "cache": vg.CONFIG_A})
+            a = anchor(j) if anchor else vg.window(**{**job, "tag": f"llanchor-{j}", "cache": vg.CONFIG_A})
             for i, sj in enumerate(sized):
                 anchors[i].append(a)
                 wins[i].append(vg.window(**{**sj, "tag": f"llsweep{i}-{j}"}))

@@ -12,7 +12,9 @@ orthogonal, as the paper observes):
     data refs per request     -> mem_scale         (the bodies' memory-operand share, session 11)
     I1 miss rate              -> icode_far_scale   (calls per event of the rings beyond A's I1)
     I1 misses at half A's I1  -> footprint_scale:<body> (each body's blocks' code sizes, on its own
-                                 misses; a second pair per iteration, session 29: HALF_I1_KEY)
+                                 misses; a second pair per iteration, session 29: HALF_I1_KEY;
+                                 one set with the persistent LL's below since session 47:
+                                 `persistent_half_config`)
     D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL;
                                  per body since session 12: data_far_scale:<body> on its misses)
     LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings);
@@ -952,6 +954,20 @@ PERSISTENT_IL_REST_KEY = "IL_rest_at_persistent_LL"
 PERSISTENT_ORIGINALS = 2
 
 
+def persistent_half_config(persist_cache: dict) -> dict:
+    """The hierarchy of the loop's second set of windows where it has a persistent point: the I1
+    of `half_i1_config` with the LL of `persist_cache` (A's D1). One set measures both points.
+
+    Why (session 47): the pipeline ran 33-43 minutes against its 30, and each iteration ran three
+    sets of ~28 s (at A, at half A's I1, at the sweep's largest LL). The simulated I1 does not see
+    the LL (callgrind fills it from its own misses, and the simulation does not change how the
+    program runs), so the I1 at half reads the same in either set; the persistent LL misses are
+    lines no LL of that size keeps (first fetches, lines gone for a whole run), which a smaller I1
+    sending more fetches to the LL does not bring back. Both sides run in the same set, so what
+    difference there is falls on both."""
+    return {**persist_cache, "I1": half_i1_config()["I1"]}
+
+
 def persistent_originals(vgp: dict) -> int:
     """How many of the original's windows the loop runs at the sweep's largest LL beside each of
     the clone's: PERSISTENT_ORIGINALS, but one for an original whose sweep ran in pairs (a
@@ -1181,17 +1197,19 @@ def tune(
             windows.append(vg.metrics(got[1]) | {"requests": got[1].requests})
             target = retarget(target, windows, anchors)
             spread = target_spread({"windows": windows, "metrics": target}, anchors)
-            half = vg.side_by_side(
-                [
-                    {**half_job, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}-half"},
-                    {**half_job, "launch": original, "tag": f"tune{it}-half-original"},
-                ]
-            )
-            half_clone.append(half[0])
-            half_orig.append(half[1])
-            target[HALF_I1_KEY] = vg.metrics(vg.pool(half_orig))["I1_miss_rate"]
-            if persist_cache is not None:
-                pjob = {**job, "cache": persist_cache}
+            if persist_cache is None:
+                half = vg.side_by_side(
+                    [
+                        {**half_job, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}-half"},
+                        {**half_job, "launch": original, "tag": f"tune{it}-half-original"},
+                    ]
+                )
+                half_clone.append(half[0])
+                half_orig.append(half[1])
+            else:
+                # one set for both points (`persistent_half_config`): the I1 at half and the LL at
+                # the sweep's largest
+                pjob = {**job, "cache": persistent_half_config(persist_cache)}
                 pw = vg.side_by_side(
                     [
                         {**pjob, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}-ll"},
@@ -1201,6 +1219,10 @@ def tune(
                         ),
                     ]
                 )
+                half_clone.append(pw[0])
+                half_orig += pw[1:]
+            target[HALF_I1_KEY] = vg.metrics(vg.pool(half_orig))["I1_miss_rate"]
+            if persist_cache is not None:
                 persist_clone.append(pw[0])
                 persist_rest.append(persistent_rest(pw[0], meta))
                 persist_orig += [vg.metrics(w) | {"requests": w.requests} for w in pw[1:]]
