@@ -2103,7 +2103,7 @@ def test_the_tuning_loop_pools_its_windows_of_the_original_into_the_target(monke
         seen.append([j["tag"] for j in jobs])
         assert jobs[1]["launch"] == {"argv": ["orig"]}
         if jobs[0]["tag"].endswith("-half"):  # (session 29) the pair at half of A's I1
-            assert jobs[0]["cache"] == jobs[1]["cache"] == tune.half_i1_config()
+            assert jobs[0]["cache"] == jobs[1]["cache"] == tune.second_config(None)
             return [half_clone, half[len(seen) // 2 - 1]]
         assert jobs[1]["cache"] == vg.CONFIG_A
         return [clone, orig[(len(seen) - 1) // 2]]
@@ -2419,8 +2419,9 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     # (session 47) that set is the I1 at half too: no pair of its own, and both originals pool
     # into the half-I1 target
     assert not any(s[0].endswith("-half") for s in seen) and len(seen) == 2 * n
-    assert tune.persistent_half_config(tune.persistent_ll_config(prof["valgrind"])) == {
-        **tune.half_i1_config(),
+    assert tune.second_config(tune.persistent_ll_config(prof["valgrind"])) == {
+        "I1": "16384,8,64",
+        "D1": "45056,11,64",
         "LL": "8388608,16,64",
     }
     assert res["target"][tune.HALF_I1_KEY] == pytest.approx(40_000 / 8_000_000)
@@ -4204,6 +4205,71 @@ def test_the_walkers_within_the_ll_are_touched_from_their_end_down(tmp_path):
         got[how] = tc.fn_total("DLmr", "clone_far_t")
     # (clone_far_ holds the 2 MiB bin's walkers; the cold one is clone_farp_'s)
     assert got["up"] >= 20 and got["down"] <= 0.25 * got["up"], got
+
+
+def test_the_loop_steps_the_walkers_reach_on_the_d1_at_the_mid_bin_point():
+    """tune.d1_reach_step (session 47): the first step as if the rate at 44 KiB went as the reach
+    to the 0.4, then a secant through two reaches; none within the deadband; each step within
+    x0.75..1.5 of the last reach."""
+    from tailscope.clone import tune
+    from tailscope.clone import valgrind as vg
+
+    key = tune.MID_D1_KEY
+    target = {key: 0.0083}
+
+    def h(reach, rate):
+        return {"knobs": {"d1_reach": reach}, "metrics": {key: rate}}
+
+    k = tune.d1_reach_step({}, [h(1.0, 0.0075)], target)
+    assert k["d1_reach"] == pytest.approx((0.0083 / 0.0075) ** 2.5)
+    # memcached's clone, offline: 0.0075 at 1.0 and 0.0090 at 1.4: the line through them
+    k = tune.d1_reach_step({}, [h(1.0, 0.0075), h(1.4, 0.0090)], target)
+    assert k["d1_reach"] == pytest.approx(1.4 + (0.0083 - 0.0090) / ((0.0090 - 0.0075) / 0.4))
+    # the same reach twice is no secant; a falling rate is none either (the first step's guess)
+    k = tune.d1_reach_step({}, [h(1.2, 0.0075), h(1.2, 0.0076)], target)
+    assert k["d1_reach"] == pytest.approx(1.2 * (0.0083 / 0.0076) ** 2.5)
+    assert tune.d1_reach_step({"x": 1}, [h(1.0, 0.0082)], target) == {"x": 1}  # within 2%
+    assert tune.d1_reach_step({}, [h(1.0, 0.002)], target)["d1_reach"] == 1.5
+    assert tune.d1_reach_step({}, [h(0.7, 0.02)], target)["d1_reach"] == 0.6
+    assert tune.d1_reach_step({}, [{"knobs": {}, "metrics": {}}], target) == {}
+    # the rate joins the stop rule and the score
+    assert not tune.within(dict.fromkeys(tune.TOLERANCE, 0.0) | {key: 0.06})
+    assert tune.within(dict.fromkeys(tune.TOLERANCE, 0.0) | {key: 0.04})
+    assert tune.score({key: 0.1}) > tune.score({key: 0.0})
+    # the set it is measured in: the profile's mid-bin point, never B's D1
+    assert tune.mid_d1_config()["D1"] == "45056,11,64" != vg.CONFIG_B["D1"]
+
+
+@needs_valgrind
+@needs_gcc
+def test_the_reach_moves_the_walkers_beyond_the_d1_further_out(tmp_path):
+    """asmgen.d1_reach (session 47): layer_walkers aims the walkers of the bin just beyond the
+    profiled D1, (32, 64] KiB, at d1_reach times its quartiles, and no other bin's. Run, a body
+    whose data half lies in that bin misses a 44 KiB, 11-way D1 more at a reach of 1.5 than at 1
+    (its walkers' lines come back from further out), and a 32 KiB one no less."""
+    kb = 1 << 10
+    got = {}
+    for reach in (1.0, 1.5):
+        spec = _loads_spec([(512, 0.5), (64 * kb, 0.5)], main_fraction=0.1, cold_bin=0)
+        kn = {"ll_bytes": 2 << 20, "d1_bytes": 32 * kb, "d1_reach": reach}
+        asmgen.layer_walkers([spec], kn)
+        d = tmp_path / str(reach)
+        d.mkdir()
+        asmgen.write_standalone(spec, d, seed=3, calls=3000, knobs=kn, skeleton_touch=True)
+        rates = {}
+        for name, d1 in (("A", "32768,8,64"), ("mid", "45056,11,64")):
+            tc = _cg_run(d, d / "harness", 3000, name, ("--cache-sim=yes", f"--D1={d1}", "--LL=8388608,16,64"))
+            rates[name] = tc.fn_total("D1mr", "clone_far_t") + tc.fn_total("D1mw", "clone_far_t")
+        got[reach] = (spec.walk_sizes, rates)
+    (sizes1, r1), (sizes15, r15) = got[1.0], got[1.5]
+    assert {k for k in sizes1 if k[0] == 64 * kb} and all(
+        sizes15[k] > 1.3 * sizes1[k] for k in sizes1 if k[0] == 64 * kb
+    ), (sizes1, sizes15)
+    # (measured: 205,481 and 120,056 misses at 1; 239,917 and 239,811 at 1.5: at 1, aimed at
+    # 38.9 and 53.8 KiB, some of the lines already come back within 32 KiB, the shortfall the
+    # loop's step makes up in the clone)
+    assert r1["A"] > 0 and r15["A"] >= r1["A"], (r1, r15)
+    assert r15["mid"] > 1.5 * r1["mid"], (r1, r15)
 
 
 def _loads_spec(data_bins: list, main_fraction: float = 0.02, cold_bin: int = 64 << 20) -> "asmgen.BodySpec":

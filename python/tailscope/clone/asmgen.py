@@ -517,6 +517,22 @@ def walk_quartiles(s: int, knobs: dict) -> tuple[float, float]:
     return WALK_QUARTILES_IN_D1 if s <= knobs.get("d1_bytes", 32768) else WALK_QUARTILES
 
 
+def d1_reach(s: int, knobs: dict) -> float:
+    """The factor on the reuse distance layer_walkers aims the walkers of data bin (s/2, s] at:
+    `d1_reach` (tune.py's step at the D1 of the profile's mid-bin point) for the bin just beyond
+    the profiled D1, (d1, 2 d1], and 1 for every other bin.
+
+    Why (session 47): the walkers of that bin, aimed at its quartiles (38.9 and 53.8 KiB), came
+    back nearer in the running clone: redis's clone had the original's D1 misses at A (32 KiB,
+    8 ways) but at 40 and 44 KiB (10 and 11 ways) it already hit what the original hits only at
+    64 KiB (86.5 and 83.6 misses a request against the original's 92.8 and 90.3, 83.6 at 64 KiB),
+    and memcached's clone was 10% under at 44 KiB; at B's 48 KiB D1 both failed, 10% and 13%
+    under. The layer model's distances are the fully associative stack's, over the clone's own
+    regions; what shortens them in the 64-set D1 is not modelled, so the loop measures it."""
+    d1 = int(knobs.get("d1_bytes", 32768))
+    return float(knobs.get("d1_reach", 1.0)) if d1 < s <= 2 * d1 else 1.0
+
+
 def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:
     """A knob for one body (`key:name`) or for all bodies (`key`)."""
     return float(knobs.get(f"{key}:{name}", knobs.get(key, default)))
@@ -691,7 +707,7 @@ def walker_list(spec: BodySpec, instructions: float, knobs: dict, below: int) ->
             if spec.walk_sizes and (s, h) in spec.walk_sizes:
                 size = int(spec.walk_sizes[(s, h)])
             else:
-                size = max(2 * 64 * pp, (int(q * s) - below) // 64 * 64)
+                size = max(2 * 64 * pp, (int(q * d1_reach(s, knobs) * s) - below) // 64 * 64)
                 below += size
             # (decided at the profiled rate, as the mode above: the layer model's sizes do not
             # move with a uniform rate, so a knob-scaled test flipped the mode with the knob)
@@ -1308,7 +1324,7 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
                     fixed = w.get("new_lines", w["bytes"] // 64)
                     walks.append([i, "fixed", w["bin"], fixed, fixed * sp.events_per_request, 0.0])
                     continue
-                key, q = (w["bin"], w["h"]), walk_quartiles(w["bin"], knobs)[w["h"]]
+                key, q = (w["bin"], w["h"]), walk_quartiles(w["bin"], knobs)[w["h"]] * d1_reach(w["bin"], knobs)
                 start = sp.walk_sizes[key] / 64 if sp.walk_sizes and key in sp.walk_sizes else q * w["bin"] / 64
                 a = max(1e-6, w["lines"] * sp.events_per_request)
                 walks.append([i, "walk", key, start, a, q * w["bin"]])

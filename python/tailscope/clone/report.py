@@ -127,14 +127,21 @@ def held_out_note(configs: dict, prof: dict, tuning: dict | None = None) -> str:
     if not out:
         return ""
     hist = (tuning or {}).get("history") or []
-    from .tune import HALF_I1_KEY, half_i1_config
+    from .tune import HALF_I1_KEY, MID_D1_KEY, half_i1_config, mid_d1_config
 
     if any(isinstance(h, dict) and HALF_I1_KEY in (h.get("metrics") or {}) for h in hist):
         size, ways, sets = _geometry(half_i1_config()["I1"])
         tuned = (
             f"The tuning loop matched the I1 at A and at its second point, {size // 1024} KiB with {ways} ways "
-            f"({sets} sets), chosen after B's I1 row had failed; nothing was run at B before this validation."
+            f"({sets} sets), chosen after B's I1 row had failed"
         )
+        if any(isinstance(h, dict) and MID_D1_KEY in (h.get("metrics") or {}) for h in hist):
+            size, ways, sets = _geometry(mid_d1_config()["D1"])
+            tuned += (
+                f", and the D1 at A and at the profile's mid-bin point {size // 1024} KiB with {ways} ways "
+                f"({sets} sets), chosen after B's D1 rows had failed"
+            )
+        tuned += "; nothing was run at B before this validation."
     else:
         tuned = "Nothing is tuned at B."
     return "; ".join(out) + ". " + tuned
