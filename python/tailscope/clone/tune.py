@@ -1227,7 +1227,6 @@ def tune(
         "preload": "--preload" in load,
         "workdir": clone_dir / "private" / "work",
     }
-    half_job = {**job, "cache": second_config(None)}
     half_clone: list[vg.Window] = []  # the clone's windows at half of A's I1 (this build's)
     half_orig: list[vg.Window] = []  # the original's, all of the loop's: the target's pool
     # (session 39) both sides at the LL sweep's largest LL too (every original since session 42)
@@ -1259,30 +1258,21 @@ def tune(
             windows.append(vg.metrics(got[1]) | {"requests": got[1].requests})
             target = retarget(target, windows, anchors)
             spread = target_spread({"windows": windows, "metrics": target}, anchors)
-            if persist_cache is None:
-                half = vg.side_by_side(
-                    [
-                        {**half_job, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}-half"},
-                        {**half_job, "launch": original, "tag": f"tune{it}-half-original"},
-                    ]
-                )
-                half_clone.append(half[0])
-                half_orig.append(half[1])
-            else:
-                # one set for every second point (`second_config`): the I1 at half, the D1 at the
-                # mid-bin point and the LL at the sweep's largest
-                pjob = {**job, "cache": second_config(persist_cache)}
-                pw = vg.side_by_side(
-                    [
-                        {**pjob, "launch": clone_launch(clone_dir, port), "tag": f"tune{it}-ll"},
-                        *(
-                            {**pjob, "launch": original, "tag": f"tune{it}-ll-original{j + 1 if j else ''}"}
-                            for j in range(persistent_originals(vgp))
-                        ),
-                    ]
-                )
-                half_clone.append(pw[0])
-                half_orig += pw[1:]
+            # one set for every second point (`second_config`): the I1 at half, the D1 at the
+            # mid-bin point and, where the loop has one, the LL at the sweep's largest
+            tag = f"tune{it}-half" if persist_cache is None else f"tune{it}-ll"
+            sjob = {**job, "cache": second_config(persist_cache)}
+            pw = vg.side_by_side(
+                [
+                    {**sjob, "launch": clone_launch(clone_dir, port), "tag": tag},
+                    *(
+                        {**sjob, "launch": original, "tag": f"{tag}-original{j + 1 if j else ''}"}
+                        for j in range(1 if persist_cache is None else persistent_originals(vgp))
+                    ),
+                ]
+            )
+            half_clone.append(pw[0])
+            half_orig += pw[1:]
             second = vg.metrics(vg.pool(half_orig))
             target[HALF_I1_KEY], target[MID_D1_KEY] = second["I1_miss_rate"], second["D1_miss_rate"]
             if persist_cache is not None:
