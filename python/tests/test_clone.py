@@ -2464,6 +2464,36 @@ def test_the_tuning_loop_measures_an_unpaired_original_at_the_sweeps_largest_ll(
     assert res["persistent_ll_windows"] == 0
 
 
+def test_ll_rest_is_pooled_over_the_loops_windows():
+    # (session 48) the misses no LL knob moves are each window's total less the knobs' parts;
+    # an iteration's LL metrics are its parts plus the rest's mean over all of the loop's windows
+    from tailscope.clone import tune
+
+    parts = {"data_rings": 2e-4, "data_far": 5e-4, "data_farp": 0.0, "code_rings": 17e-4, "code_far": 10e-4}
+    m = {
+        "IL_misses_per_request": 29e-4,  # a rest of 2
+        "DL_misses_per_request": 8e-4,  # a rest of 1
+        "LL_miss_rate": 37e-4 / 10_000,
+        "instructions_per_request": 7_000.0,
+        "data_refs_per_request": 3_000.0,
+    }
+    rest = tune.ll_rest(m, parts)
+    assert rest == pytest.approx({"IL": 2e-4, "DL": 1e-4})
+    # (a window whose parts exceed its total: no negative rest)
+    assert tune.ll_rest({"IL_misses_per_request": 1e-4}, parts) == {"IL": 0.0, "DL": 0.0}
+    rests = [rest, {"IL": 4e-4, "DL": 3e-4}, {"IL": 4.8e-4, "DL": 2e-4}]
+    s = tune.smooth_ll(m, parts, rests)
+    assert s["IL_misses_per_request"] == pytest.approx(27e-4 + 3.6e-4)
+    assert s["DL_misses_per_request"] == pytest.approx(7e-4 + 2e-4)
+    assert s["LL_miss_rate"] == pytest.approx((30.6e-4 + 9e-4) / 10_000)
+    # the window's own figures are kept, and smoothing again starts from them, not from the last
+    assert s["IL_misses_per_request_window"] == m["IL_misses_per_request"]
+    assert s["LL_miss_rate_window"] == m["LL_miss_rate"]
+    again = tune.smooth_ll(s, parts, rests[:1])
+    assert again["IL_misses_per_request"] == pytest.approx(m["IL_misses_per_request"])
+    assert tune.smooth_ll(m, parts, []) is m
+
+
 def test_d1_tuning_step_per_body():
     """With per-body D1 targets the D1 knob moves per body (data_far_scale:<body>), each on its own
     threads' misses: memcached's one factor matched the total at A with the timer 41% over its
@@ -3157,7 +3187,13 @@ def test_ll_conflict_rings_are_warm_at_a_larger_ll_from_their_first_use(tmp_path
     )
     calls = 1500
     asmgen.write_standalone(spec, tmp_path, seed=7, calls=calls)
-    assert "clone_llc_warm_t:" in (tmp_path / "body.S").read_text()
+    text = (tmp_path / "body.S").read_text()
+    assert "clone_llc_warm_t:" in text
+    # (session 48) every ring's table starts on a line, so the warm's one read per 64 bytes reads
+    # each of its lines: at 4-byte alignment a table's last line could be left for the window
+    lines = text.splitlines()
+    tabs = [i for i, x in enumerate(lines) if x.endswith("_tab:")]
+    assert tabs and all(lines[i - 1].strip() == f".p2align {asmgen.TABLE_ALIGN}" for i in tabs)
     got = {}
     for ll in (2 << 20, 8 << 20):
         tc = _cg_run(tmp_path, tmp_path / "harness", calls, f"w{ll >> 20}", ("--cache-sim=yes", f"--LL={ll},16,64"))
@@ -4262,9 +4298,14 @@ def test_the_reach_moves_the_walkers_beyond_the_d1_further_out(tmp_path):
             rates[name] = tc.fn_total("D1mr", "clone_far_t") + tc.fn_total("D1mw", "clone_far_t")
         got[reach] = (spec.walk_sizes, rates)
     (sizes1, r1), (sizes15, r15) = got[1.0], got[1.5]
-    assert {k for k in sizes1 if k[0] == 64 * kb} and all(
-        sizes15[k] > 1.3 * sizes1[k] for k in sizes1 if k[0] == 64 * kb
-    ), (sizes1, sizes15)
+    # the lower walker's only (session 48, asmgen.REACH_HALVES): the upper one keeps its aim, its
+    # region the smaller by what the lower one's grew
+    assert (64 * kb, 0) in sizes1 and sizes15[(64 * kb, 0)] > 1.3 * sizes1[(64 * kb, 0)], (sizes1, sizes15)
+    assert sizes15[(64 * kb, 1)] < sizes1[(64 * kb, 1)], (sizes1, sizes15)
+    assert {k: v for k, v in sizes15.items() if k[0] != 64 * kb} == {k: v for k, v in sizes1.items() if k[0] != 64 * kb}
+    assert (
+        asmgen.d1_reach(64 * kb, {"d1_reach": 1.5}, 0) == 1.5 and asmgen.d1_reach(64 * kb, {"d1_reach": 1.5}, 1) == 1.0
+    )
     # (measured: 205,481 and 120,056 misses at 1; 239,917 and 239,811 at 1.5: at 1, aimed at
     # 38.9 and 53.8 KiB, some of the lines already come back within 32 KiB, the shortfall the
     # loop's step makes up in the clone)

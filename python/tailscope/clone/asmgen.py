@@ -486,6 +486,9 @@ COLOR_LINES = 64  # lines of a 4 KiB page: the sets a D1 of 32 KiB and 8 ways sp
 # under, sessions 33-35). The blocks' cursors, the first block region and this slot line now
 # have colours of their own: 7.2 lines of set 0 per request, 2.2 misses at A that 16 ways keep.
 HOT_COLOR = 48
+# the variant tables of the rings (.rodata) start on a line (2^6 bytes): their start-up warm reads
+# one entry per 64 bytes (llc_warm, ring_warm)
+TABLE_ALIGN = 6
 WALK_LINES = 8  # lines per pass of a walker (fewer when it walks fewer lines per event)
 # arena offset of the blocks' shared region cursors (8 B each, 32 per body): half a page past
 # 4 KiB, so their lines are not in the D1 set of the arena's first line (see HOT_COLOR)
@@ -517,7 +520,16 @@ def walk_quartiles(s: int, knobs: dict) -> tuple[float, float]:
     return WALK_QUARTILES_IN_D1 if s <= knobs.get("d1_bytes", 32768) else WALK_QUARTILES
 
 
-def d1_reach(s: int, knobs: dict) -> float:
+# which of the bin's two walkers (lower, upper quartile) d1_reach moves: the lower only (session 48).
+# The knob is tuned at the mid-bin point (44 KiB), the lower half of the bin; moving the upper
+# walker too put memcached's at 0.84 x 1.3 x 64 KiB, beyond its bin, where the loop never looks:
+# its clone matched the original at 32 and 44 KiB and then fell too slowly (misses per request
+# at 44/48/56 KiB: clone 37.7/32.9/27.1, original 36.0/29.2/19.2; moving the lower walker only,
+# at the same reach, 37.1/31.8/24.9; redis's clone at its reach 87.1/86.1/83.2 and 86.7/85.1/80.0)
+REACH_HALVES = (True, False)
+
+
+def d1_reach(s: int, knobs: dict, h: int = 0) -> float:
     """The factor on the reuse distance layer_walkers aims the walkers of data bin (s/2, s] at:
     `d1_reach` (tune.py's step at the D1 of the profile's mid-bin point) for the bin just beyond
     the profiled D1, (d1, 2 d1], and 1 for every other bin.
@@ -528,9 +540,10 @@ def d1_reach(s: int, knobs: dict) -> float:
     64 KiB (86.5 and 83.6 misses a request against the original's 92.8 and 90.3, 83.6 at 64 KiB),
     and memcached's clone was 10% under at 44 KiB; at B's 48 KiB D1 both failed, 10% and 13%
     under. The layer model's distances are the fully associative stack's, over the clone's own
-    regions; what shortens them in the 64-set D1 is not modelled, so the loop measures it."""
+    regions; what shortens them in the 64-set D1 is not modelled, so the loop measures it.
+    Only the lower walker (h = 0) moves (REACH_HALVES)."""
     d1 = int(knobs.get("d1_bytes", 32768))
-    return float(knobs.get("d1_reach", 1.0)) if d1 < s <= 2 * d1 else 1.0
+    return float(knobs.get("d1_reach", 1.0)) if d1 < s <= 2 * d1 and REACH_HALVES[h] else 1.0
 
 
 def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:
@@ -707,7 +720,7 @@ def walker_list(spec: BodySpec, instructions: float, knobs: dict, below: int) ->
             if spec.walk_sizes and (s, h) in spec.walk_sizes:
                 size = int(spec.walk_sizes[(s, h)])
             else:
-                size = max(2 * 64 * pp, (int(q * d1_reach(s, knobs) * s) - below) // 64 * 64)
+                size = max(2 * 64 * pp, (int(q * d1_reach(s, knobs, h) * s) - below) // 64 * 64)
                 below += size
             # (decided at the profiled rate, as the mode above: the layer model's sizes do not
             # move with a uniform rate, so a knob-scaled test flipped the mode with the knob)
@@ -916,7 +929,15 @@ def llc_function(spec: BodySpec, rings: list[dict], region_off: int) -> tuple[li
                 "    call rax",
             ]
             per = 13 + 1
-            tables += ["    .p2align 2", f"{lab}_tab:", *[f"    .long {lab}_v{j} - ." for j in range(r["K"])]]
+            # (line-aligned, so that llc_warm's one read per 64 bytes reads every line of it: at
+            # 4-byte alignment memcached's 96-byte table spanned 3 lines, the warm read 2, and the
+            # third was read first in the window, 1 data-side miss a window at A and B alike,
+            # where the original's whole data side at B is 0.08; session 48)
+            tables += [
+                f"    .p2align {TABLE_ALIGN}",
+                f"{lab}_tab:",
+                *[f"    .long {lab}_v{j} - ." for j in range(r["K"])],
+            ]
         else:
             out += [
                 f"    imul r13, r13, {r['stride']}",
@@ -1324,7 +1345,7 @@ def layer_walkers(specs: list[BodySpec], knobs: dict, rounds: int = 30) -> None:
                     fixed = w.get("new_lines", w["bytes"] // 64)
                     walks.append([i, "fixed", w["bin"], fixed, fixed * sp.events_per_request, 0.0])
                     continue
-                key, q = (w["bin"], w["h"]), walk_quartiles(w["bin"], knobs)[w["h"]] * d1_reach(w["bin"], knobs)
+                key, q = (w["bin"], w["h"]), walk_quartiles(w["bin"], knobs)[w["h"]] * d1_reach(w["bin"], knobs, w["h"])
                 start = sp.walk_sizes[key] / 64 if sp.walk_sizes and key in sp.walk_sizes else q * w["bin"] / 64
                 a = max(1e-6, w["lines"] * sp.events_per_request)
                 walks.append([i, "walk", key, start, a, q * w["bin"]])
@@ -1931,7 +1952,7 @@ def _far_function(
             f"{lab}_done:",
         ]
         expected += r["expected"]
-        tables += ["    .p2align 2", f"{lab}_tab:", *[f"    .long {lab}_v{j} - ." for j in range(r["M"])]]
+        tables += [f"    .p2align {TABLE_ALIGN}", f"{lab}_tab:", *[f"    .long {lab}_v{j} - ." for j in range(r["M"])]]
         variants += r["text"]
     # the walkers every LL misses (data_ll_scale beyond the LL: the cold walker and the bins beyond
     # the largest swept LL) run in clone_farp_<name>, called from here, so that callgrind counts
