@@ -3063,6 +3063,16 @@ def test_layout_knobs_freeze_at_the_best_iteration():
     best = {**best, "footprint_scale:worker": 0.9}
     frozen = tune.freeze_layout(new, best, tune.LAYOUT_FREEZE_AFTER)
     assert frozen["footprint_scale:worker"] == 0.9 and frozen["footprint_scale:bg3"] == 1.0
+    # (session 49) ... unless the half-I1 point is out of its tolerance: then they keep their
+    # step (the layout knobs still freeze) until FOOTPRINT_FREEZE_AFTER
+    out, inside = 1.5 * tune.HALF_I1_TOLERANCE, 0.5 * tune.HALF_I1_TOLERANCE
+    stepping = tune.freeze_layout(new, best, tune.LAYOUT_FREEZE_AFTER, out)
+    assert stepping["footprint_scale:worker"] == 0.8 and stepping["footprint_scale:bg3"] == 0.6
+    assert {k: stepping[k] for k in tune.LAYOUT_KNOBS} == {k: best[k] for k in tune.LAYOUT_KNOBS}
+    for it, err in ((tune.LAYOUT_FREEZE_AFTER, inside), (tune.FOOTPRINT_FREEZE_AFTER, out)):
+        frozen = tune.freeze_layout(new, best, it, err)
+        assert frozen["footprint_scale:worker"] == 0.9 and frozen["footprint_scale:bg3"] == 1.0
+    assert tune.LAYOUT_FREEZE_AFTER < tune.FOOTPRINT_FREEZE_AFTER < tune.MAX_ITERATIONS
 
 
 def test_half_i1_step_moves_each_bodys_footprint():
