@@ -3072,6 +3072,13 @@ def test_layout_knobs_freeze_at_the_best_iteration():
     for it, err in ((tune.LAYOUT_FREEZE_AFTER, inside), (tune.FOOTPRINT_FREEZE_AFTER, out)):
         frozen = tune.freeze_layout(new, best, it, err)
         assert frozen["footprint_scale:worker"] == 0.9 and frozen["footprint_scale:bg3"] == 1.0
+    # ... and once they have stepped past the freeze, they stop where the iteration had them
+    current = {**best, "footprint_scale:worker": 0.7, "footprint_scale:bg3": 0.5}
+    assert tune.freeze_layout(new, best, tune.LAYOUT_FREEZE_AFTER, inside, current)["footprint_scale:worker"] == 0.9
+    for it, err in ((tune.LAYOUT_FREEZE_AFTER + 1, inside), (tune.FOOTPRINT_FREEZE_AFTER, out)):
+        stopped = tune.freeze_layout(new, best, it, err, current)
+        assert stopped["footprint_scale:worker"] == 0.7 and stopped["footprint_scale:bg3"] == 0.5
+        assert {k: stopped[k] for k in tune.LAYOUT_KNOBS} == {k: best[k] for k in tune.LAYOUT_KNOBS}
     assert tune.LAYOUT_FREEZE_AFTER < tune.FOOTPRINT_FREEZE_AFTER < tune.MAX_ITERATIONS
 
 
