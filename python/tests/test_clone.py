@@ -2103,7 +2103,9 @@ def test_the_tuning_loop_pools_its_windows_of_the_original_into_the_target(monke
         seen.append([j["tag"] for j in jobs])
         assert jobs[1]["launch"] == {"argv": ["orig"]}
         if jobs[0]["tag"].endswith("-half"):  # (session 29) the pair at half of A's I1
-            assert jobs[0]["cache"] == jobs[1]["cache"] == tune.second_config(None)
+            # (session 50) its D1 at the mid-bin point and the upper one by turns
+            it = int(jobs[0]["tag"][len("tune") :].split("-")[0])
+            assert jobs[0]["cache"] == jobs[1]["cache"] == tune.second_config(None, tune.second_point(it))
             return [half_clone, half[len(seen) // 2 - 1]]
         assert jobs[1]["cache"] == vg.CONFIG_A
         return [clone, orig[(len(seen) - 1) // 2]]
@@ -4286,11 +4288,63 @@ def test_the_loop_steps_the_walkers_reach_on_the_d1_at_the_mid_bin_point():
     assert tune.d1_reach_step({}, [h(0.7, 0.02)], target)["d1_reach"] == 0.6
     assert tune.d1_reach_step({}, [{"knobs": {}, "metrics": {}}], target) == {}
     # the rate joins the stop rule and the score
-    assert not tune.within(dict.fromkeys(tune.TOLERANCE, 0.0) | {key: 0.06})
-    assert tune.within(dict.fromkeys(tune.TOLERANCE, 0.0) | {key: 0.04})
+    up = tune.UP_D1_KEY
+    assert not tune.within(dict.fromkeys(tune.TOLERANCE, 0.0) | {key: 0.06, up: 0.0})
+    assert tune.within(dict.fromkeys(tune.TOLERANCE, 0.0) | {key: 0.04, up: 0.04})
+    assert not tune.within(dict.fromkeys(tune.TOLERANCE, 0.0) | {key: 0.04, up: 0.06})
+    # (session 50) a loop with a second set stops only once it has measured both points
+    assert not tune.within(dict.fromkeys(tune.TOLERANCE, 0.0) | {key: 0.04})
     assert tune.score({key: 0.1}) > tune.score({key: 0.0})
-    # the set it is measured in: the profile's mid-bin point, never B's D1
+    assert tune.score({key: 0.0, up: 0.1}) > tune.score({key: 0.0, up: 0.0})
+    # the set it is measured in: the profile's mid-bin point, never B's D1; the upper point's too
     assert tune.mid_d1_config()["D1"] == "45056,11,64" != vg.CONFIG_B["D1"]
+    assert tune.up_d1_config()["D1"] == "57344,14,64" != vg.CONFIG_B["D1"]
+    assert [tune.second_point(i) for i in range(1, 5)] == [key, up, key, up]
+
+
+def test_the_reach_steps_on_the_d1_relative_to_a_and_each_knob_on_its_own_point():
+    """tune.d1_reach_step (session 50): with A's D1 rate on both sides, the step takes the rate at
+    the point over A's (the reach shapes the curve, data_far_scale sets its level); d1_reach_up
+    steps on the upper point; an iteration that carried a point (`carry_second`) takes no step
+    on it, and no carried iteration is a secant's second point."""
+    from tailscope.clone import tune
+
+    mid, up = tune.MID_D1_KEY, tune.UP_D1_KEY
+    target = {"D1_miss_rate": 0.0147, mid: 0.0087, up: 0.0050}
+
+    def h(kn, ms, carried=()):
+        return {"knobs": kn, "metrics": ms, **({"carried": list(carried)} if carried else {})}
+
+    # session 49's first iteration: A 74% over, 44 KiB 66% over; in shape 0.569 against 0.592:
+    # the reach goes up, not down to 0.75
+    first = h({}, {"D1_miss_rate": 0.02554, mid: 0.01453})
+    k = tune.d1_reach_step({}, [first], target)
+    assert k["d1_reach"] == pytest.approx(((0.0087 / 0.0147) / (0.01453 / 0.02554)) ** 2.5)
+    assert k["d1_reach"] > 1.0
+    # the same shape as the target: no step, whatever the level
+    assert tune.d1_reach_step({}, [h({}, {"D1_miss_rate": 0.0294, mid: 0.0174})], target) == {}
+    # the upper knob on the upper point; the lower one does not move on it
+    k = tune.d1_reach_step({}, [h({}, {"D1_miss_rate": 0.0147, up: 0.0070})], target, up, "d1_reach_up")
+    assert k["d1_reach_up"] == pytest.approx(max(0.75, (0.0050 / 0.0070) ** 2.5))
+    assert "d1_reach" not in k
+    assert tune.d1_reach_step({}, [h({}, {"D1_miss_rate": 0.0147, up: 0.0070})], target) == {}
+    # carried: no step; and the secant skips carried entries for its earlier point
+    carried = h({"d1_reach_up": 1.0}, {"D1_miss_rate": 0.0147, up: 0.0070}, [up])
+    assert tune.d1_reach_step({}, [carried], target, up, "d1_reach_up") == {}
+    hist = [
+        h({"d1_reach_up": 0.8}, {"D1_miss_rate": 0.0147, up: 0.0040}),
+        h({"d1_reach_up": 1.2}, {"D1_miss_rate": 0.0147, up: 0.0090}, [up]),
+        h({"d1_reach_up": 1.0}, {"D1_miss_rate": 0.0147, up: 0.0070}),
+    ]
+    slope = (0.0070 / 0.0147 - 0.0040 / 0.0147) / (1.0 - 0.8)
+    want = 1.0 + (0.0050 / 0.0147 - 0.0070 / 0.0147) / slope
+    assert tune.d1_reach_step({}, hist, target, up, "d1_reach_up")["d1_reach_up"] == pytest.approx(want)
+    # carry_second: the point this build did not measure, from the last iteration that did
+    m = {mid: 0.009}
+    assert tune.carry_second(m, hist) == [up] and m[up] == 0.0070
+    m = {mid: 0.009, up: 0.006}
+    assert tune.carry_second(m, hist) == [] and m[up] == 0.006
+    assert tune.carry_second({mid: 0.009}, []) == []
 
 
 @needs_valgrind
@@ -4315,14 +4369,17 @@ def test_the_reach_moves_the_walkers_beyond_the_d1_further_out(tmp_path):
             rates[name] = tc.fn_total("D1mr", "clone_far_t") + tc.fn_total("D1mw", "clone_far_t")
         got[reach] = (spec.walk_sizes, rates)
     (sizes1, r1), (sizes15, r15) = got[1.0], got[1.5]
-    # the lower walker's only (session 48, asmgen.REACH_HALVES): the upper one keeps its aim, its
-    # region the smaller by what the lower one's grew
+    # the lower walker's only (session 48; since session 50 the upper one's is `d1_reach_up`,
+    # asmgen.REACH_KNOBS): the upper one keeps its aim, its region the smaller by what the lower
+    # one's grew
     assert (64 * kb, 0) in sizes1 and sizes15[(64 * kb, 0)] > 1.3 * sizes1[(64 * kb, 0)], (sizes1, sizes15)
     assert sizes15[(64 * kb, 1)] < sizes1[(64 * kb, 1)], (sizes1, sizes15)
     assert {k: v for k, v in sizes15.items() if k[0] != 64 * kb} == {k: v for k, v in sizes1.items() if k[0] != 64 * kb}
     assert (
         asmgen.d1_reach(64 * kb, {"d1_reach": 1.5}, 0) == 1.5 and asmgen.d1_reach(64 * kb, {"d1_reach": 1.5}, 1) == 1.0
     )
+    kn = {"d1_reach": 1.5, "d1_reach_up": 0.8}
+    assert asmgen.d1_reach(64 * kb, kn, 1) == 0.8 and asmgen.d1_reach(128 * kb, kn, 1) == 1.0
     # (measured: 205,481 and 120,056 misses at 1; 239,917 and 239,811 at 1.5: at 1, aimed at
     # 38.9 and 53.8 KiB, some of the lines already come back within 32 KiB, the shortfall the
     # loop's step makes up in the clone)

@@ -128,9 +128,11 @@ def cmd_clone(ns) -> int:
     print(f"clone written to {out}/ (built in {build_s:.1f} s; pipeline {total / 60:.1f} min)")
     half = errs.pop(tune.HALF_I1_KEY, None)
     mid = errs.pop(tune.MID_D1_KEY, None)
+    up = errs.pop(tune.UP_D1_KEY, None)
     # (the loop's second I1 and D1 points are not A: name their geometry)
     at_half = f"; I1 at {tune.half_i1_config()['I1']} (size,ways,line) {100 * half:.1f}%" if half is not None else ""
     at_half += f"; D1 at {tune.mid_d1_config()['D1']} {100 * mid:.1f}%" if mid is not None else ""
+    at_half += f"; D1 at {tune.up_d1_config()['D1']} {100 * up:.1f}%" if up is not None else ""
     print(
         "tuned at cache A after {} iteration(s): {}".format(
             tu["iterations"], ", ".join(f"{k} {100 * v:.1f}%" for k, v in errs.items())

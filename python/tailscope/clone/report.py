@@ -127,7 +127,7 @@ def held_out_note(configs: dict, prof: dict, tuning: dict | None = None) -> str:
     if not out:
         return ""
     hist = (tuning or {}).get("history") or []
-    from .tune import HALF_I1_KEY, MID_D1_KEY, half_i1_config, mid_d1_config
+    from .tune import HALF_I1_KEY, MID_D1_KEY, UP_D1_KEY, half_i1_config, mid_d1_config, up_d1_config
 
     if any(isinstance(h, dict) and HALF_I1_KEY in (h.get("metrics") or {}) for h in hist):
         size, ways, sets = _geometry(half_i1_config()["I1"])
@@ -141,6 +141,9 @@ def held_out_note(configs: dict, prof: dict, tuning: dict | None = None) -> str:
                 f", and the D1 at A and at the profile's mid-bin point {size // 1024} KiB with {ways} ways "
                 f"({sets} sets), chosen after B's D1 rows had failed"
             )
+            if any(isinstance(h, dict) and UP_D1_KEY in (h.get("metrics") or {}) for h in hist):
+                size, ways, sets = _geometry(up_d1_config()["D1"])
+                tuned += f" (and at {size // 1024} KiB with {ways} ways, {sets} sets, in that bin's upper part)"
         tuned += "; nothing was run at B before this validation."
     else:
         tuned = "Nothing is tuned at B."

@@ -15,9 +15,12 @@ orthogonal, as the paper observes):
                                  misses; a second pair per iteration, session 29: HALF_I1_KEY;
                                  one set with the persistent LL's below and the D1 at the
                                  mid-bin point since session 47: `second_config`)
-    D1 misses at the mid-bin  -> d1_reach          (the aimed distance of the walkers of the bin
-    point (44 KiB, 11 ways)                         just beyond A's D1, asmgen.d1_reach; session
-                                                    47: MID_D1_KEY, `d1_reach_step`)
+    D1 misses at the mid-bin  -> d1_reach          (the aimed distance of the lower walkers of
+    point (44 KiB, 11 ways)                         the bin just beyond A's D1, asmgen.d1_reach;
+                                                    session 47: MID_D1_KEY, `d1_reach_step`)
+    D1 misses at the upper    -> d1_reach_up       (the upper walkers' of that bin; session 50:
+    point (56 KiB, 14 ways)                         UP_D1_KEY; the second set measures one of
+                                                    the two D1 points an iteration, `second_point`)
     D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL;
                                  per body since session 12: data_far_scale:<body> on its misses)
     LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings);
@@ -143,6 +146,20 @@ MID_D1_KEY = "D1mid_miss_rate"
 MID_D1_TOLERANCE = 0.05
 MID_D1_DEADBAND = 0.02
 MID_D1_POWER = 0.4  # the first step's guess: the rate there goes as d1_reach ** 0.4 (0.24-0.54 measured)
+# The D1's third point (session 50): the upper part of the same bin, 56 KiB with 14 ways (A's 64
+# sets; log2 0.81 of the way through (32, 64], near its upper quartile, where the upper walkers
+# are aimed). Session 49's memcached clone matched the D1 at A (2.7% under) and at 44 KiB (2.0%
+# over) and then fell too slowly: B's 48 KiB (12 ways) read 30.9 misses a request against the
+# original's 27.8, and the row failed at +14.5% (session 48's regenerated clone: 37.1/31.8/24.9 at
+# 44/48/56 KiB against 36.0/29.2/19.2). One knob measured at one point moves the bin's lower
+# walkers; the upper ones (asmgen.REACH_KNOBS) were aimed by the layer model alone. The second set
+# alternates between the two D1 points (`second_point`), so the loop runs no more windows: the
+# I1 at half and the persistent LL are measured in both, and an iteration's other D1 point is
+# carried from the last iteration that measured it (`carry_second`).
+UP_D1_KEY = "D1up_miss_rate"
+UP_WAYS = 14
+# each D1 point and the knob stepped on it (`d1_reach_step`)
+D1_POINTS = ((MID_D1_KEY, "d1_reach"), (UP_D1_KEY, "d1_reach_up"))
 D1_REACH_STEP = (0.75, 1.5)
 D1_REACH_RANGE = (0.6, 2.5)
 # each step: (target / clone) ** power, within the bounds (misses per body fall a little less
@@ -168,7 +185,48 @@ def mid_d1_config() -> dict:
     return {**vg.CONFIG_A, "D1": mid_cache_arg(mid_sizes([d1, 2 * d1])[0])}
 
 
-def second_config(persist_cache: dict | None) -> dict:
+def up_d1_config() -> dict:
+    """A's hierarchy with the D1 at the upper point of the bin beyond A's D1 (56 KiB, UP_WAYS
+    ways, A's 64 sets; never B's 48 KiB and 12 ways)."""
+    size, ways, line = (int(x) for x in vg.CONFIG_A["D1"].split(","))
+    return {**vg.CONFIG_A, "D1": f"{size // ways * UP_WAYS},{UP_WAYS},{line}"}
+
+
+def second_point(it: int) -> str:
+    """Which D1 point iteration `it`'s second set measures: the mid-bin point first, then they
+    alternate (UP_D1_KEY on even iterations)."""
+    return D1_POINTS[(it - 1) % len(D1_POINTS)][0]
+
+
+def second_metrics(pairs: list[tuple[str, vg.Window]]) -> dict[str, float]:
+    """The second set's figures from (D1 point, window) pairs: the I1 at half over all of them
+    (the D1 does not move callgrind's I1, `second_config`) and each D1 point over its own."""
+    if not pairs:
+        return {}
+    out = {HALF_I1_KEY: vg.metrics(vg.pool([w for _, w in pairs]))["I1_miss_rate"]}
+    for key, _knob in D1_POINTS:
+        if wins := [w for k, w in pairs if k == key]:
+            out[key] = vg.metrics(vg.pool(wins))["D1_miss_rate"]
+    return out
+
+
+def carry_second(m: dict, history: list[dict]) -> list[str]:
+    """Fill in `m` the D1 points this build was not measured at from the last iteration that
+    measured them (its own window, not carried); returns the keys carried. The stop rule and the
+    ranking see both points every iteration (the older one is the other build's: its knobs
+    differ by this iteration's steps at most); the steps take only measured ones."""
+    carried = []
+    for key, _knob in D1_POINTS:
+        if key in m:
+            continue
+        h = next((h for h in reversed(history) if key in h["metrics"] and key not in h.get("carried", ())), None)
+        if h is not None:
+            m[key] = h["metrics"][key]
+            carried.append(key)
+    return carried
+
+
+def second_config(persist_cache: dict | None, point: str = MID_D1_KEY) -> dict:
     """The hierarchy of the loop's second set of windows: the I1 at half (`half_i1_config`), the
     D1 at the mid-bin point (`mid_d1_config`) and, where the loop has a persistent point
     (`persistent_ll_config`), its LL; A's LL otherwise. One set measures all three points.
@@ -179,8 +237,10 @@ def second_config(persist_cache: dict | None) -> dict:
     and the simulation does not change how the program runs, so the I1 and D1 read the same in
     either set; the persistent LL misses are lines no LL of that size keeps, which a different
     L1 in front of it does not bring back. Both sides run in the same set, so what difference
-    there is falls on both."""
-    return {**(persist_cache or vg.CONFIG_A), "I1": half_i1_config()["I1"], "D1": mid_d1_config()["D1"]}
+    there is falls on both. The D1 is `point`'s: the mid-bin point or the upper one (session 50,
+    UP_D1_KEY)."""
+    d1 = (up_d1_config() if point == UP_D1_KEY else mid_d1_config())["D1"]
+    return {**(persist_cache or vg.CONFIG_A), "I1": half_i1_config()["I1"], "D1": d1}
 
 
 def clone_body_misses(wins: list[vg.Window], meta: dict, event: str = "I1mr") -> dict[str, float]:
@@ -233,7 +293,7 @@ def errors(m: dict, target: dict) -> dict[str, float]:
     """Each tuned metric's relative error, and the second set's (I1 at half, D1 at the mid-bin
     point) where both sides measured them."""
     errs = {k: rel_err(m.get(k, 0.0), target.get(k, 0.0)) for k in TOLERANCE}
-    for key in (HALF_I1_KEY, MID_D1_KEY):
+    for key in (HALF_I1_KEY, MID_D1_KEY, UP_D1_KEY):
         if key in m and key in target:
             errs[key] = rel_err(m[key], target[key])
     return errs
@@ -785,33 +845,56 @@ def pin_layout(knobs: dict, meta: dict) -> dict:
     return {**knobs, **pins}
 
 
-def d1_reach_step(knobs: dict, history: list[dict], target: dict) -> dict:
-    """`d1_reach` (asmgen.d1_reach) on the clone's D1 miss rate at the mid-bin point (MID_D1_KEY):
-    a secant through the last iteration and the latest earlier one run at another reach, once the
-    two show the rate rising with it; before that, a step as if the rate went as the reach to the
-    MID_D1_POWER. Each step within D1_REACH_STEP of the last reach, the knob within
-    D1_REACH_RANGE; none within MID_D1_DEADBAND of the target."""
+def _d1_shape(m: dict, key: str) -> float | None:
+    """The D1 miss rate at `key`'s point over the rate at A (what the reach knobs move: the bin's
+    walkers miss A's D1 at any reach the range allows, so their reach shapes the curve beyond A,
+    and the level is data_far_scale's); the rate alone where A's is not there."""
+    c, a = m.get(key), m.get("D1_miss_rate")
+    if not c:
+        return None
+    return c / a if a else c
+
+
+def d1_reach_step(
+    knobs: dict, history: list[dict], target: dict, key: str = MID_D1_KEY, knob: str = "d1_reach"
+) -> dict:
+    """`knob` (asmgen.d1_reach: d1_reach, the lower walkers', on the mid-bin point MID_D1_KEY;
+    d1_reach_up, the upper ones', on UP_D1_KEY) on the D1 miss rate at `key`'s point relative to
+    A's (`_d1_shape`; session 50, the rate itself before): a secant through the last iteration
+    and the latest earlier one measured there at another reach, once the two show the rate
+    rising with it; before that, a step as if the rate went as the reach to the MID_D1_POWER.
+    Each step within D1_REACH_STEP of the last reach, the knob within D1_REACH_RANGE; none within
+    MID_D1_DEADBAND of the target, and none after an iteration that did not measure the point
+    (`carry_second`).
+
+    Why relative to A (session 50): session 49's memcached loop took its first step at 0.00145
+    at 44 KiB against 0.00087, with A's rate 74% over (the references and data_far_scale not yet
+    stepped), and set the reach to 0.75 where the clone needed 1.4; it took the next eight
+    iterations to climb back. In shape, that iteration read 0.57 of A's rate against 0.60."""
     cur = history[-1] if history else None
-    t = target.get(MID_D1_KEY)
-    c = (cur or {}).get("metrics", {}).get(MID_D1_KEY)
+    if cur is None or key in cur.get("carried", ()):
+        return knobs
+    t, c = _d1_shape(target, key), _d1_shape(cur.get("metrics") or {}, key)
     if not t or not c or rel_err(c, t) <= MID_D1_DEADBAND:
         return knobs
-    x1 = float(cur["knobs"].get("d1_reach", 1.0))
+    x1 = float(cur["knobs"].get(knob, 1.0))
     prev = next(
         (
             h
             for h in reversed(history[:-1])
-            if MID_D1_KEY in h["metrics"] and abs(float(h["knobs"].get("d1_reach", 1.0)) - x1) > 1e-9
+            if _d1_shape(h["metrics"], key)
+            and key not in h.get("carried", ())
+            and abs(float(h["knobs"].get(knob, 1.0)) - x1) > 1e-9
         ),
         None,
     )
     x = x1 * (t / c) ** (1 / MID_D1_POWER)
     if prev is not None:
-        x0, c0 = float(prev["knobs"].get("d1_reach", 1.0)), prev["metrics"][MID_D1_KEY]
+        x0, c0 = float(prev["knobs"].get(knob, 1.0)), _d1_shape(prev["metrics"], key)
         slope = (c - c0) / (x1 - x0)
         if slope > 0:
             x = x1 + (t - c) / slope
-    return {**knobs, "d1_reach": _clamp(_clamp(x, x1 * D1_REACH_STEP[0], x1 * D1_REACH_STEP[1]), *D1_REACH_RANGE)}
+    return {**knobs, knob: _clamp(_clamp(x, x1 * D1_REACH_STEP[0], x1 * D1_REACH_STEP[1]), *D1_REACH_RANGE)}
 
 
 def i1_secant(knobs: dict, history: list[dict], target: dict) -> dict:
@@ -983,6 +1066,9 @@ def within(errs: dict) -> bool:
         all(k in errs and errs[k] <= tol for k, tol in TOLERANCE.items())
         and errs.get(HALF_I1_KEY, 0.0) <= HALF_I1_TOLERANCE
         and errs.get(MID_D1_KEY, 0.0) <= MID_D1_TOLERANCE
+        and errs.get(UP_D1_KEY, 0.0) <= MID_D1_TOLERANCE
+        # (session 50) a loop with a second set measures both D1 points before it may stop
+        and (MID_D1_KEY in errs) == (UP_D1_KEY in errs)
     )
 
 
@@ -1024,7 +1110,7 @@ def score(errs: dict, spread: dict | None = None) -> float:
     validation then failed redis's branch row at 10.7%."""
     spread = spread or {}
     half = min(10.0, errs[HALF_I1_KEY] / HALF_I1_TOLERANCE) if HALF_I1_KEY in errs else 0.0
-    half += min(10.0, errs[MID_D1_KEY] / MID_D1_TOLERANCE) if MID_D1_KEY in errs else 0.0
+    half += sum(min(10.0, errs[key] / MID_D1_TOLERANCE) for key, _knob in D1_POINTS if key in errs)
     return half + sum(
         min(10.0, max(0.0, errs[k] - spread.get(k, 0.0)) / TOLERANCE[k]) if k in errs else 10.0 for k in TOLERANCE
     )
@@ -1288,8 +1374,10 @@ def tune(
         "preload": "--preload" in load,
         "workdir": clone_dir / "private" / "work",
     }
-    half_clone: list[vg.Window] = []  # the clone's windows at half of A's I1 (this build's)
-    half_orig: list[vg.Window] = []  # the original's, all of the loop's: the target's pool
+    # the second set's windows (the I1 at half of A's, a D1 point: `second_config`), each with
+    # its D1 point (`second_point`)
+    half_clone: list[tuple[str, vg.Window]] = []  # the clone's (this build's)
+    half_orig: list[tuple[str, vg.Window]] = []  # the original's, all of the loop's: the target's pool
     # (session 39) both sides at the LL sweep's largest LL too (every original since session 42)
     persist_cache = persistent_ll_config(vgp) if original else None
     persist_clone: list[vg.Window] = []  # this build's windows there
@@ -1322,7 +1410,8 @@ def tune(
             # one set for every second point (`second_config`): the I1 at half, the D1 at the
             # mid-bin point and, where the loop has one, the LL at the sweep's largest
             tag = f"tune{it}-half" if persist_cache is None else f"tune{it}-ll"
-            sjob = {**job, "cache": second_config(persist_cache)}
+            point = second_point(it)
+            sjob = {**job, "cache": second_config(persist_cache, point)}
             pw = vg.side_by_side(
                 [
                     {**sjob, "launch": clone_launch(clone_dir, port), "tag": tag},
@@ -1332,10 +1421,9 @@ def tune(
                     ),
                 ]
             )
-            half_clone.append(pw[0])
-            half_orig += pw[1:]
-            second = vg.metrics(vg.pool(half_orig))
-            target[HALF_I1_KEY], target[MID_D1_KEY] = second["I1_miss_rate"], second["D1_miss_rate"]
+            half_clone.append((point, pw[0]))
+            half_orig += [(point, w) for w in pw[1:]]
+            target.update(second_metrics(half_orig))
             if persist_cache is not None:
                 persist_clone.append(pw[0])
                 persist_rest.append(persistent_rest(pw[0], meta))
@@ -1347,12 +1435,13 @@ def tune(
         win = vg.pool(clone_wins)
         m = vg.metrics(win)
         half_bodies: dict = {}
+        carried: list[str] = []
         if half_clone:
-            second = vg.metrics(vg.pool(half_clone))
-            m[HALF_I1_KEY], m[MID_D1_KEY] = second["I1_miss_rate"], second["D1_miss_rate"]
+            m.update(second_metrics(half_clone))
+            carried = carry_second(m, history)
             half_bodies = {
-                "clone": clone_body_misses(half_clone, meta),
-                "original": original_body_misses(half_orig, prof),
+                "clone": clone_body_misses([w for _, w in half_clone], meta),
+                "original": original_body_misses([w for _, w in half_orig], prof),
             }
         if persist_clone:
             pm = vg.metrics(vg.pool(persist_clone))
@@ -1385,6 +1474,8 @@ def tune(
                 # what the loop's steps were taken on, for reading its course afterwards
                 "ll_parts": ll_parts(split),
                 **({"half_i1_misses_per_request": half_bodies} if half_bodies else {}),
+                # (session 50) the D1 points taken from an earlier build (`carry_second`)
+                **({"carried": carried} if carried else {}),
             }
         )
         pooled = f" ({len(clone_wins)} windows of this clone)" if len(clone_wins) > 1 else ""
@@ -1410,7 +1501,8 @@ def tune(
         knobs = freeze_layout(k, best_knobs, it, errs.get(HALF_I1_KEY), knobs)
         knobs = branch_secant(i1_secant(knobs, history, target), history, target)
         knobs = ll_bracket(knobs, history, target)
-        knobs = d1_reach_step(knobs, history, target)
+        for key, knob in D1_POINTS:
+            knobs = d1_reach_step(knobs, history, target, key, knob)
     # regenerate the best
     best = _best(history, target, spread)
     bit, bk = best["iteration"], best["knobs"]
