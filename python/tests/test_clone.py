@@ -4302,49 +4302,49 @@ def test_the_loop_steps_the_walkers_reach_on_the_d1_at_the_mid_bin_point():
     assert [tune.second_point(i) for i in range(1, 5)] == [key, up, key, up]
 
 
-def test_the_reach_steps_on_the_d1_relative_to_a_and_each_knob_on_its_own_point():
-    """tune.d1_reach_step (session 50): with A's D1 rate on both sides, the step takes the rate at
-    the point over A's (the reach shapes the curve, data_far_scale sets its level); d1_reach_up
-    steps on the upper point; an iteration that carried a point (`carry_second`) takes no step
-    on it, and no carried iteration is a secant's second point."""
+def test_the_reach_steps_on_both_d1_points_relative_to_a():
+    """tune.d1_reach_step (session 50): with A's D1 rate on both sides, the step takes each point's
+    rate over A's (the reach shapes the curve, data_far_scale sets its level), and the mid-bin
+    and upper points together: the geometric mean of their ratios to the target's
+    (`d1_bin_ratio`), 1 where their errors balance. No step after an iteration with neither
+    point measured; `carry_second` fills in the point a build was not measured at."""
     from tailscope.clone import tune
 
     mid, up = tune.MID_D1_KEY, tune.UP_D1_KEY
-    target = {"D1_miss_rate": 0.0147, mid: 0.0087, up: 0.0050}
+    target = {"D1_miss_rate": 0.0147, mid: 0.0087, up: 0.0056}
 
-    def h(kn, ms, carried=()):
-        return {"knobs": kn, "metrics": ms, **({"carried": list(carried)} if carried else {})}
+    def h(reach, ms, carried=()):
+        return {"knobs": {"d1_reach": reach}, "metrics": ms, **({"carried": list(carried)} if carried else {})}
 
     # session 49's first iteration: A 74% over, 44 KiB 66% over; in shape 0.569 against 0.592:
     # the reach goes up, not down to 0.75
-    first = h({}, {"D1_miss_rate": 0.02554, mid: 0.01453})
-    k = tune.d1_reach_step({}, [first], target)
+    k = tune.d1_reach_step({}, [h(1.0, {"D1_miss_rate": 0.02554, mid: 0.01453})], target)
     assert k["d1_reach"] == pytest.approx(((0.0087 / 0.0147) / (0.01453 / 0.02554)) ** 2.5)
     assert k["d1_reach"] > 1.0
     # the same shape as the target: no step, whatever the level
-    assert tune.d1_reach_step({}, [h({}, {"D1_miss_rate": 0.0294, mid: 0.0174})], target) == {}
-    # the upper knob on the upper point; the lower one does not move on it
-    k = tune.d1_reach_step({}, [h({}, {"D1_miss_rate": 0.0147, up: 0.0070})], target, up, "d1_reach_up")
-    assert k["d1_reach_up"] == pytest.approx(max(0.75, (0.0050 / 0.0070) ** 2.5))
-    assert "d1_reach" not in k
-    assert tune.d1_reach_step({}, [h({}, {"D1_miss_rate": 0.0147, up: 0.0070})], target) == {}
-    # carried: no step; and the secant skips carried entries for its earlier point
-    carried = h({"d1_reach_up": 1.0}, {"D1_miss_rate": 0.0147, up: 0.0070}, [up])
-    assert tune.d1_reach_step({}, [carried], target, up, "d1_reach_up") == {}
-    hist = [
-        h({"d1_reach_up": 0.8}, {"D1_miss_rate": 0.0147, up: 0.0040}),
-        h({"d1_reach_up": 1.2}, {"D1_miss_rate": 0.0147, up: 0.0090}, [up]),
-        h({"d1_reach_up": 1.0}, {"D1_miss_rate": 0.0147, up: 0.0070}),
-    ]
-    slope = (0.0070 / 0.0147 - 0.0040 / 0.0147) / (1.0 - 0.8)
-    want = 1.0 + (0.0050 / 0.0147 - 0.0070 / 0.0147) / slope
-    assert tune.d1_reach_step({}, hist, target, up, "d1_reach_up")["d1_reach_up"] == pytest.approx(want)
-    # carry_second: the point this build did not measure, from the last iteration that did
-    m = {mid: 0.009}
-    assert tune.carry_second(m, hist) == [up] and m[up] == 0.0070
-    m = {mid: 0.009, up: 0.006}
-    assert tune.carry_second(m, hist) == [] and m[up] == 0.006
-    assert tune.carry_second({mid: 0.009}, []) == []
+    assert tune.d1_reach_step({}, [h(1.0, {"D1_miss_rate": 0.0294, mid: 0.0174})], target) == {}
+    # 4% under at 44 KiB, 4% over at 56 (the clone's flatter shape): balanced, no step
+    bal = {"D1_miss_rate": 0.0147, mid: 0.0087 * 0.96, up: 0.0056 * 1.04}
+    assert tune.d1_bin_ratio(bal, target) == pytest.approx((0.96 * 1.04) ** 0.5)
+    assert tune.d1_reach_step({}, [h(1.4, bal)], target) == {}
+    # 2% over at 44 KiB and 9% over at 56 (session 49's clone at B's neighbours): the reach down
+    over = {"D1_miss_rate": 0.0147, mid: 0.0087 * 1.02, up: 0.0056 * 1.09}
+    k = tune.d1_reach_step({}, [h(1.4, over, [up])], target)
+    assert k["d1_reach"] == pytest.approx(1.4 * (1.02 * 1.09) ** -1.25)
+    # a secant through two reaches on the mean ratio
+    under = {"D1_miss_rate": 0.0147, mid: 0.0087 * 0.90, up: 0.0056 * 0.95}
+    k = tune.d1_reach_step({}, [h(1.0, under), h(1.4, over, [up])], target)
+    c0, c1 = (0.90 * 0.95) ** 0.5, (1.02 * 1.09) ** 0.5
+    assert k["d1_reach"] == pytest.approx(1.4 + (1 - c1) / ((c1 - c0) / 0.4))
+    # neither point measured by the last build (no second set): no step
+    assert tune.d1_reach_step({}, [h(1.4, {"D1_miss_rate": 0.0147})], target) == {}
+    # carry_second: the point this build was not measured at, from the last iteration that did
+    hist = [h(1.0, {mid: 0.009, up: 0.006}), h(1.2, {mid: 0.008, up: 0.007}, [up])]
+    m = {mid: 0.0085}
+    assert tune.carry_second(m, hist) == [up] and m[up] == 0.006
+    m = {mid: 0.0085, up: 0.0065}
+    assert tune.carry_second(m, hist) == [] and m[up] == 0.0065
+    assert tune.carry_second({mid: 0.0085}, []) == []
 
 
 @needs_valgrind
@@ -4369,17 +4369,14 @@ def test_the_reach_moves_the_walkers_beyond_the_d1_further_out(tmp_path):
             rates[name] = tc.fn_total("D1mr", "clone_far_t") + tc.fn_total("D1mw", "clone_far_t")
         got[reach] = (spec.walk_sizes, rates)
     (sizes1, r1), (sizes15, r15) = got[1.0], got[1.5]
-    # the lower walker's only (session 48; since session 50 the upper one's is `d1_reach_up`,
-    # asmgen.REACH_KNOBS): the upper one keeps its aim, its region the smaller by what the lower
-    # one's grew
+    # the lower walker's only (session 48, asmgen.REACH_HALVES): the upper one keeps its aim, its
+    # region the smaller by what the lower one's grew
     assert (64 * kb, 0) in sizes1 and sizes15[(64 * kb, 0)] > 1.3 * sizes1[(64 * kb, 0)], (sizes1, sizes15)
     assert sizes15[(64 * kb, 1)] < sizes1[(64 * kb, 1)], (sizes1, sizes15)
     assert {k: v for k, v in sizes15.items() if k[0] != 64 * kb} == {k: v for k, v in sizes1.items() if k[0] != 64 * kb}
     assert (
         asmgen.d1_reach(64 * kb, {"d1_reach": 1.5}, 0) == 1.5 and asmgen.d1_reach(64 * kb, {"d1_reach": 1.5}, 1) == 1.0
     )
-    kn = {"d1_reach": 1.5, "d1_reach_up": 0.8}
-    assert asmgen.d1_reach(64 * kb, kn, 1) == 0.8 and asmgen.d1_reach(128 * kb, kn, 1) == 1.0
     # (measured: 205,481 and 120,056 misses at 1; 239,917 and 239,811 at 1.5: at 1, aimed at
     # 38.9 and 53.8 KiB, some of the lines already come back within 32 KiB, the shortfall the
     # loop's step makes up in the clone)

@@ -520,22 +520,26 @@ def walk_quartiles(s: int, knobs: dict) -> tuple[float, float]:
     return WALK_QUARTILES_IN_D1 if s <= knobs.get("d1_bytes", 32768) else WALK_QUARTILES
 
 
-# the knob on each of the bin's two walkers (lower, upper quartile). Session 48 moved the lower
-# only: the one knob was tuned at the mid-bin point (44 KiB), the lower half of the bin, and
-# moving the upper walker too put memcached's at 0.84 x 1.3 x 64 KiB, beyond its bin, where the
-# loop never looked: its clone matched the original at 32 and 44 KiB and then fell too slowly
-# (misses per request at 44/48/56 KiB: clone 37.7/32.9/27.1, original 36.0/29.2/19.2; moving the
-# lower walker only, at the same reach, 37.1/31.8/24.9; redis's clone at its reach 87.1/86.1/83.2
-# and 86.7/85.1/80.0). Session 49's clone, the lower walker at 1.43, still missed B's 48 KiB D1
-# 11% more than the original. Since session 50 the upper walker has its own knob, tuned at a
-# point in the bin's upper half (tune.UP_D1_KEY, 56 KiB with 14 ways)
-REACH_KNOBS = ("d1_reach", "d1_reach_up")
+# which of the bin's two walkers (lower, upper quartile) d1_reach moves: the lower only (session 48).
+# The knob is tuned at the mid-bin point (44 KiB), the lower half of the bin; moving the upper
+# walker too put memcached's at 0.84 x 1.3 x 64 KiB, beyond its bin, where the loop never looks:
+# its clone matched the original at 32 and 44 KiB and then fell too slowly (misses per request
+# at 44/48/56 KiB: clone 37.7/32.9/27.1, original 36.0/29.2/19.2; moving the lower walker only,
+# at the same reach, 37.1/31.8/24.9; redis's clone at its reach 87.1/86.1/83.2 and 86.7/85.1/80.0).
+# A reach of its own for the upper walker does not give the clone the original's shape either
+# (session 50, offline: memcached's clone with session 49's knobs, one window each, misses per
+# request at 44/48/56 KiB; the original 35.5/28.9/22.6): the upper walker's reach at 0.65 / 0.8
+# / 1.0 / 1.2 read 31.9/28.2/22.7, 33.1/29.3/23.5, 34.8/30.7/24.7, 35.8/32.7/27.4, and the lower
+# one's at 1.7 (upper 0.65) 33.3/30.3/26.2: either reach moves all three points, 56 KiB most, so
+# the two knobs stepped each on its own point diverge (the lower reach moves 56 KiB 2.5 times as
+# much as 44). The loop steps this one reach on both points together (tune.d1_reach_step)
+REACH_HALVES = (True, False)
 
 
 def d1_reach(s: int, knobs: dict, h: int = 0) -> float:
-    """The factor on the reuse distance layer_walkers aims walker `h` (0 lower, 1 upper) of data
-    bin (s/2, s] at: its knob (REACH_KNOBS; tune.py's steps at the D1 of the bin's two measured
-    points) for the bin just beyond the profiled D1, (d1, 2 d1], and 1 for every other bin.
+    """The factor on the reuse distance layer_walkers aims the walkers of data bin (s/2, s] at:
+    `d1_reach` (tune.py's step at the D1 of the profile's mid-bin point) for the bin just beyond
+    the profiled D1, (d1, 2 d1], and 1 for every other bin.
 
     Why (session 47): the walkers of that bin, aimed at its quartiles (38.9 and 53.8 KiB), came
     back nearer in the running clone: redis's clone had the original's D1 misses at A (32 KiB,
@@ -543,9 +547,10 @@ def d1_reach(s: int, knobs: dict, h: int = 0) -> float:
     64 KiB (86.5 and 83.6 misses a request against the original's 92.8 and 90.3, 83.6 at 64 KiB),
     and memcached's clone was 10% under at 44 KiB; at B's 48 KiB D1 both failed, 10% and 13%
     under. The layer model's distances are the fully associative stack's, over the clone's own
-    regions; what shortens them in the 64-set D1 is not modelled, so the loop measures it."""
+    regions; what shortens them in the 64-set D1 is not modelled, so the loop measures it.
+    Only the lower walker (h = 0) moves (REACH_HALVES)."""
     d1 = int(knobs.get("d1_bytes", 32768))
-    return float(knobs.get(REACH_KNOBS[h], 1.0)) if d1 < s <= 2 * d1 else 1.0
+    return float(knobs.get("d1_reach", 1.0)) if d1 < s <= 2 * d1 and REACH_HALVES[h] else 1.0
 
 
 def body_knob(knobs: dict, key: str, name: str, default: float = 1.0) -> float:

@@ -17,10 +17,10 @@ orthogonal, as the paper observes):
                                  mid-bin point since session 47: `second_config`)
     D1 misses at the mid-bin  -> d1_reach          (the aimed distance of the lower walkers of
     point (44 KiB, 11 ways)                         the bin just beyond A's D1, asmgen.d1_reach;
-                                                    session 47: MID_D1_KEY, `d1_reach_step`)
-    D1 misses at the upper    -> d1_reach_up       (the upper walkers' of that bin; session 50:
-    point (56 KiB, 14 ways)                         UP_D1_KEY; the second set measures one of
-                                                    the two D1 points an iteration, `second_point`)
+    and at the upper point                          session 47: MID_D1_KEY, `d1_reach_step`; the
+    (56 KiB, 14 ways)                               upper point since session 50, UP_D1_KEY: the
+                                                    second set measures one of the two an
+                                                    iteration, `second_point`)
     D1 miss rate              -> data_far_scale    (lines per event of the walkers below the LL;
                                  per body since session 12: data_far_scale:<body> on its misses)
     LL misses, code side      -> code_llc_scale    (the code conflict rings, asmgen.llc_rings);
@@ -55,6 +55,7 @@ errors beyond the target's own spread over the profile's windows, each capped at
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -147,19 +148,20 @@ MID_D1_TOLERANCE = 0.05
 MID_D1_DEADBAND = 0.02
 MID_D1_POWER = 0.4  # the first step's guess: the rate there goes as d1_reach ** 0.4 (0.24-0.54 measured)
 # The D1's third point (session 50): the upper part of the same bin, 56 KiB with 14 ways (A's 64
-# sets; log2 0.81 of the way through (32, 64], near its upper quartile, where the upper walkers
-# are aimed). Session 49's memcached clone matched the D1 at A (2.7% under) and at 44 KiB (2.0%
-# over) and then fell too slowly: B's 48 KiB (12 ways) read 30.9 misses a request against the
-# original's 27.8, and the row failed at +14.5% (session 48's regenerated clone: 37.1/31.8/24.9 at
-# 44/48/56 KiB against 36.0/29.2/19.2). One knob measured at one point moves the bin's lower
-# walkers; the upper ones (asmgen.REACH_KNOBS) were aimed by the layer model alone. The second set
-# alternates between the two D1 points (`second_point`), so the loop runs no more windows: the
-# I1 at half and the persistent LL are measured in both, and an iteration's other D1 point is
-# carried from the last iteration that measured it (`carry_second`).
+# sets; log2 0.81 of the way through (32, 64], near its upper quartile). Session 49's memcached
+# clone matched the D1 at A (2.7% under) and at 44 KiB (2.0% over) and fell too slowly beyond:
+# B's 48 KiB (12 ways) read 30.9 misses a request against the original's 27.8, and the row failed
+# at +14.5%. The clone's shape in that bin is flatter than the original's whatever its walkers'
+# reach (offline, one window each at 44/56 KiB: 1.18-1.41 times the misses at 44 as at 56 over
+# nine settings of the two walkers' reaches, the original 1.57; asmgen.REACH_HALVES), so the
+# reach can only set the bin's level: the loop steps it on both points together (their errors
+# balanced, `d1_reach_step`), and the points in between, B's among them, fall between their
+# errors. The second set alternates between the two points (`second_point`), so the loop runs
+# no more windows (the I1 at half and the persistent LL are measured in both); an iteration's
+# other point is carried from the last iteration that measured it (`carry_second`).
 UP_D1_KEY = "D1up_miss_rate"
 UP_WAYS = 14
-# each D1 point and the knob stepped on it (`d1_reach_step`)
-D1_POINTS = ((MID_D1_KEY, "d1_reach"), (UP_D1_KEY, "d1_reach_up"))
+D1_POINTS = (MID_D1_KEY, UP_D1_KEY)
 D1_REACH_STEP = (0.75, 1.5)
 D1_REACH_RANGE = (0.6, 2.5)
 # each step: (target / clone) ** power, within the bounds (misses per body fall a little less
@@ -195,7 +197,7 @@ def up_d1_config() -> dict:
 def second_point(it: int) -> str:
     """Which D1 point iteration `it`'s second set measures: the mid-bin point first, then they
     alternate (UP_D1_KEY on even iterations)."""
-    return D1_POINTS[(it - 1) % len(D1_POINTS)][0]
+    return D1_POINTS[(it - 1) % len(D1_POINTS)]
 
 
 def second_metrics(pairs: list[tuple[str, vg.Window]]) -> dict[str, float]:
@@ -204,7 +206,7 @@ def second_metrics(pairs: list[tuple[str, vg.Window]]) -> dict[str, float]:
     if not pairs:
         return {}
     out = {HALF_I1_KEY: vg.metrics(vg.pool([w for _, w in pairs]))["I1_miss_rate"]}
-    for key, _knob in D1_POINTS:
+    for key in D1_POINTS:
         if wins := [w for k, w in pairs if k == key]:
             out[key] = vg.metrics(vg.pool(wins))["D1_miss_rate"]
     return out
@@ -216,7 +218,7 @@ def carry_second(m: dict, history: list[dict]) -> list[str]:
     ranking see both points every iteration (the older one is the other build's: its knobs
     differ by this iteration's steps at most); the steps take only measured ones."""
     carried = []
-    for key, _knob in D1_POINTS:
+    for key in D1_POINTS:
         if key in m:
             continue
         h = next((h for h in reversed(history) if key in h["metrics"] and key not in h.get("carried", ())), None)
@@ -846,7 +848,7 @@ def pin_layout(knobs: dict, meta: dict) -> dict:
 
 
 def _d1_shape(m: dict, key: str) -> float | None:
-    """The D1 miss rate at `key`'s point over the rate at A (what the reach knobs move: the bin's
+    """The D1 miss rate at `key`'s point over the rate at A (what the reach moves: the bin's
     walkers miss A's D1 at any reach the range allows, so their reach shapes the curve beyond A,
     and the level is data_far_scale's); the rate alone where A's is not there."""
     c, a = m.get(key), m.get("D1_miss_rate")
@@ -855,46 +857,50 @@ def _d1_shape(m: dict, key: str) -> float | None:
     return c / a if a else c
 
 
-def d1_reach_step(
-    knobs: dict, history: list[dict], target: dict, key: str = MID_D1_KEY, knob: str = "d1_reach"
-) -> dict:
-    """`knob` (asmgen.d1_reach: d1_reach, the lower walkers', on the mid-bin point MID_D1_KEY;
-    d1_reach_up, the upper ones', on UP_D1_KEY) on the D1 miss rate at `key`'s point relative to
-    A's (`_d1_shape`; session 50, the rate itself before): a secant through the last iteration
-    and the latest earlier one measured there at another reach, once the two show the rate
-    rising with it; before that, a step as if the rate went as the reach to the MID_D1_POWER.
-    Each step within D1_REACH_STEP of the last reach, the knob within D1_REACH_RANGE; none within
-    MID_D1_DEADBAND of the target, and none after an iteration that did not measure the point
-    (`carry_second`).
+def d1_bin_ratio(m: dict, target: dict) -> float | None:
+    """The clone's D1 beyond A against the target's, over the points both have (MID_D1_KEY,
+    UP_D1_KEY; each relative to A's rate, `_d1_shape`): the geometric mean of the two ratios, 1
+    where their errors balance; None where neither point is there."""
+    logs = [math.log(c / t) for key in D1_POINTS if (c := _d1_shape(m, key)) and (t := _d1_shape(target, key))]
+    return math.exp(sum(logs) / len(logs)) if logs else None
+
+
+def d1_reach_step(knobs: dict, history: list[dict], target: dict) -> dict:
+    """`d1_reach` (asmgen.d1_reach, the lower walkers of the bin beyond A's D1) on the clone's D1
+    at the bin's two points against the target's (`d1_bin_ratio`: the mid-bin point since
+    session 47, the upper one since 50; relative to A's rate since 50, the rate itself before):
+    a secant through the last iteration and the latest earlier one at another reach, once the
+    two show the ratio rising with it; before that, a step as if the ratio went as the reach to
+    the MID_D1_POWER. Each step within D1_REACH_STEP of the last reach, the knob within
+    D1_REACH_RANGE; none within MID_D1_DEADBAND of 1, and none after an iteration that measured
+    neither point (its second set not run).
 
     Why relative to A (session 50): session 49's memcached loop took its first step at 0.00145
     at 44 KiB against 0.00087, with A's rate 74% over (the references and data_far_scale not yet
     stepped), and set the reach to 0.75 where the clone needed 1.4; it took the next eight
-    iterations to climb back. In shape, that iteration read 0.57 of A's rate against 0.60."""
+    iterations to climb back. In shape, that iteration read 0.57 of A's rate against 0.59."""
     cur = history[-1] if history else None
-    if cur is None or key in cur.get("carried", ()):
+    if cur is None or all(key in cur.get("carried", ()) or key not in cur["metrics"] for key in D1_POINTS):
         return knobs
-    t, c = _d1_shape(target, key), _d1_shape(cur.get("metrics") or {}, key)
-    if not t or not c or rel_err(c, t) <= MID_D1_DEADBAND:
+    c = d1_bin_ratio(cur["metrics"], target)
+    if not c or abs(c - 1.0) <= MID_D1_DEADBAND:
         return knobs
-    x1 = float(cur["knobs"].get(knob, 1.0))
+    x1 = float(cur["knobs"].get("d1_reach", 1.0))
     prev = next(
         (
             h
             for h in reversed(history[:-1])
-            if _d1_shape(h["metrics"], key)
-            and key not in h.get("carried", ())
-            and abs(float(h["knobs"].get(knob, 1.0)) - x1) > 1e-9
+            if d1_bin_ratio(h["metrics"], target) and abs(float(h["knobs"].get("d1_reach", 1.0)) - x1) > 1e-9
         ),
         None,
     )
-    x = x1 * (t / c) ** (1 / MID_D1_POWER)
+    x = x1 * (1.0 / c) ** (1 / MID_D1_POWER)
     if prev is not None:
-        x0, c0 = float(prev["knobs"].get(knob, 1.0)), _d1_shape(prev["metrics"], key)
+        x0, c0 = float(prev["knobs"].get("d1_reach", 1.0)), d1_bin_ratio(prev["metrics"], target)
         slope = (c - c0) / (x1 - x0)
         if slope > 0:
-            x = x1 + (t - c) / slope
-    return {**knobs, knob: _clamp(_clamp(x, x1 * D1_REACH_STEP[0], x1 * D1_REACH_STEP[1]), *D1_REACH_RANGE)}
+            x = x1 + (1.0 - c) / slope
+    return {**knobs, "d1_reach": _clamp(_clamp(x, x1 * D1_REACH_STEP[0], x1 * D1_REACH_STEP[1]), *D1_REACH_RANGE)}
 
 
 def i1_secant(knobs: dict, history: list[dict], target: dict) -> dict:
@@ -1110,7 +1116,7 @@ def score(errs: dict, spread: dict | None = None) -> float:
     validation then failed redis's branch row at 10.7%."""
     spread = spread or {}
     half = min(10.0, errs[HALF_I1_KEY] / HALF_I1_TOLERANCE) if HALF_I1_KEY in errs else 0.0
-    half += sum(min(10.0, errs[key] / MID_D1_TOLERANCE) for key, _knob in D1_POINTS if key in errs)
+    half += sum(min(10.0, errs[key] / MID_D1_TOLERANCE) for key in D1_POINTS if key in errs)
     return half + sum(
         min(10.0, max(0.0, errs[k] - spread.get(k, 0.0)) / TOLERANCE[k]) if k in errs else 10.0 for k in TOLERANCE
     )
@@ -1501,8 +1507,7 @@ def tune(
         knobs = freeze_layout(k, best_knobs, it, errs.get(HALF_I1_KEY), knobs)
         knobs = branch_secant(i1_secant(knobs, history, target), history, target)
         knobs = ll_bracket(knobs, history, target)
-        for key, knob in D1_POINTS:
-            knobs = d1_reach_step(knobs, history, target, key, knob)
+        knobs = d1_reach_step(knobs, history, target)
     # regenerate the best
     best = _best(history, target, spread)
     bit, bk = best["iteration"], best["knobs"]
