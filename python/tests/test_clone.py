@@ -3077,11 +3077,24 @@ def test_layout_knobs_freeze_at_the_best_iteration():
     # ... and once they have stepped past the freeze, they stop where the iteration had them
     current = {**best, "footprint_scale:worker": 0.7, "footprint_scale:bg3": 0.5}
     assert tune.freeze_layout(new, best, tune.LAYOUT_FREEZE_AFTER, inside, current)["footprint_scale:worker"] == 0.9
+    kept = {k: best[k] for k in tune.LAYOUT_KNOBS if k != "branch_mask_frac"}
     for it, err in ((tune.LAYOUT_FREEZE_AFTER + 1, inside), (tune.FOOTPRINT_FREEZE_AFTER, out)):
         stopped = tune.freeze_layout(new, best, it, err, current)
         assert stopped["footprint_scale:worker"] == 0.7 and stopped["footprint_scale:bg3"] == 0.5
-        assert {k: stopped[k] for k in tune.LAYOUT_KNOBS} == {k: best[k] for k in tune.LAYOUT_KNOBS}
+        assert {k: stopped[k] for k in kept} == kept
+        # (session 50) but a step up of the patterns' counter share stands: the loop takes one
+        # only with the random-branch unit at its floor, the rest alone over the target
+        assert stopped["branch_mask_frac"] == 0.3
     assert tune.LAYOUT_FREEZE_AFTER < tune.FOOTPRINT_FREEZE_AFTER < tune.MAX_ITERATIONS
+    # ... and, once past the freeze, it does not go back below the last iteration's, whatever
+    # the best iteration had; at the freeze itself a step up stands, an earlier share does not
+    best0, late = {**best, "branch_mask_frac": 0.0}, tune.LAYOUT_FREEZE_AFTER + 2
+    was = {**current, "branch_mask_frac": 0.2}
+    assert tune.freeze_layout(was, best0, late, inside, was)["branch_mask_frac"] == 0.2
+    assert tune.freeze_layout({**was, "branch_mask_frac": 0.35}, best0, late, inside, was)["branch_mask_frac"] == 0.35
+    assert tune.freeze_layout(was, best0, tune.LAYOUT_FREEZE_AFTER, inside, was)["branch_mask_frac"] == 0.0
+    raised = {**was, "branch_mask_frac": 0.25}
+    assert tune.freeze_layout(raised, best0, tune.LAYOUT_FREEZE_AFTER, inside, was)["branch_mask_frac"] == 0.25
 
 
 def test_half_i1_step_moves_each_bodys_footprint():

@@ -816,7 +816,16 @@ def freeze_layout(
     FOOTPRINT_FREEZE_AFTER (session 49). After LAYOUT_FREEZE_AFTER they stop where they are (the
     `current` iteration's), not at the best's: the first run of the rule took memcached's from
     0.47 / 0.26 (half-I1 9.9% off) back to iteration 4's 0.57 / 0.37 (15.7%) when the point came
-    within, and the loop ended 10.7% off there."""
+    within, and the loop ended 10.7% off there.
+
+    `branch_mask_frac` keeps a step up past the freeze, and from there never goes back below
+    where the last iteration had it (session 50). The loop raises it only when the rest of the
+    clone alone mispredicts more than the target, with the random-branch unit at its floor
+    (`_branch_unit_step`): nothing else can take the rate down. Session 50's memcached loop had
+    its footprints step to iteration 7 (each a new layout), the rest's mispredictions rose from
+    0.90 to 1.13-1.15 times the target's, the unit sat at its floor from iteration 7, and the mask,
+    frozen at 0, could not move; the loop kept iteration 5 (branch 10.0% under, I1 9.7% over),
+    and the validation failed both rows (10.4%, L1i at B 10.6%)."""
     if it < LAYOUT_FREEZE_AFTER:
         return knobs
     # (session 29) the bodies' footprints too: each of their steps is a new code layout
@@ -824,7 +833,14 @@ def freeze_layout(
     stepping = half_i1_error is not None and half_i1_error > HALF_I1_TOLERANCE and it < FOOTPRINT_FREEZE_AFTER
     stop = best if it == LAYOUT_FREEZE_AFTER or current is None else current
     frozen = {} if stepping else {key: stop.get(key, 1.0) for key in fp}
-    return {**knobs, **frozen, **{key: best[key] for key in LAYOUT_KNOBS if key in best}}
+    layout = {key: best[key] for key in LAYOUT_KNOBS if key in best}
+    if current is not None:
+        # (session 50) the patterns' counter share keeps a step up, and never goes back down
+        mask = "branch_mask_frac"
+        cur, step = float(current.get(mask, 0.0)), float(knobs.get(mask, 0.0))
+        floor = cur if it > LAYOUT_FREEZE_AFTER else 0.0
+        layout[mask] = max(float(best.get(mask, 0.0)), floor, step if step > cur else 0.0)
+    return {**knobs, **frozen, **layout}
 
 
 def pin_layout(knobs: dict, meta: dict) -> dict:
