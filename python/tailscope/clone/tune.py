@@ -825,7 +825,7 @@ def freeze_layout(
     its footprints step to iteration 7 (each a new layout), the rest's mispredictions rose from
     0.90 to 1.13-1.15 times the target's, the unit sat at its floor from iteration 7, and the mask,
     frozen at 0, could not move; the loop kept iteration 5 (branch 10.0% under, I1 9.7% over),
-    and the validation failed both rows (10.4%, L1i at B 10.6%)."""
+    and the validation failed both rows (branches 10.4%, L1i at A 10.6%)."""
     if it < LAYOUT_FREEZE_AFTER:
         return knobs
     # (session 29) the bodies' footprints too: each of their steps is a new code layout
